@@ -1,0 +1,96 @@
+"""hal: one registry of deep-learning ops, kernels from vendor plugins, a dispatcher that can say why.
+
+    import hal
+    y = hal.ops.fused_conv_bn_relu(x, w, None, gamma, beta, mean, var, padding=1)
+    print(hal.explain("fused_conv_bn_relu", x, w, None, gamma, beta, mean, var, padding=1))
+
+Plugins (``hal-backend-cpu-ref``, ``hal-backend-cuda``, ``hal-backend-rocm``) are found through the
+entry-point group ``hal.backends`` on first use; importing hal loads none of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Optional
+
+from hal.config import configure_logging, use
+from hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, PluginError, UnsupportedError
+from hal.plugin import DeviceInfo
+from hal.version import API_VERSION, __version__
+
+from hal import ops  # noqa: E402  (declares every op; must follow the core modules)
+from hal.dispatch import explain, list_ops, reset_stats, stats  # noqa: E402
+
+configure_logging()
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendRecord:
+    """One backend as ``hal.backends()`` reports it (a plugin that failed to load is one too)."""
+
+    name: str
+    version: Optional[str]
+    priority: Optional[int]
+    device_types: tuple[str, ...]
+    available: bool
+    reason: Optional[str]
+    devices: tuple[DeviceInfo, ...]
+    load_error: Optional[str]
+
+
+def backends() -> list[BackendRecord]:
+    """Every installed backend with its availability, devices, and any plugin load error."""
+    from hal.dispatch import DISPATCHER
+
+    rt = DISPATCHER.runtime()
+    out = []
+    for lp in rt.plugins:
+        if lp.plugin is not None and lp.plugin.backend is None:
+            continue  # a plugin that only adds kernels to other backends
+        if lp.plugin is None:
+            reason = "disabled by HAL_DISABLE_PLUGINS" if lp.disabled else "plugin failed to load"
+            out.append(BackendRecord(lp.name, lp.version, None, (), False, reason, (), str(lp.error) if lp.error else None))
+            continue
+        state = rt.backends[lp.plugin.backend.name]
+        out.append(
+            BackendRecord(
+                name=state.name,
+                version=state.version,
+                priority=state.info.priority,
+                device_types=state.info.device_types,
+                available=state.available,
+                reason=state.reason,
+                devices=tuple(state.devices),
+                load_error=None,
+            )
+        )
+    return sorted(out, key=lambda r: (-(r.priority if r.priority is not None else -1), r.name))
+
+
+_LAZY = {"dist", "nn", "amp", "optim", "quant", "torch_library", "conformance"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return importlib.import_module(f"hal.{name}")
+    raise AttributeError(f"module 'hal' has no attribute {name!r}")
+
+
+__all__ = [
+    "__version__",
+    "API_VERSION",
+    "ops",
+    "explain",
+    "backends",
+    "list_ops",
+    "use",
+    "stats",
+    "reset_stats",
+    "HalError",
+    "InvalidArgumentError",
+    "UnsupportedError",
+    "BackendUnavailableError",
+    "PluginError",
+    "BackendRecord",
+]

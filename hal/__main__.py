@@ -1,0 +1,7 @@
+"""``python -m hal`` is the ``hal`` command."""
+
+import sys
+
+from hal.cli import main
+
+sys.exit(main())

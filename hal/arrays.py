@@ -1,0 +1,101 @@
+"""Array interop: what an argument is, where it lives, and moving it between NumPy and torch.
+
+hal accepts ``torch.Tensor`` (any device) and ``numpy.ndarray`` (CPU). NumPy has no bfloat16, so
+bfloat16 travels as ``ml_dtypes.bfloat16`` arrays, viewed without copying.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+#: dtype names hal uses everywhere (declarations, reports, CLI flags).
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+}
+_TORCH_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+
+
+def is_array(x: Any) -> bool:
+    """True for a torch.Tensor or a NumPy array."""
+    return isinstance(x, (torch.Tensor, np.ndarray))
+
+
+def dtype_name(a: torch.Tensor | np.ndarray) -> str:
+    """The hal name of an array's dtype ("float32", "bfloat16", "int8" ...)."""
+    if isinstance(a, torch.Tensor):
+        return _TORCH_NAMES.get(a.dtype) or str(a.dtype).removeprefix("torch.")
+    return a.dtype.name
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a hal dtype name."""
+    return _TORCH_DTYPES[name]
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a hal dtype name (bfloat16 through ml_dtypes)."""
+    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+
+
+def device_kind(a: torch.Tensor | np.ndarray) -> str:
+    """Which family of backends serves this array: "cpu", "cuda", "rocm" (or torch's device type)."""
+    if isinstance(a, np.ndarray):
+        return "cpu"
+    kind = a.device.type
+    if kind == "cuda" and torch.version.hip:
+        return "rocm"
+    return kind
+
+
+def device_label(a: torch.Tensor | np.ndarray) -> str:
+    """A readable device: "cpu (numpy)", "cpu", "cuda:0"."""
+    if isinstance(a, np.ndarray):
+        return "cpu (numpy)"
+    return str(a.device)
+
+
+def describe(a: Any) -> str:
+    """A short description of a value for error messages."""
+    if isinstance(a, (torch.Tensor, np.ndarray)):
+        what = "tensor" if isinstance(a, torch.Tensor) else "array"
+        return f"a {dtype_name(a)} {what} of shape {tuple(a.shape)} on {device_label(a)}"
+    if isinstance(a, (list, tuple)):
+        return f"a {type(a).__name__} of {len(a)} items"
+    return f"{a!r} ({type(a).__name__})"
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor (no copy; bfloat16 becomes ml_dtypes.bfloat16)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    return t.resolve_conj().resolve_neg().numpy()
+
+
+def from_numpy(a: np.ndarray | np.generic) -> torch.Tensor:
+    """A CPU tensor sharing memory with ``a`` where torch can (bfloat16 included)."""
+    a = np.asarray(a)
+    if a.dtype == BFLOAT16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    if any(s < 0 for s in a.strides) or not a.flags.writeable:
+        a = a.copy()
+    return torch.from_numpy(a)

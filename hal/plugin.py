@@ -1,0 +1,213 @@
+"""What a backend plugin uses to describe itself and register kernels.
+
+A plugin is a distribution with an entry point in the group ``hal.backends`` that names a
+:class:`Plugin` object. Importing the plugin's module only registers: it builds the Plugin, states
+the API version it was built for, optionally defines a backend (priority, device types, how to
+probe availability and list devices) and attaches kernels with :meth:`Plugin.kernel`, a decorator
+that returns the function unchanged. No device work and no compilation happen at import; the probe
+runs when hal first needs to know.
+
+A plugin may also add kernels to a backend defined by another plugin (``backend="cuda"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from hal.errors import PluginError
+from hal.registry import OpDecl, check_kernel_signature, get_op
+from hal.version import API_VERSION
+
+Reasons = Union[None, str, Sequence[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """One device a backend can run on."""
+
+    index: int
+    name: str
+    vendor: str
+    arch: str
+    memory_bytes: Optional[int] = None
+
+
+@dataclasses.dataclass
+class Inputs:
+    """What a kernel's capability check sees of a call: canonical arguments and where they live."""
+
+    op: OpDecl
+    args: tuple
+    device_kind: str  # "cpu", "cuda", "rocm"
+    device: Any  # torch.device, or "cpu" for NumPy inputs
+    dtype: Optional[str]  # the op's dtype (dtype of its ``dtype_from`` argument)
+    array_type: str  # "numpy" or "torch"
+    capability: Optional[tuple[int, int]] = None  # compute capability on CUDA devices
+
+    def __getitem__(self, name: str) -> Any:
+        return self.args[self.op.index(name)]
+
+    @property
+    def named(self) -> dict[str, Any]:
+        return self.op.bind(self.args)
+
+
+@dataclasses.dataclass(eq=False)
+class KernelSpec:
+    """A kernel of an op on a backend, with what it supports stated as data."""
+
+    op: str
+    backend: str
+    name: str
+    fn: Callable[..., Any]
+    plugin: str
+    priority: int = 0
+    dtypes: Optional[frozenset[str]] = None  # None: every dtype the op declares
+    min_capability: Optional[tuple[int, int]] = None
+    check: Optional[Callable[[Inputs], Reasons]] = None
+    array_api: Optional[str] = None  # "numpy" or "torch"; None: the backend's
+    #: a vendor-fused or hand-written kernel (True) or a simple one (False); shown by `hal info`.
+    fused: bool = True
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.backend}/{self.name}"
+
+    def not_supported_reasons(self, inputs: Inputs) -> list[str]:
+        """Why this kernel cannot run ``inputs`` (an empty list when it can)."""
+        reasons: list[str] = []
+        if self.dtypes is not None and inputs.dtype not in self.dtypes:
+            reasons.append(f"dtype {inputs.dtype} not supported (supports {', '.join(sorted(self.dtypes))})")
+        if self.min_capability is not None:
+            cap = inputs.capability
+            if cap is None or tuple(cap) < tuple(self.min_capability):
+                have = "unknown" if cap is None else f"{cap[0]}.{cap[1]}"
+                need = f"{self.min_capability[0]}.{self.min_capability[1]}"
+                reasons.append(f"compute capability {have} < {need} needed by this kernel")
+        if self.check is not None and not reasons:
+            extra = self.check(inputs)
+            if isinstance(extra, str):
+                reasons.append(extra)
+            elif extra:
+                reasons.extend(extra)
+        return reasons
+
+
+@dataclasses.dataclass(eq=False)
+class BackendInfo:
+    """A backend: a family of kernels serving some device kinds, chosen by priority."""
+
+    name: str
+    plugin: str
+    priority: int
+    device_types: tuple[str, ...]
+    #: returns None when usable, else a sentence saying why not ("no CUDA device").
+    probe: Callable[[], Optional[str]]
+    #: lists the devices (called only when available).
+    list_devices: Callable[[], list[DeviceInfo]]
+    #: compute capability of a device, where the notion exists.
+    capability: Optional[Callable[[Any], Optional[tuple[int, int]]]] = None
+    #: the array type its kernels take by default: "numpy" or "torch".
+    array_api: str = "torch"
+
+
+class Plugin:
+    """A plugin: its identity, the API version it was built for, its backend and its kernels."""
+
+    def __init__(self, name: str, version: str, api_version: str = API_VERSION, summary: str = "") -> None:
+        self.name = name
+        self.version = version
+        self.api_version = api_version
+        self.summary = summary
+        self.backend: Optional[BackendInfo] = None
+        self.kernels: list[KernelSpec] = []
+
+    def define_backend(
+        self,
+        *,
+        priority: int,
+        device_types: Iterable[str],
+        probe: Callable[[], Optional[str]] = lambda: None,
+        devices: Callable[[], list[DeviceInfo]] = list,
+        capability: Optional[Callable[[Any], Optional[tuple[int, int]]]] = None,
+        array_api: str = "torch",
+    ) -> BackendInfo:
+        """Define the backend named after this plugin."""
+        if array_api not in ("numpy", "torch"):
+            raise PluginError(f"plugin {self.name}: array_api must be 'numpy' or 'torch', not {array_api!r}")
+        self.backend = BackendInfo(
+            name=self.name,
+            plugin=self.name,
+            priority=int(priority),
+            device_types=tuple(device_types),
+            probe=probe,
+            list_devices=devices,
+            capability=capability,
+            array_api=array_api,
+        )
+        return self.backend
+
+    def kernel(
+        self,
+        op: str,
+        *,
+        name: str,
+        backend: Optional[str] = None,
+        priority: int = 0,
+        dtypes: Optional[Iterable[str]] = None,
+        min_capability: Optional[tuple[int, int]] = None,
+        check: Optional[Callable[[Inputs], Reasons]] = None,
+        array_api: Optional[str] = None,
+        fused: bool = True,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register the decorated function as kernel ``name`` of ``op`` and return it unchanged.
+
+        The function must take exactly the op's parameters, in order (checked now). It is called
+        positionally with canonical arguments: static options already normalised by the op's
+        checker (``stride`` as a pair, ``dim`` non-negative ...).
+        """
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            try:
+                decl = get_op(op)
+            except KeyError as exc:
+                raise PluginError(f"plugin {self.name}: kernel {name!r} is for an unknown op: {exc.args[0]}") from None
+            problem = check_kernel_signature(decl, fn)
+            if problem:
+                raise PluginError(f"plugin {self.name}: kernel {name!r} of op {op}: {problem}")
+            declared = set(decl.dtypes)
+            if dtypes is not None and not set(dtypes) <= declared:
+                raise PluginError(
+                    f"plugin {self.name}: kernel {name!r} of op {op} claims dtypes "
+                    f"{sorted(set(dtypes) - declared)} that the op does not declare ({sorted(declared)})"
+                )
+            self.kernels.append(
+                KernelSpec(
+                    op=op,
+                    backend=backend or self.name,
+                    name=name,
+                    fn=fn,
+                    plugin=self.name,
+                    priority=int(priority),
+                    dtypes=frozenset(dtypes) if dtypes is not None else None,
+                    min_capability=tuple(min_capability) if min_capability else None,
+                    check=check,
+                    array_api=array_api,
+                    fused=fused,
+                )
+            )
+            return fn
+
+        return register
+
+    def __repr__(self) -> str:
+        return f"<hal plugin {self.name} {self.version} (API {self.api_version})>"
+
+
+def kernels_by_op(kernels: Iterable[KernelSpec]) -> Mapping[str, list[KernelSpec]]:
+    """Group kernels by op name."""
+    out: dict[str, list[KernelSpec]] = {}
+    for k in kernels:
+        out.setdefault(k.op, []).append(k)
+    return out

@@ -1,0 +1,201 @@
+"""The loaded world: plugins found through entry points, their backends and their kernels.
+
+Plugins are discovered with stevedore over the entry-point group ``hal.backends`` on first use,
+never at ``import hal``. A plugin that fails to import, raises while registering, or was built for
+another major plugin-API version is kept as a :class:`LoadedPlugin` with its error: ``hal info``
+shows it and every dispatch error concerning its device repeats it. Tests build a Runtime from
+plugin objects directly (:meth:`Runtime.from_plugins`) and install it with :func:`hal.dispatch.install`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import logging
+import os
+import threading
+import traceback
+from typing import Any, Iterable, Optional
+
+from hal.errors import PluginError
+from hal.plugin import BackendInfo, DeviceInfo, KernelSpec, Plugin
+from hal.version import API_VERSION
+
+ENTRY_POINT_GROUP = "hal.backends"
+log = logging.getLogger("hal")
+
+
+@dataclasses.dataclass
+class LoadedPlugin:
+    """A plugin as discovered: loaded, failed or disabled."""
+
+    name: str  # entry-point name
+    distribution: Optional[str]
+    version: Optional[str]
+    plugin: Optional[Plugin] = None
+    error: Optional[PluginError] = None
+    disabled: bool = False
+
+
+class BackendState:
+    """A backend with its availability probed lazily, once."""
+
+    def __init__(self, info: BackendInfo, version: str) -> None:
+        self.info = info
+        self.version = version
+        self._lock = threading.Lock()
+        self._probed = False
+        self._reason: Optional[str] = None
+        self._devices: list[DeviceInfo] = []
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def _probe(self) -> None:
+        with self._lock:
+            if self._probed:
+                return
+            try:
+                self._reason = self.info.probe()
+                if self._reason is None:
+                    self._devices = list(self.info.list_devices())
+            except Exception as exc:  # a probe that raises makes the backend unavailable, not hal
+                self._reason = f"availability probe raised {type(exc).__name__}: {exc}"
+            self._probed = True
+
+    @property
+    def available(self) -> bool:
+        self._probe()
+        return self._reason is None
+
+    @property
+    def reason(self) -> Optional[str]:
+        self._probe()
+        return self._reason
+
+    @property
+    def devices(self) -> list[DeviceInfo]:
+        self._probe()
+        return self._devices
+
+    def capability(self, device: Any) -> Optional[tuple[int, int]]:
+        if self.info.capability is None:
+            return None
+        return self.info.capability(device)
+
+
+def _api_problem(plugin: Plugin, distribution: Optional[str]) -> Optional[PluginError]:
+    """A PluginError when ``plugin`` was built for another major API version than this core."""
+    theirs = str(plugin.api_version).split(".")[0]
+    ours = API_VERSION.split(".")[0]
+    if theirs == ours:
+        return None
+    dist = distribution or f"hal-backend-{plugin.name.replace('_', '-')}"
+    if theirs.isdigit() and int(theirs) > int(ours):
+        fix = "pip install --upgrade hal"
+    else:
+        fix = f"pip install --upgrade {dist}"
+    return PluginError(
+        f"plugin {plugin.name!r} ({dist} {plugin.version}) was built for hal plugin API "
+        f"{plugin.api_version}, but this hal ({API_VERSION}) speaks plugin API {API_VERSION}; "
+        f"install matching versions: {fix}"
+    )
+
+
+def disabled_names() -> set[str]:
+    """Plugin names listed in HAL_DISABLE_PLUGINS (comma separated)."""
+    return {n.strip() for n in os.environ.get("HAL_DISABLE_PLUGINS", "").split(",") if n.strip()}
+
+
+class Runtime:
+    """Plugins, backends and kernels as loaded; immutable once built."""
+
+    def __init__(self, loaded: Iterable[LoadedPlugin]) -> None:
+        self.plugins: list[LoadedPlugin] = list(loaded)
+        self.backends: dict[str, BackendState] = {}
+        self._kernels: dict[tuple[str, str], list[KernelSpec]] = {}
+        for lp in self.plugins:
+            if lp.plugin is not None and lp.plugin.backend is not None:
+                self.backends[lp.plugin.backend.name] = BackendState(lp.plugin.backend, lp.plugin.version)
+        for lp in self.plugins:
+            if lp.plugin is None:
+                continue
+            for k in lp.plugin.kernels:
+                bucket = self._kernels.setdefault((k.op, k.backend), [])
+                if any(other.name == k.name for other in bucket):
+                    log.warning("hal: plugin %s registers kernel %s of %s twice; keeping the first", lp.name, k.qualname, k.op)
+                    continue
+                bucket.append(k)
+        for bucket in self._kernels.values():
+            bucket.sort(key=lambda k: -k.priority)
+
+    # --- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_plugins(cls, plugins: Iterable[Plugin]) -> "Runtime":
+        """A runtime of the given plugin objects (for tests and embedding), API versions checked."""
+        loaded = []
+        for p in plugins:
+            err = _api_problem(p, None)
+            loaded.append(LoadedPlugin(p.name, None, p.version, None if err else p, err))
+        return cls(loaded)
+
+    @classmethod
+    def discover(cls) -> "Runtime":
+        """Load every plugin of the ``hal.backends`` entry-point group, keeping failures."""
+        from stevedore import NamedExtensionManager
+
+        disabled = disabled_names()
+        eps = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        failures: dict[str, BaseException] = {}
+
+        def on_failure(_manager: Any, ep: Any, exc: BaseException) -> None:
+            failures[ep.name] = exc
+
+        wanted = [n for n in eps if n not in disabled]
+        manager = NamedExtensionManager(
+            ENTRY_POINT_GROUP,
+            names=wanted,
+            invoke_on_load=False,
+            on_load_failure_callback=on_failure,
+            name_order=True,
+        )
+        loaded_objs = {ext.name: ext.plugin for ext in manager.extensions}
+        out = []
+        for name, ep in sorted(eps.items()):
+            dist = getattr(ep, "dist", None)
+            lp = LoadedPlugin(name, dist.name if dist else None, dist.version if dist else None)
+            if name in disabled:
+                lp.disabled = True
+            elif name in failures:
+                exc = failures[name]
+                where = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                lp.error = exc if isinstance(exc, PluginError) else PluginError(f"plugin {name!r} failed to load: {where}")
+            else:
+                obj = loaded_objs.get(name)
+                if not isinstance(obj, Plugin):
+                    lp.error = PluginError(
+                        f"plugin {name!r}: entry point {ep.value} is a {type(obj).__name__}, not a hal.plugin.Plugin"
+                    )
+                else:
+                    lp.error = _api_problem(obj, lp.distribution)
+                    if lp.error is None:
+                        lp.plugin = obj
+                        lp.version = obj.version
+            out.append(lp)
+        return cls(out)
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def kernels(self, op: str, backend: str) -> list[KernelSpec]:
+        """Kernels of ``op`` on ``backend``, highest priority first."""
+        return self._kernels.get((op, backend), [])
+
+    def backends_for(self, device_kind: str) -> list[BackendState]:
+        """Backends that serve a device kind, highest priority first (available or not)."""
+        found = [b for b in self.backends.values() if device_kind in b.info.device_types]
+        return sorted(found, key=lambda b: -b.info.priority)
+
+    def failed_plugins(self) -> list[LoadedPlugin]:
+        return [lp for lp in self.plugins if lp.error is not None]

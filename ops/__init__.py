@@ -1,0 +1,47 @@
+"""hal.ops: every op of hal, declared once (this folder is installed as the package ``hal.ops``).
+
+Each name is the public, dispatching function of an op; ``hal.ops.<name>.op`` is its declaration.
+Backward ops (``<op>_backward``) are ops too. Only declarations live here: no kernel code.
+"""
+
+# Declaration order is the order of API.md (and of `hal info` and the conformance reports).
+from .conv import batch_norm, batch_norm_backward, conv2d, conv2d_backward, fused_conv_bn_relu, fused_conv_bn_relu_backward  # isort: skip
+from .elementwise import ACTIVATIONS, scale_shift_act, scale_shift_act_backward  # isort: skip
+from .gemm import grouped_gemm, grouped_gemm_backward, linear, linear_backward, matmul, matmul_backward  # isort: skip
+from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  # isort: skip
+from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward, softmax, softmax_backward  # isort: skip
+from .mixed_precision import amp_unscale_, fused_adamw_  # isort: skip
+from .quant import dequantize, fake_quantize, fake_quantize_backward, int8_linear, quantize  # isort: skip
+
+__all__ = [
+    "conv2d",
+    "conv2d_backward",
+    "batch_norm",
+    "batch_norm_backward",
+    "fused_conv_bn_relu",
+    "fused_conv_bn_relu_backward",
+    "scale_shift_act",
+    "scale_shift_act_backward",
+    "linear",
+    "linear_backward",
+    "matmul",
+    "matmul_backward",
+    "grouped_gemm",
+    "grouped_gemm_backward",
+    "layer_norm",
+    "layer_norm_backward",
+    "rms_norm",
+    "rms_norm_backward",
+    "softmax",
+    "softmax_backward",
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
+    "amp_unscale_",
+    "fused_adamw_",
+    "quantize",
+    "dequantize",
+    "fake_quantize",
+    "fake_quantize_backward",
+    "int8_linear",
+    "ACTIVATIONS",
+]

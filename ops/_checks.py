@@ -1,0 +1,184 @@
+"""Argument checks shared by the op checkers.
+
+Each helper raises :class:`hal.InvalidArgumentError` naming the op, the argument, what was expected
+and what was given, and returns the value in canonical form where there is one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from hal.arrays import FLOAT_DTYPES, describe, dtype_name, is_array
+from hal.errors import InvalidArgumentError
+
+INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
+
+
+def fail(op: str, name: str, expected: str, got: Any) -> InvalidArgumentError:
+    """The error for argument ``name`` of ``op`` (``got`` is described unless already a string)."""
+    return InvalidArgumentError(op, name, expected, got if isinstance(got, str) else describe(got))
+
+
+def shape_of(a: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in a.shape)
+
+
+def numel(a: Any) -> int:
+    n = 1
+    for s in a.shape:
+        n *= int(s)
+    return n
+
+
+def rank(op: str, name: str, a: Any, ranks: Iterable[int], what: str = "") -> int:
+    """The rank of ``a``, which must be one of ``ranks``."""
+    allowed = tuple(ranks)
+    if a.ndim not in allowed:
+        want = " or ".join(f"{r}-D" for r in allowed)
+        raise fail(op, name, f"a {want} array{(' ' + what) if what else ''}", a)
+    return a.ndim
+
+
+def min_rank(op: str, name: str, a: Any, low: int, what: str = "") -> int:
+    if a.ndim < low:
+        raise fail(op, name, f"an array of at least {low} dimensions{(' ' + what) if what else ''}", a)
+    return a.ndim
+
+
+def non_empty(op: str, name: str, a: Any) -> None:
+    """hal kernels do not take empty arrays: every dimension must be at least 1."""
+    if any(s == 0 for s in a.shape):
+        raise fail(op, name, "a non-empty array (every dimension >= 1)", a)
+
+
+def float_dtype(op: str, name: str, a: Any, allowed: Sequence[str] = FLOAT_DTYPES) -> str:
+    t = dtype_name(a)
+    if t not in allowed:
+        raise fail(op, name, f"of a floating dtype ({', '.join(allowed)})", a)
+    return t
+
+
+def int_dtype(op: str, name: str, a: Any, allowed: Sequence[str] = INT_DTYPES) -> str:
+    t = dtype_name(a)
+    if t not in allowed:
+        raise fail(op, name, f"of an integer dtype ({', '.join(allowed)})", a)
+    return t
+
+
+def same_dtype(op: str, name: str, a: Any, ref_name: str, ref: Any) -> None:
+    if dtype_name(a) != dtype_name(ref):
+        raise fail(op, name, f"of the same dtype as '{ref_name}' ({dtype_name(ref)})", a)
+
+
+def dtype_in(op: str, name: str, a: Any, allowed: Iterable[str], why: str) -> None:
+    allowed = tuple(allowed)
+    if dtype_name(a) not in allowed:
+        raise fail(op, name, f"of dtype {' or '.join(allowed)} ({why})", a)
+
+
+def shape_is(op: str, name: str, a: Any, shape: Sequence[int], what: str = "") -> None:
+    if shape_of(a) != tuple(shape):
+        raise fail(op, name, f"of shape {tuple(shape)}{(' ' + what) if what else ''}", a)
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def integer(op: str, name: str, v: Any, low: Optional[int] = None, high: Optional[int] = None) -> int:
+    if not is_int(v):
+        raise fail(op, name, "an int", v)
+    v = int(v)
+    if (low is not None and v < low) or (high is not None and v > high):
+        bounds = f">= {low}" if high is None else (f"<= {high}" if low is None else f"in [{low}, {high}]")
+        raise fail(op, name, f"an int {bounds}", repr(v))
+    return v
+
+
+def number(
+    op: str,
+    name: str,
+    v: Any,
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    low_open: bool = False,
+) -> float:
+    """A finite Python number within bounds, as a float."""
+    if not is_number(v):
+        raise fail(op, name, "a Python number", v)
+    f = float(v)
+    if not math.isfinite(f):
+        raise fail(op, name, "a finite number", repr(v))
+    if low is not None and (f < low or (low_open and f == low)):
+        raise fail(op, name, f"a number {'>' if low_open else '>='} {low}", repr(v))
+    if high is not None and f > high:
+        raise fail(op, name, f"a number <= {high}", repr(v))
+    return f
+
+
+def boolean(op: str, name: str, v: Any) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise fail(op, name, "a bool", v)
+    return bool(v)
+
+
+def choice(op: str, name: str, v: Any, options: Sequence[str]) -> str:
+    if not isinstance(v, str) or v not in options:
+        raise fail(op, name, f"one of {', '.join(repr(o) for o in options)}", v)
+    return v
+
+
+def int_pair(op: str, name: str, v: Any, low: int = 1) -> tuple[int, int]:
+    """An int or a pair of ints, each >= low, as a pair."""
+    if is_int(v):
+        v = (v, v)
+    if not isinstance(v, (tuple, list)) or len(v) != 2 or not all(is_int(x) for x in v):
+        raise fail(op, name, "an int or a pair of ints", v)
+    if any(int(x) < low for x in v):
+        raise fail(op, name, f"ints >= {low}", repr(tuple(v)))
+    return int(v[0]), int(v[1])
+
+
+def int_tuple(op: str, name: str, v: Any, low: int = 1) -> tuple[int, ...]:
+    """An int or a sequence of ints, each >= low, as a tuple (a shape)."""
+    if is_int(v):
+        v = (v,)
+    if isinstance(v, torch.Size):
+        v = tuple(v)
+    if not isinstance(v, (tuple, list)) or not all(is_int(x) for x in v):
+        raise fail(op, name, "an int or a sequence of ints", v)
+    if any(int(x) < low for x in v):
+        raise fail(op, name, f"ints >= {low}", repr(tuple(v)))
+    return tuple(int(x) for x in v)
+
+
+def broadcasts_to(op: str, name: str, a: Any, target: Sequence[int], target_name: str) -> None:
+    """``a``'s shape must broadcast to ``target`` without growing it."""
+    s = shape_of(a)
+    ok = len(s) <= len(target) and all(x in (1, y) for x, y in zip(reversed(s), reversed(tuple(target))))
+    if not ok:
+        raise fail(op, name, f"broadcastable to the shape of '{target_name}' {tuple(target)}", a)
+
+
+def scalar_or_array(
+    op: str, name: str, v: Any, numel: Optional[Iterable[int]] = None, floating: bool = True
+) -> None:
+    """A Python number, or an array with one of the allowed element counts and a suitable dtype."""
+    if not is_array(v):
+        if not is_number(v):
+            raise fail(op, name, "a Python number or an array", v)
+        return
+    if numel is not None:
+        allowed = tuple(sorted(set(numel)))
+        if int(np.prod(v.shape)) not in allowed or v.ndim > 1:
+            raise fail(op, name, f"a number or a 0-d/1-d array of {' or '.join(map(str, allowed))} elements", v)
+    if floating:
+        float_dtype(op, name, v)

@@ -1,0 +1,41 @@
+"""Tolerance presets, per dtype, of kernels against the float64 reference.
+
+``|out - ref| <= atol + rtol * |ref|`` elementwise. Presets marked ``per_sqrt_k`` are for ops that
+accumulate over a reduction of length K (GEMM, convolution, normalisation): their atol grows with
+sqrt(K), the growth of a random-walk rounding error. Half-precision rtols are a couple of units in
+the last place (fp16: 2^-10, bf16: 2^-7), since kernels round their fp32 result once.
+"""
+
+from __future__ import annotations
+
+from hal.registry import Tolerance
+
+#: elementwise maps: one rounding of the result, plus the rounding of intermediate fp32 math.
+ELEMENTWISE = {
+    "float64": Tolerance(1e-12, 1e-12),
+    "float32": Tolerance(1e-6, 1e-5),
+    "float16": Tolerance(1e-4, 2e-3),
+    "bfloat16": Tolerance(1e-3, 1.6e-2),
+}
+
+#: ops accumulating K products or terms (matmul, conv, norms, softmax, attention).
+REDUCTION = {
+    "float64": Tolerance(1e-12, 1e-10, per_sqrt_k=True),
+    "float32": Tolerance(2e-6, 2e-5, per_sqrt_k=True),
+    "float16": Tolerance(2e-4, 4e-3, per_sqrt_k=True),
+    "bfloat16": Tolerance(2e-3, 2.4e-2, per_sqrt_k=True),
+}
+
+#: integer results (quantize): equal, up to one step where the float math sits on a rounding tie.
+INTEGER = {t: Tolerance(1.0, 0.0) for t in ("float64", "float32", "float16", "bfloat16", "int8", "uint8")}
+
+#: ops specified in float32 arithmetic (fake_quantize, dequantize): reproducible bit for bit, up to
+#: one quantisation step where x / scale lands on a rounding tie.
+QUANTIZED = {
+    "float64": Tolerance(1e-6, 1e-6),
+    "float32": Tolerance(1e-6, 1e-6),
+    "float16": Tolerance(1e-4, 1e-3),
+    "bfloat16": Tolerance(1e-3, 8e-3),
+    "int8": Tolerance(1e-6, 1e-6),
+    "uint8": Tolerance(1e-6, 1e-6),
+}

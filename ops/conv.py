@@ -1,0 +1,363 @@
+"""Convolution and batch normalisation, and their vertical fusion conv -> batch-norm -> ReLU."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from hal.arrays import FLOAT_DTYPES, dtype_name
+from hal.registry import declare
+from hal.types import IntPair, OptionalTensor, Padding, Tensor
+
+from . import _checks as c
+from ._tolerances import REDUCTION
+
+TensorTuple = tuple  # backward ops return a tuple of tensors
+
+
+def _conv_k(a: Mapping[str, Any]) -> int:
+    w = a.get("weight", a.get("conv_weight"))
+    return int(w.shape[1] * w.shape[2] * w.shape[3])
+
+
+def _spatial_count(x: Any) -> int:
+    """Elements per channel of an (N, C, ...) array: the reduction length of batch statistics."""
+    n = 1
+    for i, s in enumerate(x.shape):
+        if i != 1:
+            n *= int(s)
+    return n
+
+
+def conv_geometry(
+    op: str,
+    x: Any,
+    weight: Any,
+    x_name: str,
+    w_name: str,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: Any,
+) -> dict[str, Any]:
+    """Check a 2-D convolution's inputs and return canonical stride, padding (top, bottom, left,
+    right), dilation and groups, plus the output shape under ``"out_shape"``."""
+    c.rank(op, x_name, x, (3, 4), "(N, C, H, W) or (C, H, W)")
+    c.non_empty(op, x_name, x)
+    c.float_dtype(op, x_name, x)
+    c.rank(op, w_name, weight, (4,), "(out_channels, in_channels / groups, kH, kW)")
+    c.non_empty(op, w_name, weight)
+    c.same_dtype(op, w_name, weight, x_name, x)
+    g = c.integer(op, "groups", groups, low=1)
+    sh, sw = c.int_pair(op, "stride", stride)
+    dh, dw = c.int_pair(op, "dilation", dilation)
+    cin = int(x.shape[-3])
+    cout, cin_g, kh, kw = c.shape_of(weight)
+    if cin % g or cout % g:
+        raise c.fail(op, "groups", f"a divisor of in_channels ({cin}) and out_channels ({cout})", repr(g))
+    if cin_g * g != cin:
+        raise c.fail(op, w_name, f"of shape ({cout}, {cin // g}, kH, kW) for {cin} input channels and groups={g}", weight)
+    if isinstance(padding, str):
+        mode = c.choice(op, "padding", padding, ("same", "valid"))
+        if mode == "valid":
+            pads = (0, 0, 0, 0)
+        else:
+            if (sh, sw) != (1, 1):
+                raise c.fail(op, "padding", "an int or pair when stride != 1 ('same' needs stride 1, as in torch)", repr(padding))
+            th, tw = dh * (kh - 1), dw * (kw - 1)
+            pads = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+    elif isinstance(padding, (tuple, list)) and len(padding) == 4:
+        pads = tuple(c.integer(op, "padding", p, low=0) for p in padding)
+    else:
+        ph, pw = c.int_pair(op, "padding", padding, low=0)
+        pads = (ph, ph, pw, pw)
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    ho = (h + pads[0] + pads[1] - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + pads[2] + pads[3] - dw * (kw - 1) - 1) // sw + 1
+    if ho < 1 or wo < 1:
+        raise c.fail(
+            op,
+            x_name,
+            f"at least as large as the dilated kernel ({dh * (kh - 1) + 1}x{dw * (kw - 1) + 1}) after padding",
+            x,
+        )
+    batch = (int(x.shape[0]),) if x.ndim == 4 else ()
+    return {
+        "stride": (sh, sw),
+        "padding": pads,
+        "dilation": (dh, dw),
+        "groups": g,
+        "out_shape": batch + (cout, ho, wo),
+    }
+
+
+def check_per_channel(op: str, name: str, a: Any, channels: int, x_name: str, x: Any) -> None:
+    """A (C,) parameter of a normalisation: x's dtype, or float32 beside half-precision x."""
+    if a is None:
+        return
+    c.rank(op, name, a, (1,), f"of length {channels}")
+    c.shape_is(op, name, a, (channels,), "(one value per channel)")
+    allowed = {dtype_name(x)} | ({"float32"} if dtype_name(x) in ("float16", "bfloat16") else set())
+    c.dtype_in(op, name, a, sorted(allowed), f"the dtype of '{x_name}', or float32 beside half precision")
+
+
+def check_bn_options(op: str, x: Any, running_mean: Any, running_var: Any, training: Any, momentum: Any, eps: Any) -> None:
+    c.boolean(op, "training", training)
+    c.number(op, "momentum", momentum, low=0.0, high=1.0)
+    c.number(op, "eps", eps, low=0.0)
+    if (running_mean is None) != (running_var is None):
+        raise c.fail(op, "running_var" if running_var is None else "running_mean", "given together with its twin (both or neither)", "only one of the two")
+    if running_mean is None and not training:
+        raise c.fail(op, "running_mean", "an array when training=False (eval mode normalises with the running statistics)", "None")
+    if training and _spatial_count(x) < 2:
+        raise c.fail(op, "x", "more than one value per channel when training (batch statistics)", x)
+
+
+# --- conv2d ---------------------------------------------------------------------------------
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="conv2d_backward", unbatched=("x", 3), reduction=_conv_k)
+def conv2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: OptionalTensor = None,
+    stride: IntPair = 1,
+    padding: Padding = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+) -> Tensor:
+    """2-D convolution (cross-correlation) as ``torch.nn.functional.conv2d``.
+
+    x is (N, C, H, W) or unbatched (C, H, W); weight (out_channels, C / groups, kH, kW); padding an
+    int, a pair, the strings "same" / "valid", or (top, bottom, left, right). Kernels receive stride
+    and dilation as pairs, padding as (top, bottom, left, right) and a batched x.
+    """
+
+
+@conv2d.checker
+def _check_conv2d(x, weight, bias, stride, padding, dilation, groups):
+    geo = conv_geometry("conv2d", x, weight, "x", "weight", stride, padding, dilation, groups)
+    if bias is not None:
+        c.rank("conv2d", "bias", bias, (1,))
+        c.shape_is("conv2d", "bias", bias, (int(weight.shape[0]),), "(out_channels,)")
+        c.same_dtype("conv2d", "bias", bias, "x", x)
+    geo.pop("out_shape")
+    return geo
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="conv2d", reduction=lambda a: _conv_k(a) * 9)
+def conv2d_backward(
+    grad_out: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    stride: IntPair = 1,
+    padding: Padding = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+) -> TensorTuple:
+    """Gradients of conv2d: returns (grad_x, grad_weight, grad_bias) for batched (N, C, H, W) x.
+
+    grad_bias is the sum of grad_out over (N, H, W), returned whether or not the forward had a bias.
+    """
+
+
+@conv2d_backward.checker
+def _check_conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
+    op = "conv2d_backward"
+    c.rank(op, "x", x, (4,), "(N, C, H, W)")
+    geo = conv_geometry(op, x, weight, "x", "weight", stride, padding, dilation, groups)
+    c.same_dtype(op, "grad_out", grad_out, "x", x)
+    c.shape_is(op, "grad_out", grad_out, geo.pop("out_shape"), "(the forward output's shape)")
+    return geo
+
+
+# --- batch_norm -------------------------------------------------------------------------------
+
+
+def _bn_reduction(a: Mapping[str, Any]) -> int:
+    return _spatial_count(a["x"])
+
+
+@declare(
+    dtypes=FLOAT_DTYPES,
+    tolerances=REDUCTION,
+    backward="batch_norm_backward",
+    mutates=("running_mean", "running_var"),
+    reduction=_bn_reduction,
+)
+def batch_norm(
+    x: Tensor,
+    running_mean: OptionalTensor,
+    running_var: OptionalTensor,
+    weight: OptionalTensor = None,
+    bias: OptionalTensor = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Batch normalisation over the channel dimension 1 of an (N, C, ...) input, as ``F.batch_norm``.
+
+    In training, normalises with the batch statistics (biased variance) and, when running stats are
+    given, updates them in place: ``r = (1 - momentum) * r + momentum * stat`` with the unbiased
+    variance for ``running_var``. In eval, normalises with the running statistics.
+    """
+
+
+@batch_norm.checker
+def _check_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
+    op = "batch_norm"
+    c.min_rank(op, "x", x, 2, "(N, C, ...)")
+    c.non_empty(op, "x", x)
+    c.float_dtype(op, "x", x)
+    ch = int(x.shape[1])
+    for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
+        check_per_channel(op, name, a, ch, "x", x)
+    check_bn_options(op, x, running_mean, running_var, training, momentum, eps)
+    return {"momentum": float(momentum), "eps": float(eps), "training": bool(training)}
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="batch_norm", reduction=_bn_reduction)
+def batch_norm_backward(
+    grad_out: Tensor,
+    x: Tensor,
+    running_mean: OptionalTensor,
+    running_var: OptionalTensor,
+    weight: OptionalTensor = None,
+    training: bool = False,
+    eps: float = 1e-5,
+) -> TensorTuple:
+    """Gradients of batch_norm: (grad_x, grad_weight, grad_bias), each grad of a parameter of shape (C,).
+
+    In training the batch statistics are recomputed from x (running stats are not read); in eval the
+    running statistics are constants. A missing weight counts as ones.
+    """
+
+
+@batch_norm_backward.checker
+def _check_batch_norm_backward(grad_out, x, running_mean, running_var, weight, training, eps):
+    op = "batch_norm_backward"
+    c.min_rank(op, "x", x, 2, "(N, C, ...)")
+    c.non_empty(op, "x", x)
+    c.float_dtype(op, "x", x)
+    c.same_dtype(op, "grad_out", grad_out, "x", x)
+    c.shape_is(op, "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
+    ch = int(x.shape[1])
+    for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight)):
+        check_per_channel(op, name, a, ch, "x", x)
+    check_bn_options(op, x, running_mean, running_var, training, 0.1, eps)
+    return {"eps": float(eps), "training": bool(training)}
+
+
+# --- fused_conv_bn_relu -----------------------------------------------------------------------
+
+
+def _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+    c.rank(op, "x", x, (4,), "(N, C, H, W)")
+    geo = conv_geometry(op, x, conv_weight, "x", "conv_weight", stride, padding, dilation, groups)
+    out_shape = geo.pop("out_shape")
+    cout = int(conv_weight.shape[0])
+    if conv_bias is not None:
+        c.rank(op, "conv_bias", conv_bias, (1,))
+        c.shape_is(op, "conv_bias", conv_bias, (cout,), "(out_channels,)")
+        c.same_dtype(op, "conv_bias", conv_bias, "x", x)
+    for name, a in (("bn_weight", bn_weight), ("bn_bias", bn_bias), ("running_mean", running_mean), ("running_var", running_var)):
+        check_per_channel(op, name, a, cout, "x", x)
+    n_per_channel = out_shape[0] * out_shape[2] * out_shape[3]
+    c.boolean(op, "training", training)
+    if training and n_per_channel < 2:
+        raise c.fail(op, "x", "large enough for more than one conv output value per channel when training", x)
+    check_bn_options(op, x, running_mean, running_var, False, momentum, eps)  # training checked above
+    if running_mean is None and not training:
+        raise c.fail(op, "running_mean", "an array when training=False", "None")
+    return geo, out_shape
+
+
+def _fused_k(a: Mapping[str, Any]) -> int:
+    w, x = a["conv_weight"], a["x"]
+    return int(w.shape[1] * w.shape[2] * w.shape[3]) * max(1, int(x.shape[0]))
+
+
+@declare(
+    dtypes=FLOAT_DTYPES,
+    tolerances=REDUCTION,
+    backward="fused_conv_bn_relu_backward",
+    mutates=("running_mean", "running_var"),
+    reduction=_fused_k,
+)
+def fused_conv_bn_relu(
+    x: Tensor,
+    conv_weight: Tensor,
+    conv_bias: OptionalTensor,
+    bn_weight: OptionalTensor,
+    bn_bias: OptionalTensor,
+    running_mean: OptionalTensor,
+    running_var: OptionalTensor,
+    stride: IntPair = 1,
+    padding: Padding = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+    eps: float = 1e-5,
+    momentum: float = 0.1,
+    training: bool = False,
+) -> Tensor:
+    """``relu(batch_norm(conv2d(x, ...)))`` in one op (vertical fusion of a ResNet block's head).
+
+    In eval the batch norm folds into the convolution (``w * gamma / sqrt(var + eps)``); in
+    training it uses the batch statistics of the convolution output and updates the running stats
+    in place, as :func:`batch_norm` does.
+    """
+
+
+@fused_conv_bn_relu.checker
+def _check_fused(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+    geo, _ = _fused_checks("fused_conv_bn_relu", x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training)
+    return {**geo, "eps": float(eps), "momentum": float(momentum), "training": bool(training)}
+
+
+@fused_conv_bn_relu.composite
+def _fused_composite(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+    from hal.ops import batch_norm, conv2d, scale_shift_act
+
+    y = conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    y = batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+    return scale_shift_act(y, 1.0, 0.0, "relu")
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="fused_conv_bn_relu", reduction=lambda a: _fused_k(a) * 9)
+def fused_conv_bn_relu_backward(
+    grad_out: Tensor,
+    x: Tensor,
+    conv_weight: Tensor,
+    conv_bias: OptionalTensor,
+    bn_weight: OptionalTensor,
+    bn_bias: OptionalTensor,
+    running_mean: OptionalTensor,
+    running_var: OptionalTensor,
+    stride: IntPair = 1,
+    padding: Padding = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+    eps: float = 1e-5,
+    training: bool = False,
+) -> TensorTuple:
+    """Gradients of fused_conv_bn_relu: (grad_x, grad_conv_weight, grad_conv_bias, grad_bn_weight,
+    grad_bn_bias). The convolution output is recomputed from x (it is not saved by the forward).
+    """
+
+
+@fused_conv_bn_relu_backward.checker
+def _check_fused_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
+    op = "fused_conv_bn_relu_backward"
+    geo, out_shape = _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, 0.1, training)
+    c.same_dtype(op, "grad_out", grad_out, "x", x)
+    c.shape_is(op, "grad_out", grad_out, out_shape, "(the forward output's shape)")
+    return {**geo, "eps": float(eps), "training": bool(training)}
+
+
+__all__ = [
+    "conv2d",
+    "conv2d_backward",
+    "batch_norm",
+    "batch_norm_backward",
+    "fused_conv_bn_relu",
+    "fused_conv_bn_relu_backward",
+]

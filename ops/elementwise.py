@@ -1,0 +1,58 @@
+"""Elementwise affine + activation: the epilogue of most fusions (bias + act, BN folded + ReLU)."""
+
+from __future__ import annotations
+
+from hal.arrays import FLOAT_DTYPES, is_array
+from hal.registry import declare
+from hal.types import ScalarOrTensor, Tensor
+
+from . import _checks as c
+from ._tolerances import ELEMENTWISE
+
+#: activations of scale_shift_act and linear: names as in PyTorch (gelu_tanh = gelu(approximate="tanh")).
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+
+
+def check_affine(op: str, x, scale, shift, act) -> None:
+    c.non_empty(op, "x", x)
+    c.float_dtype(op, "x", x)
+    for name, v in (("scale", scale), ("shift", shift)):
+        if is_array(v):
+            c.float_dtype(op, name, v)
+            c.broadcasts_to(op, name, v, c.shape_of(x), "x")
+        else:
+            c.number(op, name, v)
+    c.choice(op, "act", act, ACTIVATIONS)
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, backward="scale_shift_act_backward")
+def scale_shift_act(x: Tensor, scale: ScalarOrTensor = 1.0, shift: ScalarOrTensor = 0.0, act: str = "relu") -> Tensor:
+    """``act(x * scale + shift)``: scale and shift are numbers or arrays broadcastable to x.
+
+    act is one of none, relu, gelu, gelu_tanh, silu, sigmoid, tanh. The result has x's shape and
+    dtype; kernels compute in at least float32.
+    """
+
+
+@scale_shift_act.checker
+def _check_scale_shift_act(x, scale, shift, act):
+    check_affine("scale_shift_act", x, scale, shift, act)
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, forward="scale_shift_act", reduction=lambda a: int(a["x"].shape[0]) if a["x"].ndim else 1)
+def scale_shift_act_backward(grad_out: Tensor, x: Tensor, scale: ScalarOrTensor = 1.0, shift: ScalarOrTensor = 0.0, act: str = "relu") -> tuple:
+    """Gradients of scale_shift_act: (grad_x, grad_scale, grad_shift).
+
+    grad_scale and grad_shift have the shape of scale and shift (summed over broadcast dimensions;
+    0-d for Python numbers) and x's dtype.
+    """
+
+
+@scale_shift_act_backward.checker
+def _check_scale_shift_act_backward(grad_out, x, scale, shift, act):
+    check_affine("scale_shift_act_backward", x, scale, shift, act)
+    c.same_dtype("scale_shift_act_backward", "grad_out", grad_out, "x", x)
+    c.shape_is("scale_shift_act_backward", "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
+
+
+__all__ = ["scale_shift_act", "scale_shift_act_backward", "ACTIVATIONS"]

@@ -1,0 +1,187 @@
+"""Matrix products: linear with a fused activation epilogue, matmul, and ragged grouped GEMM (MoE)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hal.arrays import FLOAT_DTYPES
+from hal.registry import declare
+from hal.types import OptionalTensor, Tensor
+
+from . import _checks as c
+from ._tolerances import REDUCTION
+from .elementwise import ACTIVATIONS
+
+# --- linear ---------------------------------------------------------------------------------
+
+
+def _check_linear(op: str, x: Any, weight: Any, bias: Any) -> None:
+    c.min_rank(op, "x", x, 1, "(..., in_features)")
+    c.non_empty(op, "x", x)
+    c.float_dtype(op, "x", x)
+    c.rank(op, "weight", weight, (2,), "(out_features, in_features)")
+    c.non_empty(op, "weight", weight)
+    c.same_dtype(op, "weight", weight, "x", x)
+    if int(weight.shape[1]) != int(x.shape[-1]):
+        raise c.fail(op, "weight", f"of shape (out_features, {int(x.shape[-1])}) to match x's last dimension", weight)
+    if bias is not None:
+        c.rank(op, "bias", bias, (1,))
+        c.shape_is(op, "bias", bias, (int(weight.shape[0]),), "(out_features,)")
+        c.same_dtype(op, "bias", bias, "x", x)
+
+
+def _linear_k(a: dict) -> int:
+    return int(a["x"].shape[-1])
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="linear_backward", reduction=_linear_k)
+def linear(x: Tensor, weight: Tensor, bias: OptionalTensor = None, act: str = "none") -> Tensor:
+    """``act(x @ weight.T + bias)`` as ``F.linear`` followed by an activation (a GEMM epilogue).
+
+    x is (..., in_features), weight (out_features, in_features), bias (out_features,); act as in
+    scale_shift_act.
+    """
+
+
+@linear.checker
+def _check_linear_entry(x, weight, bias, act):
+    _check_linear("linear", x, weight, bias)
+    c.choice("linear", "act", act, ACTIVATIONS)
+
+
+@linear.composite
+def _linear_composite(x, weight, bias, act):
+    from hal.ops import matmul, scale_shift_act
+
+    y = matmul(x, weight.T)
+    if bias is None and act == "none":
+        return y
+    return scale_shift_act(y, 1.0, 0.0 if bias is None else bias, act)
+
+
+def _linear_backward_k(a: dict) -> int:
+    """grad_weight sums over the rows of x, grad_x over the output features."""
+    rows = c.numel(a["x"]) // int(a["x"].shape[-1])
+    return max(rows, int(a["weight"].shape[0]))
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="linear", reduction=_linear_backward_k)
+def linear_backward(grad_out: Tensor, x: Tensor, weight: Tensor, bias: OptionalTensor = None, act: str = "none") -> tuple:
+    """Gradients of linear: (grad_x, grad_weight, grad_bias); the pre-activation is recomputed.
+
+    grad_bias is returned whether or not the forward had a bias.
+    """
+
+
+@linear_backward.checker
+def _check_linear_backward(grad_out, x, weight, bias, act):
+    op = "linear_backward"
+    _check_linear(op, x, weight, bias)
+    c.choice(op, "act", act, ACTIVATIONS)
+    c.same_dtype(op, "grad_out", grad_out, "x", x)
+    c.shape_is(op, "grad_out", grad_out, c.shape_of(x)[:-1] + (int(weight.shape[0]),), "(..., out_features)")
+
+
+# --- matmul ---------------------------------------------------------------------------------
+
+
+def matmul_shape(op: str, a: Any, b: Any) -> tuple[int, ...]:
+    """Check torch.matmul's shape rules and return the result's shape."""
+    c.min_rank(op, "a", a, 1)
+    c.min_rank(op, "b", b, 1)
+    sa, sb = c.shape_of(a), c.shape_of(b)
+    ka = sa[-1]
+    kb = sb[0] if len(sb) == 1 else sb[-2]
+    if ka != kb:
+        raise c.fail(op, "b", f"an array whose contraction dimension is {ka} (a's last dimension)", b)
+    if len(sa) == 1 and len(sb) == 1:
+        return ()
+    ba, bb = sa[:-2], sb[:-2]
+    batch = []
+    for i in range(max(len(ba), len(bb))):
+        x = ba[len(ba) - 1 - i] if i < len(ba) else 1
+        y = bb[len(bb) - 1 - i] if i < len(bb) else 1
+        if x != y and 1 not in (x, y):
+            raise c.fail(op, "b", f"batch dimensions broadcastable with a's {tuple(ba)}", b)
+        batch.append(max(x, y))
+    rows = () if len(sa) == 1 else (sa[-2],)
+    cols = () if len(sb) == 1 else (sb[-1],)
+    return tuple(reversed(batch)) + rows + cols
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="matmul_backward", reduction=lambda a: int(a["a"].shape[-1]))
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Matrix product with torch.matmul's rules: 1-D operands, batch broadcasting, 0-d for two vectors."""
+
+
+@matmul.checker
+def _check_matmul(a, b):
+    for name, v in (("a", a), ("b", b)):
+        c.non_empty("matmul", name, v)
+    c.float_dtype("matmul", "a", a)
+    c.same_dtype("matmul", "b", b, "a", a)
+    matmul_shape("matmul", a, b)
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="matmul", reduction=lambda a: max(int(s) for s in a["grad_out"].shape) if a["grad_out"].ndim else 1)
+def matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor) -> tuple:
+    """Gradients of matmul: (grad_a, grad_b), broadcast batch dimensions summed back to each shape."""
+
+
+@matmul_backward.checker
+def _check_matmul_backward(grad_out, a, b):
+    op = "matmul_backward"
+    for name, v in (("a", a), ("b", b)):
+        c.non_empty(op, name, v)
+    c.float_dtype(op, "a", a)
+    c.same_dtype(op, "b", b, "a", a)
+    c.same_dtype(op, "grad_out", grad_out, "a", a)
+    c.shape_is(op, "grad_out", grad_out, matmul_shape(op, a, b), "(the forward result's shape)")
+
+
+# --- grouped_gemm ----------------------------------------------------------------------------
+
+
+def _check_grouped(op: str, x: Any, weight: Any, group_sizes: Any) -> None:
+    c.rank(op, "x", x, (2,), "(total_rows, K)")
+    c.non_empty(op, "x", x)
+    c.float_dtype(op, "x", x)
+    c.rank(op, "weight", weight, (3,), "(groups, K, N)")
+    c.non_empty(op, "weight", weight)
+    c.same_dtype(op, "weight", weight, "x", x)
+    if int(weight.shape[1]) != int(x.shape[1]):
+        raise c.fail(op, "weight", f"of shape (groups, {int(x.shape[1])}, N) to match x's K", weight)
+    c.rank(op, "group_sizes", group_sizes, (1,), "(groups,)")
+    c.shape_is(op, "group_sizes", group_sizes, (int(weight.shape[0]),), "(one row count per group)")
+    c.int_dtype(op, "group_sizes", group_sizes, ("int32", "int64"))
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="grouped_gemm_backward", reduction=lambda a: int(a["x"].shape[1]))
+def grouped_gemm(x: Tensor, weight: Tensor, group_sizes: Tensor) -> Tensor:
+    """Ragged grouped GEMM (horizontal fusion of MoE experts): rows of group g times ``weight[g]``.
+
+    x is (sum(group_sizes), K) with the rows of group 0 first, weight (G, K, N), group_sizes (G,)
+    int32/int64 (groups may be empty). Returns (sum(group_sizes), N). The sum must equal x's rows:
+    backends check it where reading the sizes costs no device synchronisation.
+    """
+
+
+@grouped_gemm.checker
+def _check_grouped_gemm(x, weight, group_sizes):
+    _check_grouped("grouped_gemm", x, weight, group_sizes)
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="grouped_gemm", reduction=lambda a: max(int(a["x"].shape[0]), int(a["weight"].shape[2])))
+def grouped_gemm_backward(grad_out: Tensor, x: Tensor, weight: Tensor, group_sizes: Tensor) -> tuple:
+    """Gradients of grouped_gemm: (grad_x, grad_weight); an empty group's grad_weight is zero."""
+
+
+@grouped_gemm_backward.checker
+def _check_grouped_gemm_backward(grad_out, x, weight, group_sizes):
+    op = "grouped_gemm_backward"
+    _check_grouped(op, x, weight, group_sizes)
+    c.same_dtype(op, "grad_out", grad_out, "x", x)
+    c.shape_is(op, "grad_out", grad_out, (int(x.shape[0]), int(weight.shape[2])), "(total_rows, N)")
+
+
+__all__ = ["linear", "linear_backward", "matmul", "matmul_backward", "grouped_gemm", "grouped_gemm_backward"]

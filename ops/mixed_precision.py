@@ -1,0 +1,117 @@
+"""Mixed-precision training steps: gradient unscaling with an overflow check, and fused AdamW."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from hal.arrays import FLOAT_DTYPES, dtype_name, is_array
+from hal.registry import declare
+from hal.types import OptionalScalarOrTensor, OptionalTensorList, ScalarOrTensor, TensorList
+
+from . import _checks as c
+from ._tolerances import ELEMENTWISE
+
+
+def _check_scalar(op: str, name: str, v: Any, low: Optional[float] = None) -> None:
+    """A number, or a one-element float array (read on the device by kernels, never synced)."""
+    if is_array(v):
+        c.scalar_or_array(op, name, v, numel=(1,))
+    else:
+        c.number(op, name, v, low=low)
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, mutates=("tensors",), dtype_from="tensors")
+def amp_unscale_(tensors: TensorList, inv_scale: ScalarOrTensor) -> Any:
+    """Multiply every tensor by ``inv_scale`` in place (the gradient unscale of dynamic loss scaling).
+
+    Returns a 0-d float32 array or tensor on the tensors' device: 1.0 if any value (before or after
+    scaling) was NaN or infinite, else 0.0. All tensors are scaled either way, as torch's
+    ``_amp_foreach_non_finite_check_and_unscale_`` does.
+    """
+
+
+@amp_unscale_.checker
+def _check_amp_unscale(tensors, inv_scale):
+    for i, t in enumerate(tensors):
+        c.float_dtype("amp_unscale_", f"tensors[{i}]", t)
+    _check_scalar("amp_unscale_", "inv_scale", inv_scale)
+
+
+LISTS = ("params", "grads", "exp_avgs", "exp_avg_sqs")
+
+
+@declare(
+    dtypes=FLOAT_DTYPES,
+    tolerances=ELEMENTWISE,
+    mutates=("params", "exp_avgs", "exp_avg_sqs", "master_params"),
+    dtype_from="params",
+)
+def fused_adamw_(
+    params: TensorList,
+    grads: TensorList,
+    exp_avgs: TensorList,
+    exp_avg_sqs: TensorList,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: float,
+    master_params: OptionalTensorList = None,
+    inv_scale: OptionalScalarOrTensor = None,
+    found_inf: OptionalScalarOrTensor = None,
+) -> None:
+    """One ``torch.optim.AdamW`` step over lists of tensors, in place; returns None.
+
+    With the bias corrections ``c1 = 1 - beta1**step`` and ``c2 = 1 - beta2**step`` (step counted
+    from 1), for each tensor: ``g = grad * inv_scale``; ``p *= 1 - lr * weight_decay``;
+    ``m = beta1 * m + (1 - beta1) * g``; ``v = beta2 * v + (1 - beta2) * g**2``;
+    ``p -= lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)``. With ``master_params`` (float32) the update
+    applies to the masters and each param receives its master rounded to the param's dtype. A
+    non-zero ``found_inf`` skips the step: nothing is written. Grads are never modified.
+    """
+
+
+@fused_adamw_.checker
+def _check_fused_adamw(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf):
+    op = "fused_adamw_"
+    lists = dict(zip(LISTS, (params, grads, exp_avgs, exp_avg_sqs)))
+    if master_params is not None:
+        lists["master_params"] = master_params
+    n = len(params)
+    for name, items in lists.items():
+        if len(items) != n:
+            raise c.fail(op, name, f"a list of {n} arrays (one per param)", items)
+    if n:
+        pdtype = c.float_dtype(op, "params[0]", params[0])
+        sdtype = c.float_dtype(op, "exp_avgs[0]", exp_avgs[0])
+        for i in range(n):
+            shape = c.shape_of(params[i])
+            for name, items in lists.items():
+                c.shape_is(op, f"{name}[{i}]", items[i], shape, f"(the shape of params[{i}])")
+            c.dtype_in(op, f"params[{i}]", params[i], (pdtype,), "all params of one call share a dtype")
+            c.dtype_in(op, f"grads[{i}]", grads[i], (pdtype,), "grads have their params' dtype")
+            c.dtype_in(op, f"exp_avgs[{i}]", exp_avgs[i], (sdtype,), "all optimizer states of one call share a dtype")
+            c.dtype_in(op, f"exp_avg_sqs[{i}]", exp_avg_sqs[i], (sdtype,), "all optimizer states of one call share a dtype")
+            if master_params is not None:
+                c.dtype_in(op, f"master_params[{i}]", master_params[i], ("float32",), "master weights are float32")
+        if master_params is None and sdtype not in (pdtype, "float32"):
+            raise c.fail(op, "exp_avgs[0]", f"of dtype {pdtype} or float32", exp_avgs[0])
+    canon = {
+        "lr": c.number(op, "lr", lr, low=0.0),
+        "beta1": c.number(op, "beta1", beta1, low=0.0, high=1.0),
+        "beta2": c.number(op, "beta2", beta2, low=0.0, high=1.0),
+        "eps": c.number(op, "eps", eps, low=0.0),
+        "weight_decay": c.number(op, "weight_decay", weight_decay, low=0.0),
+        "step": c.number(op, "step", step, low=1.0),
+    }
+    if canon["beta1"] == 1.0 or canon["beta2"] == 1.0:
+        raise c.fail(op, "beta1" if canon["beta1"] == 1.0 else "beta2", "a number in [0, 1)", "1.0")
+    for name, v in (("inv_scale", inv_scale), ("found_inf", found_inf)):
+        if v is not None:
+            _check_scalar(op, name, v)
+    return canon
+
+
+__all__ = ["amp_unscale_", "fused_adamw_"]

@@ -1,0 +1,107 @@
+"""Normalisation over trailing dimensions: layer_norm and rms_norm."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from hal.arrays import FLOAT_DTYPES, dtype_name, numpy_dtype
+from hal.registry import declare
+from hal.types import OptionalTensor, ShapeLike, Tensor
+
+from . import _checks as c
+from ._tolerances import REDUCTION
+
+
+def _check_norm(op: str, x: Any, normalized_shape: Any, params: dict[str, Any]) -> tuple[int, ...]:
+    c.non_empty(op, "x", x)
+    c.float_dtype(op, "x", x)
+    shape = c.int_tuple(op, "normalized_shape", normalized_shape)
+    if not shape or c.shape_of(x)[-len(shape):] != shape or x.ndim < len(shape):
+        raise c.fail(op, "x", f"an array whose trailing dimensions are normalized_shape {shape}", x)
+    for name, a in params.items():
+        if a is not None:
+            c.shape_is(op, name, a, shape, "(normalized_shape)")
+            c.same_dtype(op, name, a, "x", x)
+    return shape
+
+
+def _norm_k(a: dict) -> int:
+    k = 1
+    for s in a["normalized_shape"]:
+        k *= int(s)
+    return k
+
+
+def default_rms_eps(x: Any) -> float:
+    """torch's default eps of rms_norm: the machine epsilon of x's dtype."""
+    return float(np.finfo(numpy_dtype(dtype_name(x))).eps)
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="layer_norm_backward", reduction=_norm_k)
+def layer_norm(
+    x: Tensor,
+    normalized_shape: ShapeLike,
+    weight: OptionalTensor = None,
+    bias: OptionalTensor = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Layer normalisation over the trailing ``normalized_shape`` dimensions, as ``F.layer_norm``
+    (biased variance). Kernels receive normalized_shape as a tuple."""
+
+
+@layer_norm.checker
+def _check_layer_norm(x, normalized_shape, weight, bias, eps):
+    shape = _check_norm("layer_norm", x, normalized_shape, {"weight": weight, "bias": bias})
+    return {"normalized_shape": shape, "eps": c.number("layer_norm", "eps", eps, low=0.0)}
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="layer_norm", reduction=_norm_k)
+def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None, eps: float = 1e-5) -> tuple:
+    """Gradients of layer_norm: (grad_x, grad_weight, grad_bias); statistics recomputed from x.
+
+    grad_weight and grad_bias have shape normalized_shape whether or not the forward had them.
+    """
+
+
+@layer_norm_backward.checker
+def _check_layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
+    op = "layer_norm_backward"
+    shape = _check_norm(op, x, normalized_shape, {"weight": weight})
+    c.same_dtype(op, "grad_out", grad_out, "x", x)
+    c.shape_is(op, "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
+    return {"normalized_shape": shape, "eps": c.number(op, "eps", eps, low=0.0)}
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="rms_norm_backward", reduction=_norm_k)
+def rms_norm(x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None, eps: Optional[float] = None) -> Tensor:
+    """RMS normalisation ``x / sqrt(mean(x^2) + eps) * weight`` over the trailing dimensions, as
+    ``F.rms_norm``; eps None means the machine epsilon of x's dtype (kernels receive a float)."""
+
+
+def _rms_eps(op: str, x: Any, eps: Any) -> float:
+    return default_rms_eps(x) if eps is None else c.number(op, "eps", eps, low=0.0)
+
+
+@rms_norm.checker
+def _check_rms_norm(x, normalized_shape, weight, eps):
+    shape = _check_norm("rms_norm", x, normalized_shape, {"weight": weight})
+    return {"normalized_shape": shape, "eps": _rms_eps("rms_norm", x, eps)}
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="rms_norm", reduction=_norm_k)
+def rms_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None, eps: Optional[float] = None) -> tuple:
+    """Gradients of rms_norm: (grad_x, grad_weight), grad_weight of shape normalized_shape."""
+
+
+@rms_norm_backward.checker
+def _check_rms_norm_backward(grad_out, x, normalized_shape, weight, eps):
+    op = "rms_norm_backward"
+    shape = _check_norm(op, x, normalized_shape, {"weight": weight})
+    c.same_dtype(op, "grad_out", grad_out, "x", x)
+    c.shape_is(op, "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
+    return {"normalized_shape": shape, "eps": _rms_eps(op, x, eps)}
+
+
+__all__ = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]

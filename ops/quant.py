@@ -1,0 +1,174 @@
+"""int8 quantisation: ONNX QuantizeLinear / DequantizeLinear, fake-quant for QAT, int8 GEMM.
+
+Scales and zero points are Python numbers or 0-d/1-d arrays: one element for per-tensor
+quantisation, ``x.shape[axis]`` elements for per-channel quantisation along ``axis``. The float
+arithmetic of these ops is specified in float32 (as ONNX and torch do), so kernels can match the
+reference exactly away from rounding ties.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from hal.arrays import FLOAT_DTYPES, dtype_name, is_array
+from hal.registry import declare
+from hal.types import OptionalTensor, ScalarOrTensor, Tensor
+
+from . import _checks as c
+from ._tolerances import INTEGER, QUANTIZED, REDUCTION
+
+QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def check_qparams(op: str, x: Any, scale: Any, zero_point: Any, axis: Any, qmin: int, qmax: int) -> Optional[int]:
+    """Check scale / zero point against x and axis; return the canonical axis (None: per tensor)."""
+    if axis is None:
+        canon = None
+        numel = (1,)
+    else:
+        canon = c.integer(op, "axis", axis, low=-x.ndim, high=x.ndim - 1) % x.ndim
+        numel = (int(x.shape[canon]),)
+    if is_array(scale):
+        c.scalar_or_array(op, "scale", scale, numel=numel)
+        if axis is not None and scale.ndim != 1:
+            raise c.fail(op, "scale", f"a 1-D array of {numel[0]} elements for per-channel quantisation", scale)
+    else:
+        c.number(op, "scale", scale, low=0.0, low_open=True)
+        if axis is not None and numel != (1,):
+            raise c.fail(op, "scale", f"a 1-D array of {numel[0]} elements (one per channel along axis {canon})", scale)
+    if is_array(zero_point):
+        c.scalar_or_array(op, "zero_point", zero_point, numel=numel, floating=False)
+        if dtype_name(zero_point) not in ("int8", "uint8", "int32", "int64", "float32"):
+            raise c.fail(op, "zero_point", "of an integer dtype (or float32 holding integers)", zero_point)
+        same_shape = c.shape_of(zero_point) == c.shape_of(scale) if is_array(scale) else zero_point.ndim <= 1
+        if not same_shape:
+            raise c.fail(op, "zero_point", "of the same shape as scale", zero_point)
+    else:
+        if not c.is_int(zero_point) and not (c.is_number(zero_point) and float(zero_point).is_integer()):
+            raise c.fail(op, "zero_point", "an integer", zero_point)
+        c.integer(op, "zero_point", int(zero_point), low=qmin, high=qmax)
+    return canon
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=INTEGER)
+def quantize(x: Tensor, scale: ScalarOrTensor, zero_point: ScalarOrTensor, axis: Optional[int] = None, dtype: str = "int8") -> Tensor:
+    """ONNX QuantizeLinear: ``saturate(round_half_even(x / scale) + zero_point)`` to int8 or uint8.
+
+    The division is float32 (x upcast). Per-tensor when axis is None, else per-channel along axis.
+    """
+
+
+@quantize.checker
+def _check_quantize(x, scale, zero_point, axis, dtype):
+    c.non_empty("quantize", "x", x)
+    c.float_dtype("quantize", "x", x)
+    qtype = c.choice("quantize", "dtype", dtype, tuple(QRANGE))
+    return {"axis": check_qparams("quantize", x, scale, zero_point, axis, *QRANGE[qtype])}
+
+
+@declare(dtypes=("int8", "uint8"), tolerances=QUANTIZED)
+def dequantize(q: Tensor, scale: ScalarOrTensor, zero_point: ScalarOrTensor, axis: Optional[int] = None) -> Tensor:
+    """ONNX DequantizeLinear: ``(q - zero_point) * scale`` in float32, returned in scale's dtype
+    (float32 for a Python number)."""
+
+
+@dequantize.checker
+def _check_dequantize(q, scale, zero_point, axis):
+    c.non_empty("dequantize", "q", q)
+    qtype = c.int_dtype("dequantize", "q", q, tuple(QRANGE))
+    return {"axis": check_qparams("dequantize", q, scale, zero_point, axis, *QRANGE[qtype])}
+
+
+def _check_fake(op: str, x: Any, scale: Any, zero_point: Any, quant_min: Any, quant_max: Any, axis: Any) -> dict[str, Any]:
+    c.non_empty(op, "x", x)
+    c.float_dtype(op, "x", x)
+    qmin = c.integer(op, "quant_min", quant_min)
+    qmax = c.integer(op, "quant_max", quant_max, low=qmin + 1)
+    return {"axis": check_qparams(op, x, scale, zero_point, axis, qmin, qmax), "quant_min": qmin, "quant_max": qmax}
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZED, backward="fake_quantize_backward")
+def fake_quantize(
+    x: Tensor,
+    scale: ScalarOrTensor,
+    zero_point: ScalarOrTensor,
+    quant_min: int = -128,
+    quant_max: int = 127,
+    axis: Optional[int] = None,
+) -> Tensor:
+    """Quantise and dequantise in one op, as ``torch.fake_quantize_per_tensor_affine`` (axis None)
+    or ``torch.fake_quantize_per_channel_affine``: with ``inv = 1 / scale`` in float32,
+    ``(clamp(round_half_even(x * inv) + zero_point, quant_min, quant_max) - zero_point) * scale``.
+    Its gradient is straight-through inside the clamping range and zero outside.
+    """
+
+
+@fake_quantize.checker
+def _check_fake_quantize(x, scale, zero_point, quant_min, quant_max, axis):
+    return _check_fake("fake_quantize", x, scale, zero_point, quant_min, quant_max, axis)
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZED, forward="fake_quantize")
+def fake_quantize_backward(
+    grad_out: Tensor,
+    x: Tensor,
+    scale: ScalarOrTensor,
+    zero_point: ScalarOrTensor,
+    quant_min: int = -128,
+    quant_max: int = 127,
+    axis: Optional[int] = None,
+) -> Tensor:
+    """Straight-through gradient of fake_quantize: grad_out where ``round(x * inv) + zero_point``
+    lies in [quant_min, quant_max], else 0."""
+
+
+@fake_quantize_backward.checker
+def _check_fake_quantize_backward(grad_out, x, scale, zero_point, quant_min, quant_max, axis):
+    canon = _check_fake("fake_quantize_backward", x, scale, zero_point, quant_min, quant_max, axis)
+    c.same_dtype("fake_quantize_backward", "grad_out", grad_out, "x", x)
+    c.shape_is("fake_quantize_backward", "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
+    return canon
+
+
+OUT_DTYPES = ("float16", "bfloat16", "float32")
+
+
+@declare(dtypes=("int8",), tolerances=REDUCTION, reduction=lambda a: int(a["x_q"].shape[-1]))
+def int8_linear(
+    x_q: Tensor,
+    w_q: Tensor,
+    x_scale: ScalarOrTensor,
+    w_scale: ScalarOrTensor,
+    bias: OptionalTensor = None,
+    out_dtype: str = "float16",
+) -> Tensor:
+    """int8 GEMM with dequantising epilogue: ``(x_q @ w_q.T in int32) * x_scale * w_scale[n] + bias``,
+    cast to out_dtype (float16, bfloat16, float32).
+
+    x_q (..., K) int8, w_q (N, K) int8, x_scale one value, w_scale one value or (N,) (per output
+    channel), bias (N,) of any float dtype. The int32 accumulation is exact.
+    """
+
+
+@int8_linear.checker
+def _check_int8_linear(x_q, w_q, x_scale, w_scale, bias, out_dtype):
+    op = "int8_linear"
+    c.min_rank(op, "x_q", x_q, 1, "(..., K)")
+    c.non_empty(op, "x_q", x_q)
+    c.int_dtype(op, "x_q", x_q, ("int8",))
+    c.rank(op, "w_q", w_q, (2,), "(N, K)")
+    c.non_empty(op, "w_q", w_q)
+    c.int_dtype(op, "w_q", w_q, ("int8",))
+    if int(w_q.shape[1]) != int(x_q.shape[-1]):
+        raise c.fail(op, "w_q", f"of shape (N, {int(x_q.shape[-1])}) to match x_q's K", w_q)
+    n = int(w_q.shape[0])
+    c.scalar_or_array(op, "x_scale", x_scale, numel=(1,))
+    c.scalar_or_array(op, "w_scale", w_scale, numel=(1, n))
+    if bias is not None:
+        c.rank(op, "bias", bias, (1,))
+        c.shape_is(op, "bias", bias, (n,), "(N,)")
+        c.float_dtype(op, "bias", bias)
+    c.choice(op, "out_dtype", out_dtype, OUT_DTYPES)
+
+
+__all__ = ["quantize", "dequantize", "fake_quantize", "fake_quantize_backward", "int8_linear"]
