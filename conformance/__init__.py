@@ -1,0 +1,1 @@
+"""hal.conformance: the conformance suite (being written)."""

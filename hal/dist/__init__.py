@@ -1,0 +1,1 @@
+"""hal.dist: collectives on torch.distributed (being written)."""

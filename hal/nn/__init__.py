@@ -1,0 +1,1 @@
+"""hal.nn: fused modules and the fusion pass (being written)."""

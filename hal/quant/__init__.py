@@ -1,0 +1,1 @@
+"""hal.quant: calibration observers, QAT and int8 conversion (being written)."""

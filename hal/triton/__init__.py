@@ -1,0 +1,1 @@
+"""hal.triton: portable Triton kernel sources shared by the GPU plugins (being written)."""
