@@ -95,7 +95,7 @@ def from_numpy(a: np.ndarray | np.generic) -> torch.Tensor:
     """A CPU tensor sharing memory with ``a`` where torch can (bfloat16 included)."""
     a = np.asarray(a)
     if a.dtype == BFLOAT16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.require(a, requirements="C").view(np.int16)).view(torch.bfloat16)  # keeps 0-d
     if any(s < 0 for s in a.strides) or not a.flags.writeable:
         a = a.copy()
     return torch.from_numpy(a)

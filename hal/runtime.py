@@ -19,7 +19,7 @@ from typing import Any, Iterable, Optional
 
 from hal.errors import PluginError
 from hal.plugin import BackendInfo, DeviceInfo, KernelSpec, Plugin
-from hal.version import API_VERSION
+from hal.version import API_VERSION, __version__
 
 ENTRY_POINT_GROUP = "hal.backends"
 log = logging.getLogger("hal")
@@ -98,7 +98,7 @@ def _api_problem(plugin: Plugin, distribution: Optional[str]) -> Optional[Plugin
         fix = f"pip install --upgrade {dist}"
     return PluginError(
         f"plugin {plugin.name!r} ({dist} {plugin.version}) was built for hal plugin API "
-        f"{plugin.api_version}, but this hal ({API_VERSION}) speaks plugin API {API_VERSION}; "
+        f"{plugin.api_version}, but this hal ({__version__}) speaks plugin API {API_VERSION}; "
         f"install matching versions: {fix}"
     )
 

@@ -89,7 +89,9 @@ def scaled_dot_product_attention(
     q (..., L, E), k (..., S, E), v (..., S, Ev) with equal batch dimensions; attn_mask boolean
     (True = attend) or additive float, broadcastable to (..., L, S); is_causal masks with the
     top-left aligned lower triangle. scale None means 1 / sqrt(E) (kernels receive a float). A
-    query row with nothing to attend to yields NaN, as torch's math reference does.
+    query row with nothing to attend to (all masked) yields zeros and passes no gradient, as torch
+    2.13 does on CPU (its math path and fused CPU kernel both use a "safe" softmax; torch < 2.5 gave
+    NaN there).
     """
 
 

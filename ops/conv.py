@@ -19,10 +19,20 @@ def _conv_k(a: Mapping[str, Any]) -> int:
     return int(w.shape[1] * w.shape[2] * w.shape[3])
 
 
+def _conv_backward_k(a: Mapping[str, Any]) -> int:
+    """Longest sum of a convolution's gradients: grad_weight and grad_bias sum over the N * Ho * Wo
+    output positions, grad_x over (out_channels / groups) * kH * kW taps; a recomputed forward
+    sums over the forward's K."""
+    w = a.get("weight", a.get("conv_weight"))
+    cout, _, kh, kw = (int(s) for s in w.shape)
+    positions = c.numel(a["grad_out"]) // cout
+    return max(positions, cout // int(a["groups"]) * kh * kw, _conv_k(a))
+
+
 def _spatial_count(x: Any) -> int:
-    """Elements per channel of an (N, C, ...) array: the reduction length of batch statistics."""
+    """Elements per channel of an (N, C, ...) array or shape: the reduction length of batch statistics."""
     n = 1
-    for i, s in enumerate(x.shape):
+    for i, s in enumerate(getattr(x, "shape", x)):
         if i != 1:
             n *= int(s)
     return n
@@ -100,7 +110,11 @@ def check_per_channel(op: str, name: str, a: Any, channels: int, x_name: str, x:
     c.dtype_in(op, name, a, sorted(allowed), f"the dtype of '{x_name}', or float32 beside half precision")
 
 
-def check_bn_options(op: str, x: Any, running_mean: Any, running_var: Any, training: Any, momentum: Any, eps: Any) -> None:
+def check_bn_options(
+    op: str, per_channel: int, running_mean: Any, running_var: Any, training: Any, momentum: Any, eps: Any
+) -> None:
+    """Batch norm's options; ``per_channel`` is the count of normalised values per channel (batch
+    statistics need more than one)."""
     c.boolean(op, "training", training)
     c.number(op, "momentum", momentum, low=0.0, high=1.0)
     c.number(op, "eps", eps, low=0.0)
@@ -108,8 +122,8 @@ def check_bn_options(op: str, x: Any, running_mean: Any, running_var: Any, train
         raise c.fail(op, "running_var" if running_var is None else "running_mean", "given together with its twin (both or neither)", "only one of the two")
     if running_mean is None and not training:
         raise c.fail(op, "running_mean", "an array when training=False (eval mode normalises with the running statistics)", "None")
-    if training and _spatial_count(x) < 2:
-        raise c.fail(op, "x", "more than one value per channel when training (batch statistics)", x)
+    if training and per_channel < 2:
+        raise c.fail(op, "x", "large enough for more than one normalised value per channel when training (batch statistics)", f"{per_channel} value per channel")
 
 
 # --- conv2d ---------------------------------------------------------------------------------
@@ -144,7 +158,7 @@ def _check_conv2d(x, weight, bias, stride, padding, dilation, groups):
     return geo
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="conv2d", reduction=lambda a: _conv_k(a) * 9)
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="conv2d", reduction=_conv_backward_k)
 def conv2d_backward(
     grad_out: Tensor,
     x: Tensor,
@@ -211,7 +225,7 @@ def _check_batch_norm(x, running_mean, running_var, weight, bias, training, mome
     ch = int(x.shape[1])
     for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
         check_per_channel(op, name, a, ch, "x", x)
-    check_bn_options(op, x, running_mean, running_var, training, momentum, eps)
+    check_bn_options(op, _spatial_count(x), running_mean, running_var, training, momentum, eps)
     return {"momentum": float(momentum), "eps": float(eps), "training": bool(training)}
 
 
@@ -243,7 +257,7 @@ def _check_batch_norm_backward(grad_out, x, running_mean, running_var, weight, t
     ch = int(x.shape[1])
     for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight)):
         check_per_channel(op, name, a, ch, "x", x)
-    check_bn_options(op, x, running_mean, running_var, training, 0.1, eps)
+    check_bn_options(op, _spatial_count(x), running_mean, running_var, training, 0.1, eps)
     return {"eps": float(eps), "training": bool(training)}
 
 
@@ -261,13 +275,7 @@ def _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mea
         c.same_dtype(op, "conv_bias", conv_bias, "x", x)
     for name, a in (("bn_weight", bn_weight), ("bn_bias", bn_bias), ("running_mean", running_mean), ("running_var", running_var)):
         check_per_channel(op, name, a, cout, "x", x)
-    n_per_channel = out_shape[0] * out_shape[2] * out_shape[3]
-    c.boolean(op, "training", training)
-    if training and n_per_channel < 2:
-        raise c.fail(op, "x", "large enough for more than one conv output value per channel when training", x)
-    check_bn_options(op, x, running_mean, running_var, False, momentum, eps)  # training checked above
-    if running_mean is None and not training:
-        raise c.fail(op, "running_mean", "an array when training=False", "None")
+    check_bn_options(op, _spatial_count(out_shape), running_mean, running_var, training, momentum, eps)
     return geo, out_shape
 
 
@@ -322,7 +330,7 @@ def _fused_composite(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean
     return scale_shift_act(y, 1.0, 0.0, "relu")
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="fused_conv_bn_relu", reduction=lambda a: _fused_k(a) * 9)
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="fused_conv_bn_relu", reduction=_conv_backward_k)
 def fused_conv_bn_relu_backward(
     grad_out: Tensor,
     x: Tensor,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from hal.arrays import FLOAT_DTYPES, is_array
 from hal.registry import declare
 from hal.types import ScalarOrTensor, Tensor
 
 from . import _checks as c
-from ._tolerances import ELEMENTWISE
+from ._tolerances import ELEMENTWISE, REDUCTION
 
 #: activations of scale_shift_act and linear: names as in PyTorch (gelu_tanh = gelu(approximate="tanh")).
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
@@ -39,7 +41,14 @@ def _check_scale_shift_act(x, scale, shift, act):
     check_affine("scale_shift_act", x, scale, shift, act)
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, forward="scale_shift_act", reduction=lambda a: int(a["x"].shape[0]) if a["x"].ndim else 1)
+def _broadcast_reduction(a: Mapping[str, Any]) -> int:
+    """Elements of x summed into one element of grad_scale or grad_shift (the larger of the two)."""
+    sizes = [c.numel(v) if is_array(v) else 1 for v in (a["scale"], a["shift"])]
+    return c.numel(a["x"]) // max(1, min(sizes))
+
+
+# grad_scale and grad_shift sum over the broadcast dimensions: reduction tolerances.
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="scale_shift_act", reduction=_broadcast_reduction)
 def scale_shift_act_backward(grad_out: Tensor, x: Tensor, scale: ScalarOrTensor = 1.0, shift: ScalarOrTensor = 0.0, act: str = "relu") -> tuple:
     """Gradients of scale_shift_act: (grad_x, grad_scale, grad_shift).
 

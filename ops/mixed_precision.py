@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from hal.arrays import FLOAT_DTYPES, dtype_name, is_array
+from hal.arrays import FLOAT_DTYPES, is_array
 from hal.registry import declare
 from hal.types import OptionalScalarOrTensor, OptionalTensorList, ScalarOrTensor, TensorList
 
@@ -24,9 +24,11 @@ def _check_scalar(op: str, name: str, v: Any, low: Optional[float] = None) -> No
 def amp_unscale_(tensors: TensorList, inv_scale: ScalarOrTensor) -> Any:
     """Multiply every tensor by ``inv_scale`` in place (the gradient unscale of dynamic loss scaling).
 
+    ``inv_scale`` is taken as a float32 value, the precision torch's GradScaler keeps it in.
     Returns a 0-d float32 array or tensor on the tensors' device: 1.0 if any value (before or after
     scaling) was NaN or infinite, else 0.0. All tensors are scaled either way, as torch's
-    ``_amp_foreach_non_finite_check_and_unscale_`` does.
+    ``_amp_foreach_non_finite_check_and_unscale_`` does (which flags only values non-finite before
+    scaling; a finite value overflowing when ``inv_scale > 1`` is flagged here too).
     """
 
 
@@ -68,8 +70,9 @@ def fused_adamw_(
     from 1), for each tensor: ``g = grad * inv_scale``; ``p *= 1 - lr * weight_decay``;
     ``m = beta1 * m + (1 - beta1) * g``; ``v = beta2 * v + (1 - beta2) * g**2``;
     ``p -= lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)``. With ``master_params`` (float32) the update
-    applies to the masters and each param receives its master rounded to the param's dtype. A
-    non-zero ``found_inf`` skips the step: nothing is written. Grads are never modified.
+    applies to the masters and each param receives its master rounded to the param's dtype.
+    ``inv_scale`` is taken as a float32 value (as amp_unscale_ does). A non-zero ``found_inf`` skips
+    the step: nothing is written. Grads are never modified.
     """
 
 

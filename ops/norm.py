@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
+import torch
 
-from hal.arrays import FLOAT_DTYPES, dtype_name, numpy_dtype
+from hal.arrays import FLOAT_DTYPES, dtype_name, torch_dtype
 from hal.registry import declare
 from hal.types import OptionalTensor, ShapeLike, Tensor
 
@@ -35,8 +35,9 @@ def _norm_k(a: dict) -> int:
 
 
 def default_rms_eps(x: Any) -> float:
-    """torch's default eps of rms_norm: the machine epsilon of x's dtype."""
-    return float(np.finfo(numpy_dtype(dtype_name(x))).eps)
+    """torch's default eps of rms_norm: the machine epsilon of x's dtype (torch.finfo, since
+    NumPy's finfo does not know bfloat16)."""
+    return float(torch.finfo(torch_dtype(dtype_name(x))).eps)
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="layer_norm_backward", reduction=_norm_k)

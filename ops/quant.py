@@ -54,7 +54,8 @@ def check_qparams(op: str, x: Any, scale: Any, zero_point: Any, axis: Any, qmin:
 def quantize(x: Tensor, scale: ScalarOrTensor, zero_point: ScalarOrTensor, axis: Optional[int] = None, dtype: str = "int8") -> Tensor:
     """ONNX QuantizeLinear: ``saturate(round_half_even(x / scale) + zero_point)`` to int8 or uint8.
 
-    The division is float32 (x upcast). Per-tensor when axis is None, else per-channel along axis.
+    The division is float32 (x and scale converted to float32). Per-tensor when axis is None, else
+    per-channel along axis.
     """
 
 
@@ -97,8 +98,10 @@ def fake_quantize(
     axis: Optional[int] = None,
 ) -> Tensor:
     """Quantise and dequantise in one op, as ``torch.fake_quantize_per_tensor_affine`` (axis None)
-    or ``torch.fake_quantize_per_channel_affine``: with ``inv = 1 / scale`` in float32,
-    ``(clamp(round_half_even(x * inv) + zero_point, quant_min, quant_max) - zero_point) * scale``.
+    or ``torch.fake_quantize_per_channel_affine``, bit for bit: with ``inv = 1 / scale`` in float32,
+    ``(clamp(round_half_even(x * inv) + zero_point, quant_min, quant_max) - zero_point) * scale``,
+    the product ``x * inv`` in float32 (float64 for float64 x) and the result rounded to float32,
+    then to x's dtype (torch skips the float32 rounding per channel on float64 x; so do kernels).
     Its gradient is straight-through inside the clamping range and zero outside.
     """
 

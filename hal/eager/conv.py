@@ -1,3 +1,121 @@
-"""(being written)"""
+"""conv2d, batch_norm and conv -> batch-norm -> ReLU, and their gradients, in eager PyTorch.
 
-__all__: list[str] = []
+Padding arrives canonical, (top, bottom, left, right). F.conv2d takes symmetric padding only, so an
+asymmetric one (padding="same" with an even kernel) is applied with F.pad first, which is what
+PyTorch itself does for such a "same" convolution.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .elementwise import filled_leaf, leaf
+
+Pair = tuple[int, int]
+Pads = tuple[int, int, int, int]
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: Pair, padding: Pads, dilation: Pair, groups: int) -> torch.Tensor:
+    top, bottom, left, right = padding
+    if top == bottom and left == right:
+        return F.conv2d(x, weight, bias, stride, (top, left), dilation, groups)
+    return F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, stride, 0, dilation, groups)
+
+
+def conv2d_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Pair, padding: Pads, dilation: Pair, groups: int) -> tuple:
+    with torch.enable_grad():
+        xg, wg, b = leaf(x), leaf(weight), filled_leaf(weight.shape[0], 0.0, x)
+        return torch.autograd.grad(conv2d(xg, wg, b, stride, padding, dilation, groups), (xg, wg, b), grad_out)
+
+
+def batch_norm(
+    x: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> torch.Tensor:
+    return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def batch_norm_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    training: bool,
+    eps: float,
+) -> tuple:
+    """(grad_x, grad_weight, grad_bias) by autograd; in training the running stats are not passed
+    (they are not read, and must not be updated by a backward)."""
+    rm, rv = (None, None) if training else (running_mean, running_var)
+    with torch.enable_grad():
+        xg = leaf(x)
+        w = leaf(weight) if weight is not None else filled_leaf(x.shape[1], 1.0, x)
+        b = torch.zeros_like(w, requires_grad=True)  # in the weight's dtype, as a real bias would be
+        return torch.autograd.grad(F.batch_norm(xg, rm, rv, w, b, training, 0.0, eps), (xg, w, b), grad_out)
+
+
+def fused_conv_bn_relu(
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: Optional[torch.Tensor],
+    bn_weight: Optional[torch.Tensor],
+    bn_bias: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    stride: Pair,
+    padding: Pads,
+    dilation: Pair,
+    groups: int,
+    eps: float,
+    momentum: float,
+    training: bool,
+) -> torch.Tensor:
+    y = conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    return F.relu(F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps))
+
+
+def fused_conv_bn_relu_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: Optional[torch.Tensor],
+    bn_weight: Optional[torch.Tensor],
+    bn_bias: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    stride: Pair,
+    padding: Pads,
+    dilation: Pair,
+    groups: int,
+    eps: float,
+    training: bool,
+) -> tuple:
+    """(grad_x, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias) by autograd."""
+    rm, rv = (None, None) if training else (running_mean, running_var)
+    cout = conv_weight.shape[0]
+    with torch.enable_grad():
+        xg, wg = leaf(x), leaf(conv_weight)
+        cb = leaf(conv_bias) if conv_bias is not None else filled_leaf(cout, 0.0, x)
+        gamma = leaf(bn_weight) if bn_weight is not None else filled_leaf(cout, 1.0, x)
+        beta = leaf(bn_bias) if bn_bias is not None else filled_leaf(cout, 0.0, x)
+        y = fused_conv_bn_relu(xg, wg, cb, gamma, beta, rm, rv, stride, padding, dilation, groups, eps, 0.0, training)
+        return torch.autograd.grad(y, (xg, wg, cb, gamma, beta), grad_out)
+
+
+__all__ = [
+    "conv2d",
+    "conv2d_backward",
+    "batch_norm",
+    "batch_norm_backward",
+    "fused_conv_bn_relu",
+    "fused_conv_bn_relu_backward",
+]

@@ -1,3 +1,54 @@
-"""(being written)"""
+"""scale_shift_act and its gradients in eager PyTorch (the activations are shared with linear)."""
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+Scalar = Union[float, torch.Tensor]
+
+#: activation name (ops.elementwise.ACTIVATIONS) -> the PyTorch function computing it.
+ACTIVATION_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": lambda z: z,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
+
+
+def leaf(v: Scalar, like: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A fresh autograd leaf of ``v``: a tensor detached from its graph, or a number as a 0-d tensor
+    of ``like``'s dtype and device."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().requires_grad_(True)
+    assert like is not None, "a number needs a tensor to take its dtype and device from"
+    return torch.tensor(v, dtype=like.dtype, device=like.device, requires_grad=True)
+
+
+def filled_leaf(n: int, value: float, like: torch.Tensor) -> torch.Tensor:
+    """An (n,) leaf of ``value`` in ``like``'s dtype, standing in for a missing parameter (a zero
+    bias, a batch-norm weight of ones) so that autograd gives its gradient."""
+    return like.new_full((n,), value).requires_grad_(True)
+
+
+def scale_shift_act(x: torch.Tensor, scale: Scalar, shift: Scalar, act: str) -> torch.Tensor:
+    """act(x * scale + shift) computed in x's dtype (scale and shift are cast to it)."""
+    s = scale.to(x.dtype) if isinstance(scale, torch.Tensor) else scale
+    b = shift.to(x.dtype) if isinstance(shift, torch.Tensor) else shift
+    return ACTIVATION_FNS[act](x * s + b)
+
+
+def scale_shift_act_backward(grad_out: torch.Tensor, x: torch.Tensor, scale: Scalar, shift: Scalar, act: str) -> tuple:
+    """(grad_x, grad_scale, grad_shift) by autograd; grad_scale/grad_shift in x's dtype, 0-d for numbers."""
+    with torch.enable_grad():
+        xg, s, b = leaf(x), leaf(scale, x), leaf(shift, x)
+        grads = torch.autograd.grad(scale_shift_act(xg, s, b, act), (xg, s, b), grad_out)
+    return tuple(g.to(x.dtype) for g in grads)
+
+
+__all__ = ["scale_shift_act", "scale_shift_act_backward"]

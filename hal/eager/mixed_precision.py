@@ -1,3 +1,83 @@
-"""(being written)"""
+"""Gradient unscaling and the AdamW step in eager PyTorch, on torch's own fused kernels.
 
-__all__: list[str] = []
+amp_unscale_ runs ``torch._amp_foreach_non_finite_check_and_unscale_``; fused_adamw_ runs
+``torch._fused_adamw_`` (CPU and CUDA), on float32 working copies where the dtypes of params, grads
+and states differ (low-precision params with float32 states or master weights), since the fused
+kernel takes one dtype, and on contiguous copies of non-contiguous tensors (it ignores strides).
+Neither reads a device value on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+Scalar = Union[float, torch.Tensor]
+
+
+def _float32_scalar(v: Scalar, device: torch.device) -> torch.Tensor:
+    """A number or one-element tensor as a one-element float32 tensor on ``device``."""
+    return torch.as_tensor(v, dtype=torch.float32, device=device).reshape(1)
+
+
+def _as(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """The tensors in ``dtype`` and contiguous: the same objects where they already are, else copies."""
+    return [t.to(dtype).contiguous() for t in tensors]
+
+
+def amp_unscale_(tensors: Sequence[torch.Tensor], inv_scale: Scalar) -> torch.Tensor:
+    device = tensors[0].device if tensors else torch.device("cpu")
+    found = torch.zeros(1, dtype=torch.float32, device=device)
+    if tensors:
+        tensors = list(tensors)
+        torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, _float32_scalar(inv_scale, device))
+        # torch flags values that were non-finite before scaling; a pass with inv_scale 1 (values
+        # unchanged) also flags those that overflowed while scaling, as the op specifies.
+        torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, torch.ones_like(found))
+    return found.reshape(())
+
+
+def fused_adamw_(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    exp_avgs: Sequence[torch.Tensor],
+    exp_avg_sqs: Sequence[torch.Tensor],
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: float,
+    master_params: Optional[Sequence[torch.Tensor]] = None,
+    inv_scale: Optional[Scalar] = None,
+    found_inf: Optional[Scalar] = None,
+) -> None:
+    if not params:
+        return None
+    device = params[0].device
+    targets = list(params if master_params is None else master_params)
+    dtype = targets[0].dtype if exp_avgs[0].dtype == targets[0].dtype == grads[0].dtype else torch.float32
+    w_params, w_avgs, w_sqs, w_grads = (_as(ts, dtype) for ts in (targets, exp_avgs, exp_avg_sqs, grads))
+    if inv_scale is not None:  # never in place: grads are not modified
+        w_grads = torch._foreach_mul(w_grads, _float32_scalar(inv_scale, device).reshape(()))
+    skip = None if found_inf is None else (_float32_scalar(found_inf, device) != 0).float()
+    steps = [torch.full((), step, dtype=torch.float32, device=device) for _ in targets]
+    torch._fused_adamw_(
+        w_params, w_grads, w_avgs, w_sqs, [], steps,
+        lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,
+        amsgrad=False, maximize=False, grad_scale=None, found_inf=skip,
+    )  # fmt: skip
+    written = [(targets, w_params), (exp_avgs, w_avgs), (exp_avg_sqs, w_sqs)]
+    if master_params is not None:
+        written.append((params, w_params))
+    for dst_list, src_list in written:
+        for dst, src in zip(dst_list, src_list):
+            if dst is src:
+                continue
+            value = src.to(dst.dtype)
+            dst.copy_(value if skip is None else torch.where(skip.bool(), dst, value))
+    return None
+
+
+__all__ = ["amp_unscale_", "fused_adamw_"]

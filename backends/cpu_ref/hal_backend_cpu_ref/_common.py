@@ -20,4 +20,4 @@ def f64(a: Any) -> np.ndarray:
 
 def like(result: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``result`` rounded to x's dtype, as a fresh contiguous array."""
-    return np.ascontiguousarray(np.asarray(result).astype(x.dtype))
+    return np.array(result, dtype=x.dtype, order="C")  # a copy; keeps 0-d (ascontiguousarray makes it 1-d)

@@ -1,0 +1,115 @@
+"""Bad input, property-based: every op called with wrong ranks, shapes, dtypes, array types, devices,
+strides and values raises a `hal.HalError` subclass or returns a result of the caller's array type;
+never another exception (nothing raw from NumPy or a vendor library reaches the user)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import hal
+from hal.arrays import from_numpy, numpy_dtype
+from hal.types import Kind
+
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool", "complex64"]
+SPECIAL = [math.nan, math.inf, -math.inf, 1e30, -1e30, 0.0, 1e-40]
+
+
+@st.composite
+def arrays_(draw: st.DrawFn, kind: str, device: str, like: Any = None) -> Any:
+    """A random array: often shaped like ``like`` (to get past the first checks), sometimes not."""
+    if like is not None and draw(st.booleans()):
+        shape = tuple(like.shape)
+        if shape and draw(st.booleans()):
+            i = draw(st.integers(0, len(shape) - 1))
+            shape = shape[:i] + (draw(st.integers(0, 5)),) + shape[i + 1 :]
+    else:
+        shape = tuple(draw(st.lists(st.integers(0, 5), max_size=5)))
+    dtype = draw(st.sampled_from(DTYPES if draw(st.integers(0, 3)) == 0 else ["float32", "float64", "float16"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    data = rng.standard_normal(shape) * draw(st.sampled_from([1.0, 1e4, 1e-3]))
+    if data.size and draw(st.booleans()):
+        data.reshape(-1)[draw(st.integers(0, data.size - 1))] = draw(st.sampled_from(SPECIAL))
+    if dtype.startswith(("int", "uint")):
+        data = np.nan_to_num(data, nan=0.0, posinf=1.0, neginf=-1.0).clip(-100, 100)
+    with np.errstate(over="ignore", invalid="ignore"):
+        arr = data.astype(numpy_dtype(dtype)) if dtype != "bool" else data > 0
+    if kind == "numpy":
+        return arr if dtype != "bfloat16" else arr  # ml_dtypes bfloat16 array
+    t = from_numpy(arr).clone()
+    if device == "meta":
+        t = t.to("meta")
+    if t.ndim >= 2 and draw(st.booleans()):
+        t = t.transpose(0, 1)  # non-contiguous
+    return t
+
+
+STATIC_VALUES = st.one_of(
+    st.integers(-3, 6),
+    st.sampled_from([None, True, False, "same", "valid", "relu", "gelu", "bogus", "int8", "uint8", "float16", "", (1, 1), (2, 0), (-1, 2), (1, 2, 3), (0, 0, 1, 1), [3], [2, 2], 0.5, -1.0, math.nan, math.inf, 1e-5]),
+)
+
+
+@st.composite
+def calls(draw: st.DrawFn, decl: Any) -> tuple[list[Any], dict[str, Any]]:
+    kind = draw(st.sampled_from(["torch", "numpy"]))
+    device = "meta" if kind == "torch" and draw(st.integers(0, 9)) == 0 else "cpu"
+    first = None
+    args: list[Any] = []
+    for p in decl.params:
+        use_default = not p.required and draw(st.integers(0, 2)) == 0
+        if use_default:
+            args.append(p.default)
+            continue
+        k = kind if draw(st.integers(0, 19)) else ("numpy" if kind == "torch" else "torch")  # mixed types
+        if p.kind in (Kind.TENSOR, Kind.OPTIONAL_TENSOR):
+            if p.kind is Kind.OPTIONAL_TENSOR and draw(st.booleans()):
+                args.append(None)
+            elif draw(st.integers(0, 14)) == 0:
+                args.append(draw(STATIC_VALUES))  # not an array at all
+            else:
+                a = draw(arrays_(k, device, first))
+                first = a if first is None else first
+                args.append(a)
+        elif p.kind in (Kind.TENSOR_LIST, Kind.OPTIONAL_TENSOR_LIST):
+            n = draw(st.integers(0, 3))
+            args.append([draw(arrays_(k, device, first)) for _ in range(n)] if draw(st.integers(0, 9)) else draw(STATIC_VALUES))
+        elif p.kind in (Kind.SCALAR_OR_TENSOR, Kind.OPTIONAL_SCALAR_OR_TENSOR):
+            args.append(draw(st.one_of(STATIC_VALUES, st.floats(allow_nan=True), arrays_(k, device))))
+        else:
+            args.append(draw(STATIC_VALUES))
+    kwargs = {p.name: a for p, a in zip(decl.params, args) if p.keyword_only}
+    positional = [a for p, a in zip(decl.params, args) if not p.keyword_only]
+    return positional, kwargs
+
+
+OPS = [d for d in hal.list_ops()]
+
+
+@pytest.mark.parametrize("decl", OPS, ids=[d.name for d in OPS])
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+@given(data=st.data())
+def test_only_hal_errors_or_results(decl: Any, data: st.DataObject) -> None:
+    args, kwargs = data.draw(calls(decl))
+    fn = getattr(hal.ops, decl.name)
+    try:
+        out = fn(*args, **kwargs)
+    except hal.HalError as exc:
+        event(f"raised {type(exc).__name__}")  # --hypothesis-show-statistics shows the mix
+        return
+    event("returned a result")
+    arrays_in = [a for a in list(args) + list(kwargs.values()) if isinstance(a, (np.ndarray, torch.Tensor))]
+    arrays_in += [x for a in list(args) + list(kwargs.values()) if isinstance(a, (list, tuple)) for x in a if isinstance(x, (np.ndarray, torch.Tensor))]
+    outs = out if isinstance(out, tuple) else (out,)
+    for o in outs:
+        if o is None:
+            continue
+        assert isinstance(o, (np.ndarray, torch.Tensor)), f"{decl.name} returned {type(o).__name__}"
+        if arrays_in:
+            assert isinstance(o, type(arrays_in[0]) if isinstance(arrays_in[0], torch.Tensor) else np.ndarray)
