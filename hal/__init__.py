@@ -21,6 +21,11 @@ from hal.version import API_VERSION, __version__
 
 from hal import ops  # noqa: E402  (declares every op; must follow the core modules)
 from hal.dispatch import explain, list_ops, reset_stats, stats  # noqa: E402
+from hal import torch_library as _torch_library  # noqa: E402
+
+# torch.ops.hal.* must exist before torch.compile traces a model calling hal.ops (Dynamo cannot trace
+# the registration itself); registering every op costs about 30 ms.
+_torch_library.register()
 
 configure_logging()
 
@@ -68,7 +73,7 @@ def backends() -> list[BackendRecord]:
     return sorted(out, key=lambda r: (-(r.priority if r.priority is not None else -1), r.name))
 
 
-_LAZY = {"dist", "nn", "amp", "optim", "quant", "torch_library", "conformance"}
+_LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance"}
 
 
 def __getattr__(name: str) -> Any:

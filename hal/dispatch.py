@@ -21,7 +21,7 @@ import inspect
 import itertools
 import logging
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from hal.config import Choice, choice_for
 from hal.decision import FALLBACK_WORDS, Candidate, Decision
 from hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, UnsupportedError
 from hal.plugin import Inputs, KernelSpec
-from hal.registry import OPS, OpDecl, attach_decorators, get_op
+from hal.registry import OPS, OpDecl, Param, attach_decorators, get_op
 from hal.runtime import BackendState, Runtime
 from hal.types import ARRAY_KINDS, Kind
 
@@ -47,20 +47,47 @@ _local = config._local
 MAX_CACHE_ENTRIES = 8192
 
 
+def _tensor_key(a: torch.Tensor) -> Any:
+    return (a.dtype, a.device, a.shape, a.stride(), a.requires_grad)
+
+
+def _ndarray_key(a: np.ndarray) -> Any:
+    return (a.dtype, a.shape, a.strides)
+
+
+def _sequence_key(a: Any) -> Any:
+    return (type(a), tuple(map(_argkey, a)))
+
+
+def _plain_key(a: Any) -> Any:
+    return (type(a), a)  # the type too: 1, 1.0 and True are equal keys otherwise
+
+
+#: keyers by exact type: one dict lookup on the hot path instead of a chain of isinstance checks.
+_KEYERS: dict[type, Callable[[Any], Any]] = {
+    _Tensor: _tensor_key,
+    _Parameter: _tensor_key,
+    _ndarray: _ndarray_key,
+    list: _sequence_key,
+    tuple: _sequence_key,
+    int: _plain_key,
+    float: _plain_key,
+    str: _plain_key,
+    bool: _plain_key,
+    type(None): _plain_key,
+}
+
+
 def _argkey(a: Any) -> Any:
     """What of an argument can change a dispatch decision (hashable)."""
-    t = type(a)
-    if t is _Tensor or t is _Parameter:
-        return (a.dtype, a.device, a.shape, a.stride(), a.requires_grad)
-    if t is _ndarray:
-        return (a.dtype, a.shape, a.strides)
-    if t is list or t is tuple:
-        return (t, tuple(map(_argkey, a)))
-    if isinstance(a, _Tensor):
-        return (t, a.dtype, a.device, a.shape, a.stride(), a.requires_grad)
+    keyer = _KEYERS.get(type(a))
+    if keyer is not None:
+        return keyer(a)
+    if isinstance(a, _Tensor):  # subclasses
+        return (type(a), *_tensor_key(a))
     if isinstance(a, _ndarray):
-        return (t, a.dtype, a.shape, a.strides)
-    return (t, a)
+        return (type(a), *_ndarray_key(a))
+    return _plain_key(a)
 
 
 class _Counter:
@@ -204,7 +231,12 @@ def adapt_array_api(decl: OpDecl, fn: Callable[..., Any], kernel_api: str, input
     """Wrap a kernel so it receives the array type it takes and returns the caller's type."""
     if kernel_api == input_api:
         if kernel_api == "numpy":
-            return lambda *args: _map_outputs(fn(*args), _as_0d)
+
+            def run_numpy(*args: Any) -> Any:
+                out = fn(*args)
+                return out if type(out) is np.ndarray else _map_outputs(out, _as_0d)
+
+            return run_numpy
         return fn
     if kernel_api == "numpy":  # torch CPU tensors into a NumPy kernel: zero-copy views
 
@@ -240,6 +272,14 @@ def via_host(decl: OpDecl, fn: Callable[..., Any], device: Any) -> Callable[...,
 # --- the dispatcher ------------------------------------------------------------------------------
 
 
+def _autograd_call(decl: OpDecl, args: Sequence[Any]) -> Any:
+    """Eager calls with grad-requiring tensors: through torch.ops.hal.<name> and its autograd
+    formula (hal.torch_library, which ``import hal`` loads; imported here to avoid a cycle)."""
+    from hal import torch_library
+
+    return torch_library.autograd_call(decl, args)
+
+
 class Dispatcher:
     """Chooses and runs kernels; one per process (``hal.dispatch.DISPATCHER``)."""
 
@@ -249,8 +289,8 @@ class Dispatcher:
         self._lock = threading.RLock()
         self._counters: dict[tuple[str, str, str], _Counter] = {}
         self._warned: set[tuple[str, str, str]] = set()
-        #: set by hal.torch_library: runs a call through torch.ops.hal.* with autograd.
-        self.autograd_call: Optional[Callable[[OpDecl, Sequence[Any]], Any]] = None
+        #: runs a call that needs autograd through torch.ops.hal.* (hal.torch_library); None: never.
+        self.autograd_call: Optional[Callable[[OpDecl, Sequence[Any]], Any]] = _autograd_call
 
     # --- state ------------------------------------------------------------------------------
 
@@ -284,6 +324,7 @@ class Dispatcher:
     def reset_stats(self) -> None:
         with self._lock:
             self._counters.clear()
+            self._cache.clear()  # cached runners hold the old counters: rebuild them with new ones
 
     def _counter(self, op: str, backend: str, kernel: str) -> _Counter:
         with self._lock:
@@ -294,24 +335,26 @@ class Dispatcher:
     def call(self, decl: OpDecl, args: tuple) -> Any:
         """Run ``decl`` on ``args`` (positional, complete, in schema order)."""
         try:
-            key = (decl, getattr(_local, "overrides", None), _grad_enabled(), *map(_argkey, args))
+            keyed = _mask_volatile(decl, args) if decl.volatile else args
+            key = (decl, _local.overrides, _grad_enabled(), *map(_argkey, keyed))
             runner = self._cache.get(key)
         except TypeError:  # an unhashable static argument: decide without caching
             key, runner = None, None
         if runner is None:
             runner = self._plan(decl, args, key)
-        return runner(args)
+        return runner(*args)
 
     def call_direct(self, decl: OpDecl, args: tuple) -> Any:
         """Run ``decl`` without routing through autograd (the body of torch.ops.hal.* kernels)."""
         try:
-            key = (decl, getattr(_local, "overrides", None), None, *map(_argkey, args))
+            keyed = _mask_volatile(decl, args) if decl.volatile else args
+            key = (decl, _local.overrides, None, *map(_argkey, keyed))
             runner = self._cache.get(key)
         except TypeError:
             key, runner = None, None
         if runner is None:
             runner = self._plan(decl, args, key, direct=True)
-        return runner(args)
+        return runner(*args)
 
     # --- planning ---------------------------------------------------------------------------
 
@@ -328,6 +371,8 @@ class Dispatcher:
             except Exception as exc:  # a checker bug must still surface as a hal error
                 raise InvalidArgumentError(decl.name, "(arguments)", "valid input", f"{type(exc).__name__}: {exc}") from exc
             for name, value in (static or {}).items():
+                if name in decl.volatile:
+                    continue  # validated on every call by the runner
                 i = decl.index(name)
                 canon[i] = value
                 subs.append((i, value))
@@ -348,10 +393,11 @@ class Dispatcher:
         if decision.error is not None:
             raise decision.error
         assert target is not None and decision.backend is not None and decision.kernel is not None
-        runner = self._runner(decl, decision, target, inputs, subs, unbatched)
         if not direct and self.autograd_call is not None and decl.trainable and _needs_autograd(args):
             autograd_call = self.autograd_call
-            runner = lambda a: autograd_call(decl, a)  # noqa: E731 - the runner is a bare callable
+            runner = lambda *a: autograd_call(decl, a)  # noqa: E731 - the runner is a bare callable
+        else:
+            runner = self._runner(decl, decision, target, inputs, subs, unbatched)
         if key is not None:
             with self._lock:
                 if len(self._cache) >= MAX_CACHE_ENTRIES:
@@ -383,21 +429,34 @@ class Dispatcher:
                 with torch.no_grad():
                     return inner(*a)
 
-        if not subs and unbatched is None and count_fallback is None:
+        checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
+        if unbatched is None and count_fallback is None and not checks:
+            if not subs:
 
-            def run(args: Sequence[Any]) -> Any:
+                def run(*args: Any) -> Any:
+                    count_call()
+                    return fn(*args)
+
+                return run
+
+            def run_canonical(*args: Any) -> Any:
                 count_call()
-                return fn(*args)
+                a = list(args)
+                for i, v in subs:
+                    a[i] = v
+                return fn(*a)
 
-            return run
+            return run_canonical
 
-        def run_general(args: Sequence[Any]) -> Any:
-            count_call()
-            if count_fallback is not None:
-                count_fallback()
+        def run_general(*args: Any) -> Any:
             a = list(args)
             for i, v in subs:
                 a[i] = v
+            for i, name, check in checks:
+                a[i] = check(decl.name, name, a[i])
+            count_call()
+            if count_fallback is not None:
+                count_fallback()
             if unbatched is None:
                 return fn(*a)
             a[unbatched] = a[unbatched][None]
@@ -524,10 +583,11 @@ class Dispatcher:
         else:
             cap = state.capability(inputs.device) if inputs.array_type == "torch" else None
             k_inputs = Inputs(decl, inputs.args, inputs.device_kind, inputs.device, inputs.dtype, inputs.array_type, cap)
+        views: dict[str, Inputs] = {}
         for k in kernels:
             if forced is not None and k.name != forced:
                 continue
-            reasons = k.not_supported_reasons(k_inputs)
+            reasons = k.not_supported_reasons(_inputs_as(k_inputs, k.array_api or state.info.array_api, views))
             cand = Candidate(state.name, k.name, reasons, note=note or ("forced" if forced else ""))
             decision.candidates.append(cand)
             if reasons:
@@ -588,6 +648,27 @@ class Dispatcher:
         return decision
 
 
+def _mask_volatile(decl: OpDecl, args: tuple) -> list[Any]:
+    """``args`` with the values of volatile parameters replaced by their type, for the cache key."""
+    keyed = list(args)
+    for i, p in enumerate(decl.params):
+        if p.name in decl.volatile and not arrays.is_array(keyed[i]):
+            keyed[i] = type(keyed[i])
+    return keyed
+
+
+def _inputs_as(inputs: Inputs, api: str, views: dict[str, Inputs]) -> Inputs:
+    """``inputs`` with arrays of the kernel's array type, so capability checks see what the kernel
+    will receive (zero-copy views; made once per array type)."""
+    if api == inputs.array_type:
+        return inputs
+    if api not in views:
+        convert = arrays.to_numpy if api == "numpy" else arrays.from_numpy
+        args = tuple(_map_arrays(inputs.op, inputs.args, convert))
+        views[api] = Inputs(inputs.op, args, inputs.device_kind, inputs.device, inputs.dtype, api, inputs.capability)
+    return views[api]
+
+
 def _needs_autograd(args: Sequence[Any]) -> bool:
     if not torch.is_grad_enabled():
         return False
@@ -642,13 +723,39 @@ def reset() -> None:
 
 _is_compiling = torch.compiler.is_compiling
 
+#: annotations whose values are keyed inline as (type, value) by the generated entry functions.
+_SIMPLE_ANNOTATIONS = (int, float, str, bool)
+
+
+def _key_source(p: Param, i: int, volatile: Mapping[str, Any]) -> list[str]:
+    """Source lines computing ``k{i}``, parameter ``p``'s part of the cache key (as ``_argkey`` would,
+    inlined for the common types: the hot path of an op call is these lines and one dict lookup)."""
+    v = p.name
+    if p.name in volatile:
+        return [f"    k{i} = _argkey({v}) if _is_array({v}) else type({v})"]
+    if p.kind in (Kind.TENSOR, Kind.OPTIONAL_TENSOR, Kind.SCALAR_OR_TENSOR, Kind.OPTIONAL_SCALAR_OR_TENSOR):
+        return [
+            f"    t{i} = type({v})",
+            f"    if t{i} is _Tensor:",
+            f"        k{i} = ({v}.dtype, {v}.device, {v}.shape, {v}.stride(), {v}.requires_grad)",
+            f"    elif t{i} is _ndarray:",
+            f"        k{i} = ({v}.dtype, {v}.shape, {v}.strides)",
+            "    else:",
+            f"        k{i} = _argkey({v})",
+        ]
+    if p.kind is Kind.STATIC and p.annotation in _SIMPLE_ANNOTATIONS:
+        return [f"    k{i} = (type({v}), {v})"]
+    return [f"    k{i} = _argkey({v})"]
+
 
 def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Build ``hal.ops.<name>``: a function with the declaration's exact signature that dispatches.
 
-    The signature is generated from the declaration so that Python itself binds arguments (no
-    ``inspect.Signature.bind`` on the hot path). Under ``torch.compile`` the call is routed to
-    ``torch.ops.hal.<name>`` (set up by hal.torch_library) so that Dynamo sees one custom op.
+    The function is generated from the declaration: Python itself binds the arguments, and the cache
+    key is computed inline (no ``inspect.Signature.bind``, no per-argument function calls on the hot
+    path). On a cache hit a call costs the key, one dictionary lookup and the cached runner. Under
+    ``torch.compile`` the call is routed to ``torch.ops.hal.<name>`` (hal.torch_library) so that
+    Dynamo sees one custom op.
     """
     sig = inspect.signature(fn)
     params, names, defaults = [], [], {}
@@ -663,18 +770,40 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
             defaults[f"_d_{p.name}"] = p.default
             params.append(f"{p.name}=_d_{p.name}")
         names.append(p.name)
+    arg_list = ", ".join(names)
     arg_tuple = "(" + "".join(f"{n}, " for n in names) + ")"
-    src = (
-        f"def {decl.name}({', '.join(params)}):\n"
-        f"    if _is_compiling():\n"
-        f"        return _traced(_decl, {arg_tuple})\n"
-        f"    return _call(_decl, {arg_tuple})\n"
+    key_lines = [line for i, p in enumerate(decl.params) for line in _key_source(p, i, decl.volatile)]
+    keys = "".join(f", k{i}" for i in range(len(decl.params)))
+    src = "\n".join(
+        [
+            f"def {decl.name}({', '.join(params)}):",
+            "    if _is_compiling():  # under torch.compile: one torch.ops.hal.<name> node",
+            f"        return _traced(_decl, {arg_tuple})",
+            *key_lines,
+            f"    key = (_decl, _local.overrides if _scopes[0] else None, _grad_enabled(){keys})",
+            "    try:",
+            "        runner = _cache_get(key)",
+            "    except TypeError:  # an unhashable argument: decide without caching",
+            "        key = runner = None",
+            "    if runner is None:",
+            f"        runner = _plan(_decl, {arg_tuple}, key)",
+            f"    return runner({arg_list})",
+            "",
+        ]
     )
     namespace: dict[str, Any] = {
-        "_call": DISPATCHER.call,
+        "_plan": DISPATCHER._plan,
+        "_cache_get": DISPATCHER._cache.get,
         "_decl": decl,
         "_is_compiling": _is_compiling,
         "_traced": _traced_call,
+        "_local": _local,
+        "_scopes": config.ACTIVE_SCOPES,
+        "_grad_enabled": _grad_enabled,
+        "_Tensor": _Tensor,
+        "_ndarray": _ndarray,
+        "_argkey": _argkey,
+        "_is_array": arrays.is_array,
         **defaults,
     }
     exec(compile(src, f"<hal.ops.{decl.name}>", "exec"), namespace)
@@ -684,6 +813,7 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
     entry.__qualname__ = decl.name
     entry.__signature__ = sig
     entry.__annotations__ = dict(getattr(fn, "__annotations__", {}))
+    entry.__hal_source__ = src
     attach_decorators(entry, decl)
     return entry
 
@@ -697,6 +827,8 @@ def _traced_call(decl: OpDecl, args: tuple) -> Any:
 
 def explain(op_name: str, *args: Any, **kwargs: Any) -> Decision:
     """The dispatch decision for ``op_name`` called with these arguments (nothing runs)."""
+    if op_name not in EXPLAINERS and op_name not in OPS:
+        import hal.dist  # noqa: F401  (registers the collectives' explainers: all_reduce, ...)
     explainer = EXPLAINERS.get(op_name)
     if explainer is not None:
         return explainer(*args, **kwargs)

@@ -83,6 +83,10 @@ class OpDecl:
     unbatched: Optional[tuple[str, int]] = None
     #: reduction length K of a call (canonical arguments by name), used to widen tolerances.
     reduction: Optional[Callable[[Mapping[str, Any]], int]] = None
+    #: parameters whose values change from call to call (a learning rate, a step count): the decision
+    #: cache keys them by type only, and these validators (op, name, value) -> canonical value check
+    #: them on every call instead of once per input signature.
+    volatile: Mapping[str, Callable[[str, str, Any], Any]] = dataclasses.field(default_factory=dict)
     #: validates a call and returns canonical values for static parameters (see ``checker``).
     check: Optional[Callable[..., Optional[Mapping[str, Any]]]] = None
     #: a decomposition into other ops, used when a backend has no kernel that runs the inputs.
@@ -155,6 +159,7 @@ def declare(
     dtype_from: Optional[str] = None,
     unbatched: Optional[tuple[str, int]] = None,
     reduction: Optional[Callable[[Mapping[str, Any]], int]] = None,
+    volatile: Optional[Mapping[str, Callable[[str, str, Any], Any]]] = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare an op from a typed function (its signature is the schema, its docstring the doc).
 
@@ -167,9 +172,9 @@ def declare(
         if name in OPS:
             raise ValueError(f"op {name!r} is declared twice")
         params = _params_of(fn)
-        for m in mutates:
+        for m in list(mutates) + list(volatile or {}):
             if m not in {p.name for p in params}:
-                raise ValueError(f"op {name!r}: mutates unknown parameter {m!r}")
+                raise ValueError(f"op {name!r}: mutates or volatile names an unknown parameter {m!r}")
         first_tensor = next((p.name for p in params if p.kind in (Kind.TENSOR, Kind.TENSOR_LIST)), "")
         decl = OpDecl(
             name=name,
@@ -184,6 +189,7 @@ def declare(
             dtype_from=dtype_from or first_tensor,
             unbatched=unbatched,
             reduction=reduction,
+            volatile=dict(volatile or {}),
         )
         OPS[name] = decl
         from hal.dispatch import make_entry  # the dispatcher imports this module

@@ -7,7 +7,7 @@ and what was given, and returns the value in canonical form where there is one.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -110,6 +110,7 @@ def number(
     low: Optional[float] = None,
     high: Optional[float] = None,
     low_open: bool = False,
+    high_open: bool = False,
 ) -> float:
     """A finite Python number within bounds, as a float."""
     if not is_number(v):
@@ -117,11 +118,34 @@ def number(
     f = float(v)
     if not math.isfinite(f):
         raise fail(op, name, "a finite number", repr(v))
-    if low is not None and (f < low or (low_open and f == low)):
-        raise fail(op, name, f"a number {'>' if low_open else '>='} {low}", repr(v))
-    if high is not None and f > high:
-        raise fail(op, name, f"a number <= {high}", repr(v))
+    too_low = low is not None and (f < low or (low_open and f == low))
+    too_high = high is not None and (f > high or (high_open and f == high))
+    if too_low or too_high:
+        if low is not None and high is not None:
+            bounds = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        elif low is not None:
+            bounds = f"{'>' if low_open else '>='} {low:g}"
+        else:
+            bounds = f"{'<' if high_open else '<='} {high:g}"
+        raise fail(op, name, f"a number {bounds}", repr(v))
     return f
+
+
+def number_in(low: Optional[float] = None, high: Optional[float] = None, high_open: bool = False) -> Callable[[str, str, Any], float]:
+    """A validator of a volatile number parameter (``OpDecl.volatile``): checked on every call."""
+    return lambda op, name, v: number(op, name, v, low=low, high=high, high_open=high_open)
+
+
+def one_value(op: str, name: str, v: Any) -> Any:
+    """A Python number (as a float) or a one-element float array (kept: read on the device)."""
+    if is_array(v):
+        scalar_or_array(op, name, v, numel=(1,))
+        return v
+    return number(op, name, v)
+
+
+def optional_one_value(op: str, name: str, v: Any) -> Any:
+    return None if v is None else one_value(op, name, v)
 
 
 def boolean(op: str, name: str, v: Any) -> bool:

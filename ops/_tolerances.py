@@ -21,7 +21,9 @@ ELEMENTWISE = {
 #: ops accumulating K products or terms (matmul, conv, norms, softmax, attention).
 REDUCTION = {
     "float64": Tolerance(1e-12, 1e-10, per_sqrt_k=True),
-    "float32": Tolerance(2e-6, 2e-5, per_sqrt_k=True),
+    # 1e-5 * sqrt(K): a float32 sum of K unit terms that cancels to ~0 (a training-mode BN's bias
+    # gradient over N*H*W = 6272 positions) lands ~1e-4 from the exact value in PyTorch's own kernels.
+    "float32": Tolerance(1e-5, 2e-5, per_sqrt_k=True),
     "float16": Tolerance(2e-4, 4e-3, per_sqrt_k=True),
     "bfloat16": Tolerance(2e-3, 2.4e-2, per_sqrt_k=True),
 }

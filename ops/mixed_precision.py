@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from hal.arrays import FLOAT_DTYPES, is_array
+from hal.arrays import FLOAT_DTYPES
 from hal.registry import declare
 from hal.types import OptionalScalarOrTensor, OptionalTensorList, ScalarOrTensor, TensorList
 
@@ -12,15 +12,13 @@ from . import _checks as c
 from ._tolerances import ELEMENTWISE
 
 
-def _check_scalar(op: str, name: str, v: Any, low: Optional[float] = None) -> None:
-    """A number, or a one-element float array (read on the device by kernels, never synced)."""
-    if is_array(v):
-        c.scalar_or_array(op, name, v, numel=(1,))
-    else:
-        c.number(op, name, v, low=low)
-
-
-@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, mutates=("tensors",), dtype_from="tensors")
+@declare(
+    dtypes=FLOAT_DTYPES,
+    tolerances=ELEMENTWISE,
+    mutates=("tensors",),
+    dtype_from="tensors",
+    volatile={"inv_scale": c.one_value},  # a loss scaler's number changes every few steps
+)
 def amp_unscale_(tensors: TensorList, inv_scale: ScalarOrTensor) -> Any:
     """Multiply every tensor by ``inv_scale`` in place (the gradient unscale of dynamic loss scaling).
 
@@ -36,8 +34,19 @@ def amp_unscale_(tensors: TensorList, inv_scale: ScalarOrTensor) -> Any:
 def _check_amp_unscale(tensors, inv_scale):
     for i, t in enumerate(tensors):
         c.float_dtype("amp_unscale_", f"tensors[{i}]", t)
-    _check_scalar("amp_unscale_", "inv_scale", inv_scale)
 
+
+#: fused_adamw_'s scalars change every step (schedules, step counts): validated per call, not cached.
+ADAMW_SCALARS = {
+    "lr": c.number_in(low=0.0),
+    "beta1": c.number_in(low=0.0, high=1.0, high_open=True),
+    "beta2": c.number_in(low=0.0, high=1.0, high_open=True),
+    "eps": c.number_in(low=0.0),
+    "weight_decay": c.number_in(low=0.0),
+    "step": c.number_in(low=1.0),
+    "inv_scale": c.optional_one_value,
+    "found_inf": c.optional_one_value,
+}
 
 LISTS = ("params", "grads", "exp_avgs", "exp_avg_sqs")
 
@@ -47,6 +56,7 @@ LISTS = ("params", "grads", "exp_avgs", "exp_avg_sqs")
     tolerances=ELEMENTWISE,
     mutates=("params", "exp_avgs", "exp_avg_sqs", "master_params"),
     dtype_from="params",
+    volatile=ADAMW_SCALARS,
 )
 def fused_adamw_(
     params: TensorList,
@@ -99,22 +109,10 @@ def _check_fused_adamw(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, e
             c.dtype_in(op, f"exp_avg_sqs[{i}]", exp_avg_sqs[i], (sdtype,), "all optimizer states of one call share a dtype")
             if master_params is not None:
                 c.dtype_in(op, f"master_params[{i}]", master_params[i], ("float32",), "master weights are float32")
+        if master_params is not None and sdtype not in ("float32", "float64"):
+            raise c.fail(op, "exp_avgs[0]", "of dtype float32 (or float64) beside float32 master weights", exp_avgs[0])
         if master_params is None and sdtype not in (pdtype, "float32"):
             raise c.fail(op, "exp_avgs[0]", f"of dtype {pdtype} or float32", exp_avgs[0])
-    canon = {
-        "lr": c.number(op, "lr", lr, low=0.0),
-        "beta1": c.number(op, "beta1", beta1, low=0.0, high=1.0),
-        "beta2": c.number(op, "beta2", beta2, low=0.0, high=1.0),
-        "eps": c.number(op, "eps", eps, low=0.0),
-        "weight_decay": c.number(op, "weight_decay", weight_decay, low=0.0),
-        "step": c.number(op, "step", step, low=1.0),
-    }
-    if canon["beta1"] == 1.0 or canon["beta2"] == 1.0:
-        raise c.fail(op, "beta1" if canon["beta1"] == 1.0 else "beta2", "a number in [0, 1)", "1.0")
-    for name, v in (("inv_scale", inv_scale), ("found_inf", found_inf)):
-        if v is not None:
-            _check_scalar(op, name, v)
-    return canon
 
 
 __all__ = ["amp_unscale_", "fused_adamw_"]

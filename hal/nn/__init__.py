@@ -1,1 +1,11 @@
-"""hal.nn: fused modules and the fusion pass (being written)."""
+"""hal.nn: modules computed by hal's fused ops, and the fusion pass that puts them into a model.
+
+- :class:`FusedConvBNReLU2d`: conv -> batch-norm -> ReLU (state_dict of ``nn.Sequential(Conv2d,
+  BatchNorm2d, ReLU)``); :class:`Linear` with a fused activation; :class:`LayerNorm`, :class:`RMSNorm`.
+- :func:`fuse`: a torch.fx pass replacing conv -> bn -> relu and linear -> activation chains.
+"""
+
+from hal.nn.fuse import fuse
+from hal.nn.modules import FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm
+
+__all__ = ["FusedConvBNReLU2d", "Linear", "LayerNorm", "RMSNorm", "fuse"]

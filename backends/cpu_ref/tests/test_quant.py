@@ -230,8 +230,10 @@ def test_int8_linear(case, out_dtype, rng):
     want = _linear_reference(*args, out_dtype)
     got = hal.ops.int8_linear(*args, out_dtype)
     assert got.dtype == want.dtype and got.shape == want.shape
-    if out_dtype == "bfloat16":  # float64 -> bfloat16 may round through float32 on one side
-        torch.testing.assert_close(got, want, rtol=2**-8, atol=0)
+    if out_dtype in ("bfloat16", "float16"):
+        # float64 results that differ in their last bits (order of the scale products) can round to
+        # neighbouring half-precision values at a rounding boundary: allow one unit in the last place
+        torch.testing.assert_close(got, want, rtol=2**-7 if out_dtype == "bfloat16" else 2**-10, atol=0)
     else:
         assert torch.equal(got, want)
     entry = hal.ops.int8_linear

@@ -1,0 +1,135 @@
+"""softmax (Triton, torch fallback) and scaled_dot_product_attention (torch's SDPA backends).
+
+SDPA runs through ``F.scaled_dot_product_attention`` with one backend forced per kernel, so each
+backend is its own kernel with its own capability data: cuDNN and FlashAttention-2 for half
+precision without a mask, memory-efficient attention for float32 too. Inputs of any batch rank
+are flattened to (B, 1, L, E), the layout every backend takes. Masked calls, float64 and causal
+attention with L != S run the explicit ``math`` kernel, which keeps torch's reference semantics
+(top-left causal alignment; a query row with nothing to attend to gets zero weights, as torch
+2.13's CPU SDPA and cpu_ref give, API.md's NaN notwithstanding). The backward
+recomputes the forward under autograd with the same backend (the op receives no saved state).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from hal.plugin import Inputs
+
+from . import launch
+from ._common import FLOATS, HALF, NOT_F64, Check, family, kernel
+
+# --- softmax -------------------------------------------------------------------------------------
+
+
+def _softmax_cfg(x: torch.Tensor, dim: int) -> dict[str, int]:
+    cfg = launch.rows(x, int(x.shape[dim]))
+    return {**cfg, "block_i": launch.columns(x)}
+
+
+@kernel("softmax", name="triton", priority=20, dtypes=FLOATS, triton=True)
+def softmax(x, dim):
+    return family("softmax").softmax(x, dim, **_softmax_cfg(x, dim))
+
+
+@kernel("softmax_backward", name="triton", priority=20, dtypes=FLOATS, triton=True)
+def softmax_backward(grad_out, out, dim):
+    return family("softmax").softmax_backward(grad_out, out, dim, **_softmax_cfg(out, dim))
+
+
+@kernel("softmax", name="torch", priority=10, dtypes=FLOATS)
+def softmax_torch(x, dim):
+    return torch.softmax(x, dim)
+
+
+@kernel("softmax_backward", name="torch", priority=10, dtypes=FLOATS)
+def softmax_backward_torch(grad_out, out, dim):
+    return torch._softmax_backward_data(grad_out, out, dim, out.dtype)
+
+
+# --- scaled_dot_product_attention ----------------------------------------------------------------
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, 1, t.shape[-2], t.shape[-1])
+
+
+def _flash_like(max_head: int, multiple: int) -> Check:
+    """A check for the fused backends: no mask, equal head sizes within limits, causal only square."""
+
+    def check(inputs: Inputs) -> list[str]:
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        e, ev = int(q.shape[-1]), int(v.shape[-1])
+        reasons = []
+        if inputs["attn_mask"] is not None:
+            reasons.append("attn_mask given (the math kernel keeps NaN rows for fully masked queries)")
+        if e != ev or e > max_head or e % multiple:
+            reasons.append(f"head sizes E={e}, Ev={ev}: needs E == Ev <= {max_head}, a multiple of {multiple}")
+        if inputs["is_causal"] and q.shape[-2] != k.shape[-2]:
+            reasons.append("causal with L != S (torch's top-left alignment is kept by the math kernel)")
+        return reasons
+
+    return check
+
+
+def _run_backend(backend: SDPBackend, q, k, v, is_causal: bool, scale: float) -> torch.Tensor:
+    with sdpa_kernel([backend]):
+        out = F.scaled_dot_product_attention(_as_4d(q), _as_4d(k), _as_4d(v), is_causal=is_causal, scale=scale)
+    return out.reshape(*q.shape[:-1], v.shape[-1])
+
+
+def _backend_backward(backend: SDPBackend, grad_out, q, k, v, is_causal: bool, scale: float):
+    with torch.enable_grad():
+        qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+        out = _run_backend(backend, qg, kg, vg, is_causal, scale)
+        return torch.autograd.grad(out, (qg, kg, vg), grad_out)
+
+
+def _register_backend(name: str, backend: SDPBackend, priority: int, dtypes, check, min_capability=(8, 0)) -> None:
+    def forward(q, k, v, attn_mask, is_causal, scale):
+        return _run_backend(backend, q, k, v, is_causal, scale)
+
+    def backward(grad_out, q, k, v, attn_mask, is_causal, scale):
+        return _backend_backward(backend, grad_out, q, k, v, is_causal, scale)
+
+    forward.__name__, backward.__name__ = f"sdpa_{name}", f"sdpa_{name}_backward"
+    kernel("scaled_dot_product_attention", name=name, priority=priority, dtypes=dtypes, checks=[check], min_capability=min_capability)(forward)
+    kernel("scaled_dot_product_attention_backward", name=name, priority=priority, dtypes=dtypes, checks=[check], min_capability=min_capability)(backward)
+
+
+_register_backend("cudnn", SDPBackend.CUDNN_ATTENTION, 40, HALF, _flash_like(128, 8), min_capability=(9, 0))
+_register_backend("flash", SDPBackend.FLASH_ATTENTION, 30, HALF, _flash_like(256, 8))
+_register_backend("efficient", SDPBackend.EFFICIENT_ATTENTION, 20, NOT_F64, _flash_like(256, 8))
+
+
+def math_attention(q, k, v, attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v with torch's math semantics, accumulated in float32 (float64
+    for float64 inputs): masked-out scores are -inf, and a row with nothing to attend to gets zero
+    weights (torch's _safe_softmax), hence a zero output and no gradient."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, -math.inf)
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask.to(acc)
+    blocked = (s == -math.inf).all(dim=-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(blocked, 0.0), dim=-1).masked_fill(blocked, 0.0)
+    return torch.matmul(p, v.to(acc)).to(q.dtype)
+
+
+@kernel("scaled_dot_product_attention", name="math", priority=10, dtypes=FLOATS)
+def sdpa_math(q, k, v, attn_mask, is_causal, scale):
+    return math_attention(q, k, v, attn_mask, is_causal, scale)
+
+
+@kernel("scaled_dot_product_attention_backward", name="math", priority=10, dtypes=FLOATS)
+def sdpa_math_backward(grad_out, q, k, v, attn_mask, is_causal, scale):
+    with torch.enable_grad():
+        qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+        return torch.autograd.grad(math_attention(qg, kg, vg, attn_mask, is_causal, scale), (qg, kg, vg), grad_out)

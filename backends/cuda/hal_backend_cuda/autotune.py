@@ -1,0 +1,146 @@
+"""Autotuned launch configurations, cached per device model in a JSON file.
+
+A tunable kernel names its problem by a key (kernel name, shape bucket, dtype) and offers candidate
+configurations. On the first call with a new key the candidates are timed on the call's own inputs
+(CUDA events, median of a few runs after a warm-up that also compiles them) and the fastest is
+kept, in memory and in ``$HAL_CUDA_CACHE_DIR/autotune-<device>.json`` (default
+``~/.cache/hal/cuda``), so later processes on the same model reuse it. Choices measured on the
+project's own machines ship with the plugin (``tuned/autotune-<device>.json``) and seed the cache.
+
+Tuning never happens where it would be wrong or wasteful: during CUDA graph capture, with
+``HAL_CUDA_AUTOTUNE=0``, on CPU tensors, or for problems too small to matter; the first candidate
+is used then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+import torch
+
+from hal.triton.config import GemmConfig
+
+from ._device import slug
+
+log = logging.getLogger("hal")
+C = TypeVar("C", bound=GemmConfig)
+
+#: problems below this many floating-point (or integer) operations use the default configuration
+MIN_TUNED_FLOPS = 2e9
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HAL_CUDA_CACHE_DIR") or Path.home() / ".cache" / "hal" / "cuda")
+
+
+def enabled() -> bool:
+    return os.environ.get("HAL_CUDA_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class Cache:
+    """The choices for one device model: in memory, backed by one JSON file."""
+
+    def __init__(self, path: Path, seed: Optional[Path] = None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._choices: dict[str, dict[str, Any]] = {}
+        for source in (seed, path):
+            if source is not None:
+                self._choices.update(_read(source))
+
+
+    def get(self, key: str) -> Optional[dict[str, Any]]:
+        return self._choices.get(key)
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        with self._lock:
+            self._choices[key] = value
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune-", suffix=".json")
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"device": self.path.stem, "choices": self._choices}, f, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)  # atomic: concurrent processes never read half a file
+            except OSError as exc:
+                log.warning("hal: cannot write autotune cache %s (%s); choices stay in memory", self.path, exc)
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and isinstance(data.get("choices"), dict):
+            return data["choices"]
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        log.warning("hal: ignoring unreadable autotune cache %s (%s)", path, exc)
+    return {}
+
+
+SEED_DIR = Path(__file__).parent / "tuned"
+
+_caches: dict[str, Cache] = {}
+_caches_lock = threading.Lock()
+
+
+def cache_for(device: torch.device) -> Cache:
+    name = slug(device)
+    with _caches_lock:
+        if name not in _caches:
+            _caches[name] = Cache(cache_dir() / f"autotune-{name}.json", SEED_DIR / f"autotune-{name}.json")
+        return _caches[name]
+
+
+def _time_ms(fn: Callable[[], Any], reps: int = 5) -> float:
+    fn()  # compile and warm up
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def choose(device: torch.device, key: str, candidates: Sequence[C], run: Callable[[C], Any], flops: float) -> C:
+    """The configuration for problem ``key``: cached, else tuned now by calling ``run(candidate)``
+    (which launches the kernel on the real inputs), else the first candidate."""
+    if device.type != "cuda" or flops < MIN_TUNED_FLOPS:
+        return candidates[0]
+    cache = cache_for(device)
+    hit = cache.get(key)
+    if hit is not None:
+        try:
+            return type(candidates[0])(**hit["config"])
+        except (TypeError, KeyError):
+            pass
+    if not enabled() or torch.cuda.is_current_stream_capturing():
+        return candidates[0]
+    timings: list[tuple[float, C]] = []
+    for cand in candidates:
+        try:
+            timings.append((_time_ms(lambda: run(cand)), cand))
+        except Exception as exc:  # a candidate that does not fit (shared memory, registers) is skipped
+            log.info("hal: autotune %s: candidate %s failed: %s", key, cand, exc)
+    if not timings:
+        return candidates[0]
+    ms, best = min(timings, key=lambda t: t[0])
+    cache.put(key, {"config": dataclasses.asdict(best), "ms": round(ms, 4), "candidates": len(timings)})
+    log.info("hal: autotune %s -> %s (%.3f ms)", key, best, ms)
+    return best
+
+
+def bucket(n: int) -> int:
+    """Shape bucket of a size: the next power of two (one tuning serves neighbouring sizes)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

@@ -1,0 +1,74 @@
+"""amp_unscale_ and fused_adamw_: multi-tensor Triton kernels (one launch per call, no host
+synchronisation), with per-tensor torch fallbacks for what they do not take (float64 parameters,
+non-contiguous tensors)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import launch
+from ._common import FLOATS, NOT_F64, contiguous_lists, family, kernel
+
+
+@kernel("amp_unscale_", name="triton", priority=20, dtypes=FLOATS, triton=True, checks=[contiguous_lists("tensors")])
+def amp_unscale_(tensors, inv_scale):
+    if not tensors:
+        return torch.zeros((), dtype=torch.float32, device=inv_scale.device if isinstance(inv_scale, torch.Tensor) else "cuda")
+    t0 = tensors[0]
+    return family("optim").amp_unscale(tensors, inv_scale, device=t0.device, **launch.multi_tensor(t0))
+
+
+@kernel("amp_unscale_", name="torch", priority=10, dtypes=FLOATS)
+def amp_unscale_torch(tensors, inv_scale):
+    """Per tensor: non-finite check before and after an in-place multiply (device-side flags)."""
+    device = tensors[0].device if tensors else "cuda"
+    found = torch.zeros((), dtype=torch.float32, device=device)
+    for t in tensors:
+        found = torch.maximum(found, (~torch.isfinite(t)).any().float())
+        t.mul_(inv_scale)
+        found = torch.maximum(found, (~torch.isfinite(t)).any().float())
+    return found
+
+
+_adamw_lists = contiguous_lists("params", "grads", "exp_avgs", "exp_avg_sqs", "master_params")
+
+
+@kernel("fused_adamw_", name="triton", priority=20, dtypes=NOT_F64, triton=True, checks=[_adamw_lists])
+def fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf):
+    if not params:
+        return None
+    family("optim").fused_adamw(
+        params, grads, exp_avgs, exp_avg_sqs, master_params, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+        weight_decay=weight_decay, step=step, inv_scale=inv_scale, found_inf=found_inf, **launch.multi_tensor(params[0]),
+    )
+    return None
+
+
+@kernel("fused_adamw_", name="torch", priority=10, dtypes=FLOATS)
+def fused_adamw_torch(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf):
+    """The same step with torch ops, tensor by tensor; a device found_inf keeps the old values by
+    torch.where (no host read)."""
+    if found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0:
+        return None
+    skip = found_inf.reshape(()) != 0 if isinstance(found_inf, torch.Tensor) else None
+    inv = inv_scale.reshape(()) if isinstance(inv_scale, torch.Tensor) else (1.0 if inv_scale is None else float(inv_scale))
+    step_size = lr / (1.0 - beta1**step)
+    bc2_sqrt = math.sqrt(1.0 - beta2**step)
+    masters = master_params if master_params is not None else [None] * len(params)
+    for p, g, m, v, w in zip(params, grads, exp_avgs, exp_avg_sqs, masters):
+        target = w if w is not None else p
+        acc = torch.float64 if target.dtype == torch.float64 else torch.float32
+        g32 = g.to(acc) * inv
+        m_new = beta1 * m.to(acc) + (1.0 - beta1) * g32
+        v_new = beta2 * v.to(acc) + (1.0 - beta2) * g32 * g32
+        p_new = target.to(acc) * (1.0 - lr * weight_decay) - step_size * m_new / (v_new.sqrt() / bc2_sqrt + eps)
+        if skip is not None:
+            m_new, v_new, p_new = (torch.where(skip, old.to(acc), new) for old, new in ((m, m_new), (v, v_new), (target, p_new)))
+        m.copy_(m_new)
+        v.copy_(v_new)
+        target.copy_(p_new)
+        if w is not None:
+            p.copy_(p_new)
+    return None

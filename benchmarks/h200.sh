@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call on the H200 (the `run` tool of this workplace): install hal and the backends
+# into the image's Python, then run what MODE asks, writing everything under $OUT.
+#
+#   benchmarks/h200.sh dev     # GPU tests, quick conformance, bench without compile, config sweeps
+#   benchmarks/h200.sh final   # GPU tests, hal bench (no compile), quick conformance (commit-ready reports)
+#
+# Wheels the image lacks (stevedore) travel in .whl/ (carry it). Each step has its own time limit so
+# that the call ends inside the tool's 10 minutes with whatever finished.
+set -uo pipefail
+mode="${1:-dev}"
+out=/tmp/hal-run  # packed into $OUT/run.tgz at the end (the tool returns at most 8 files)
+mkdir -p "$out" "${OUT:=/tmp/out}"
+export PYTHONUNBUFFERED=1 HAL_CUDA_CACHE_DIR="$out/autotune"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e backends/cpu_ref -e backends/cuda >"$out/pip.log" 2>&1 || { tail "$out/pip.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
+python3 -m hal info > "$out/hal-info.txt" 2>&1; head -30 "$out/hal-info.txt"
+step() {  # step NAME SECONDS CMD...: run with a time limit, log to $out/NAME.log
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  timeout --signal=INT "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $(( $(date +%s) - t0 )) s"
+  tail -n 25 "$out/$name.log"
+  tar czf "$OUT/run.tgz" -C "$out" .  # after every step: a call cut short still returns what finished
+}
+if [ "$mode" = dev ]; then
+  step gpu-tests 110 python3 -m pytest -q -p no:cacheprovider tests/cuda/device
+  step probe 110 python3 benchmarks/probe_configs.py "$out/probe.json"
+  step bench 170 python3 -m hal bench --no-compile --out "$out/bench-nocompile"
+  step conformance-quick 140 python3 -m hal conformance --backend cuda --quick --report-dir "$out/conformance-quick"
+else
+  step gpu-tests 45 python3 -m pytest -q -p no:cacheprovider tests/cuda/device
+  step bench 85 python3 -m hal bench --no-compile --out "$out/bench"
+  step conformance 140 python3 -m hal conformance --backend cuda --quick --report-dir "$out/conformance"
+fi
+ls -la "$OUT"

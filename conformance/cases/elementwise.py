@@ -1,0 +1,86 @@
+"""Cases of scale_shift_act and its backward: every activation with scalar, per-channel and
+per-feature (transformer row) affine parameters, plus layouts, magnitudes and special values.
+
+NaN and infinities: NaN propagates through every activation, and +inf maps to +inf or the
+activation's limit. -inf is drawn only for the activations whose limit PyTorch computes (none, relu,
+sigmoid, tanh); gelu and silu give NaN there (``-inf * 0``), which no contract fixes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hal.ops import ACTIVATIONS
+
+from . import Call, Draw, backward_call, case
+
+DEFINED_AT_NEG_INF = ("none", "relu", "sigmoid", "tanh")
+
+
+def ssa_args(
+    d: Draw,
+    shape: tuple[int, ...],
+    act: str,
+    params: str = "scalar",
+    layout: str = "contiguous",
+    values: str = "unit",
+    specials: bool = False,
+) -> Call:
+    """``params``: "scalar" (Python numbers), "channel" (shape (C, 1, 1) for dim 1 of 4-D x) or
+    "row" (the last dimension's size, broadcast over rows)."""
+    mag = d.magnitude(values)
+    raw = mag * d.rng.standard_normal(shape)
+    if specials:  # a few NaN and infinities at random places
+        flat = raw.reshape(-1)
+        picks = d.rng.choice(flat.size, size=min(flat.size, 12), replace=False)
+        pool = [np.nan, np.inf, -np.inf] if act in DEFINED_AT_NEG_INF else [np.nan, np.inf]
+        flat[picks] = [pool[i % len(pool)] for i in range(len(picks))]
+    x = d.tensor(raw, layout=layout)
+    if params == "scalar":
+        scale, shift = d.scalar(0.5, 1.5), d.scalar(-0.5, 0.5) * mag
+    elif params == "channel":
+        scale, shift = d.uniform(shape[1], 1, 1, low=0.5, high=1.5), d.normal(shape[1], 1, 1, std=0.5 * mag)
+    elif params == "row":
+        scale, shift = d.uniform(shape[-1], low=0.5, high=1.5), d.normal(shape[-1], std=0.5 * mag)
+    else:
+        raise ValueError(f"unknown params kind {params!r}")
+    saturates = act in ("sigmoid", "tanh")
+    return Call({"x": x, "scale": scale, "shift": shift, "act": act}, scale=1.0 if saturates else mag)
+
+
+def _backward(d: Draw, **kw: Any) -> Call:
+    fwd = ssa_args(d, **kw)
+    return backward_call("scale_shift_act_backward", d, fwd, tuple(fwd.args["x"].shape))
+
+
+FORWARD = []
+BACKWARD = []
+for _act in ACTIVATIONS:
+    FORWARD += [
+        case(f"{_act}_scalar", ssa_args, quick=True, shape=(2, 16, 9, 9), act=_act),
+        case(f"{_act}_per_channel", ssa_args, shape=(2, 16, 5, 7), act=_act, params="channel"),
+        case(f"{_act}_transformer_row", ssa_args, shape=(2, 32, 768), act=_act, params="row"),
+        case(f"{_act}_nan_inf", ssa_args, shape=(4, 5, 6), act=_act, specials=True),
+    ]
+    BACKWARD += [
+        case(f"{_act}_scalar", _backward, quick=True, shape=(2, 8, 6, 7), act=_act),
+        case(f"{_act}_per_channel", _backward, shape=(2, 16, 5, 7), act=_act, params="channel"),
+    ]
+FORWARD += [
+    case("odd_prime_shape", ssa_args, shape=(7, 13, 3), act="gelu_tanh", params="row"),
+    case("noncontig_silu", ssa_args, shape=(4, 33, 10), act="silu", params="row", layout="noncontig"),
+    case("channels_last_relu", ssa_args, shape=(2, 8, 6, 6), act="relu", params="channel", layout="channels_last"),
+    case("vector_1d", ssa_args, shape=(1001,), act="gelu", params="row"),
+]
+FORWARD += [case(f"large_values_{a}", ssa_args, shape=(3, 50), act=a, values="big") for a in ("none", "relu", "gelu", "tanh")]
+FORWARD += [case(f"fp16_underflow_{a}", ssa_args, shape=(3, 50), act=a, values="tiny", dtypes=("float16",)) for a in ("none", "relu", "gelu", "silu")]
+BACKWARD += [
+    case("gelu_transformer_row", _backward, shape=(2, 16, 768), act="gelu", params="row"),
+    case("odd_prime_shape", _backward, shape=(7, 13, 3), act="silu", params="row"),
+    case("noncontig_tanh", _backward, shape=(4, 33, 10), act="tanh", params="row", layout="noncontig"),
+    case("channels_last_sigmoid", _backward, shape=(2, 8, 6, 6), act="sigmoid", params="channel", layout="channels_last"),
+]
+
+CASES = {"scale_shift_act": FORWARD, "scale_shift_act_backward": BACKWARD}

@@ -1,0 +1,556 @@
+"""Benchmark cases: typical inputs per op, with their bytes and flops, extra peers and targets.
+
+On a GPU the sizes are those of issue 5's performance table (tensors well beyond L2, ResNet-50
+convolutions at batch 64, 8192-class GEMMs, 1B-parameter optimizer steps); on the CPU they are small
+so that ``hal bench`` on cpu_ref finishes in seconds. Every op of the registry has a case.
+
+A case builds its inputs only when it runs (``setup(device)``), returning the callables to time:
+``hal`` (through ``hal.ops``, dispatch included), ``eager`` (``hal.eager``, or autograd's backward of
+the eager forward for backward ops, which is what PyTorch users run), ``compiled`` (torch.compile of
+the same eager function) and named ``peers`` (vendor calls such as cuDNN's fused convolution with
+pre-folded weights). ``targets`` are the issue's goals: ratio >= value, for "eager", "compile",
+"peer:<name>", "best_peer" (the fastest peer), "bw" (fraction of copy bandwidth) and "rate" (fraction
+of the matrix rate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+import hal
+from hal.registry import get_op
+
+Fn = Callable[[], Any]
+
+
+@dataclasses.dataclass
+class Setup:
+    """What a case times, built on the device."""
+
+    hal: Fn
+    explain: tuple[str, tuple, dict]  # (op, args, kwargs) for hal.explain: the kernel that ran
+    eager: Optional[Fn] = None
+    compiled: Optional[Callable[[str], Fn]] = None  # mode -> callable (compiles on first call)
+    peers: dict[str, Fn] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Case:
+    op: str
+    name: str
+    dtype: str
+    setup: Callable[[torch.device], Setup]
+    bytes: float = 0.0
+    flops: float = 0.0
+    compile_mode: Optional[str] = None  # None: torch.compile's default mode; "off": no compile peer
+    targets: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+# --- argument plumbing ---------------------------------------------------------------------------
+
+
+def canonical(op: str, args: tuple, kwargs: dict) -> tuple:
+    """The canonical positional arguments of a call (what kernels and hal.eager functions take)."""
+    decl = get_op(op)
+    bound = inspect.signature(decl.entry).bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = [bound.arguments[n] for n in decl.param_names]
+    for name, value in ((decl.check(*values) if decl.check else None) or {}).items():
+        values[decl.index(name)] = value
+    return tuple(values)
+
+
+def _eager(op: str) -> Optional[Callable[..., Any]]:
+    from hal.eager import eager, has_eager
+
+    return eager(op) if has_eager(op) else None
+
+
+def forward(op: str, args: tuple, kwargs: Optional[dict] = None, peers: Optional[dict[str, Fn]] = None) -> Setup:
+    """A forward op: hal.ops call, hal.eager function, torch.compile of it."""
+    kwargs = kwargs or {}
+    entry = getattr(hal.ops, op)
+    canon = canonical(op, args, kwargs)
+    fn = _eager(op)
+
+    def compiled(mode: str) -> Fn:
+        c = torch.compile(fn, mode=None if mode == "default" else mode, dynamic=False)
+        return lambda: c(*canon)
+
+    return Setup(
+        hal=lambda: entry(*args, **kwargs),
+        explain=(op, args, kwargs),
+        eager=(lambda: fn(*canon)) if fn else None,
+        compiled=compiled if fn else None,
+        peers=peers or {},
+    )
+
+
+def backward(fwd_op: str, args: tuple, kwargs: Optional[dict], wrt: tuple[str, ...], out_index: Optional[int] = None) -> Setup:
+    """A backward op: hal.ops.<fwd>_backward, against autograd's backward of the eager forward and
+    of its torch.compile (graphs built once; each timed run is one backward pass)."""
+    kwargs = kwargs or {}
+    op = get_op(fwd_op).backward
+    assert op is not None
+    canon = list(canonical(fwd_op, args, kwargs))
+    names = get_op(fwd_op).param_names
+    fn = _eager(fwd_op)
+    assert fn is not None
+    leaves = []
+    for name in wrt:
+        i = names.index(name)
+        canon[i] = canon[i].detach().requires_grad_(True)
+        leaves.append(canon[i])
+
+    def run(f: Callable[..., Any]) -> tuple[torch.Tensor, Any]:
+        with torch.enable_grad():
+            return f(*canon)
+
+    out = run(fn)
+    grad_out = torch.randn_like(out)
+    named = dict(zip(names, (c.detach() if isinstance(c, torch.Tensor) else c for c in canon)))
+    named["out"] = out.detach()  # backward ops that take the forward's result (softmax_backward)
+    bwd_args = [grad_out] + [named[n] for n in get_op(op).param_names[1:]]
+    entry = getattr(hal.ops, op)
+
+    def timed_grad(result: torch.Tensor) -> Fn:
+        return lambda: torch.autograd.grad(result, leaves, grad_out, retain_graph=True)
+
+    def compiled(mode: str) -> Fn:
+        return timed_grad(run(torch.compile(fn, mode=None if mode == "default" else mode, dynamic=False)))
+
+    return Setup(hal=lambda: entry(*bwd_args), explain=(op, tuple(bwd_args), {}), eager=timed_grad(out), compiled=compiled)
+
+
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, std: float = 1.0, mean: float = 0.0) -> torch.Tensor:
+    return (torch.randn(shape, device=device, dtype=torch.float32) * std + mean).to(dtype)
+
+
+DT = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    return math.prod(shape) * torch.empty((), dtype=DT[dtype]).element_size()
+
+
+# --- convolution and batch norm -------------------------------------------------------------------
+
+
+def _conv_inputs(device, dtype, n, cin, cout, hw, k, channels_last=True):
+    t = DT[dtype]
+    x = _randn((n, cin, hw, hw), t, device)
+    w = _randn((cout, cin, k, k), t, device, std=1 / math.sqrt(cin * k * k))
+    if channels_last:
+        x, w = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
+    bn = dict(
+        bn_weight=torch.rand(cout, device=device) + 0.5, bn_bias=torch.randn(cout, device=device),
+        running_mean=torch.randn(cout, device=device) * 0.1, running_var=torch.rand(cout, device=device) + 0.5,
+    )
+    return x, w, bn
+
+
+def conv_bn_relu_eval(n: int, cin: int, cout: int, hw: int, k: int, dtype: str, compile_mode: str, targets: dict) -> Case:
+    pad = k // 2
+
+    def setup(device: torch.device) -> Setup:
+        x, w, bn = _conv_inputs(device, dtype, n, cin, cout, hw, k)
+        args = (x, w, None, bn["bn_weight"], bn["bn_bias"], bn["running_mean"], bn["running_var"])
+        kwargs = dict(padding=pad, training=False)
+        peers = {}
+        if device.type == "cuda":
+            a = torch.rsqrt(bn["running_var"] + 1e-5) * bn["bn_weight"]
+            wf = (w.float() * a.view(-1, 1, 1, 1)).to(w.dtype).contiguous(memory_format=torch.channels_last)
+            bf = (bn["bn_bias"] - bn["running_mean"] * a).to(w.dtype)
+            peers["cudnn_fused_prefolded"] = lambda: torch.cudnn_convolution_relu(x, wf, bf, (1, 1), (pad, pad), (1, 1), 1)
+        return forward("fused_conv_bn_relu", args, kwargs, peers)
+
+    ho = hw  # stride 1, same padding
+    flops = 2.0 * n * cout * ho * ho * cin * k * k
+    byts = _nbytes((n, cin, hw, hw), dtype) + _nbytes((n, cout, ho, ho), dtype) + _nbytes((cout, cin, k, k), dtype)
+    name = f"eval {cin}->{cout} {k}x{k} at {hw}x{hw}, batch {n}, channels_last"
+    return Case("fused_conv_bn_relu", name, dtype, setup, byts, flops, compile_mode, targets)
+
+
+def conv_bn_relu_train(n: int, c: int, hw: int, dtype: str, compile_mode: str, targets: dict) -> Case:
+    """Forward + backward of a training step: hal's two ops against autograd through eager / compile."""
+
+    def setup(device: torch.device) -> Setup:
+        x, w, bn = _conv_inputs(device, dtype, n, c, c, hw, 3)
+        args = (x, w, None, bn["bn_weight"], bn["bn_bias"], bn["running_mean"], bn["running_var"])
+        kwargs = dict(padding=1, training=True)
+        canon = canonical("fused_conv_bn_relu", args, kwargs)
+        grad_out = torch.randn(n, c, hw, hw, device=device, dtype=x.dtype).contiguous(memory_format=torch.channels_last)
+        bwd = (grad_out, x, w, None, bn["bn_weight"], bn["bn_bias"], bn["running_mean"], bn["running_var"], (1, 1), canon[8], (1, 1), 1, 1e-5, True)
+
+        def hal_step() -> Any:
+            hal.ops.fused_conv_bn_relu(*args, **kwargs)
+            return hal.ops.fused_conv_bn_relu_backward(*bwd)
+
+        fn = _eager("fused_conv_bn_relu")
+        leaves = [t.detach().requires_grad_(True) for t in (x, w, bn["bn_weight"], bn["bn_bias"])]
+        rest = list(canon)
+        rest[0], rest[1], rest[3], rest[4] = leaves
+
+        def step(f: Callable[..., Any]) -> Fn:
+            def go() -> Any:
+                with torch.enable_grad():
+                    return torch.autograd.grad(f(*rest), leaves, grad_out)
+
+            return go
+
+        return Setup(hal=hal_step, explain=("fused_conv_bn_relu", args, kwargs), eager=step(fn),
+                     compiled=lambda mode: step(torch.compile(fn, mode=mode, dynamic=False)))
+
+    flops = 3 * 2.0 * n * c * hw * hw * c * 9  # forward, grad_x, grad_w
+    return Case("fused_conv_bn_relu", f"train fwd+bwd {c}->{c} 3x3 at {hw}x{hw}, batch {n}, channels_last", dtype, setup,
+                flops=flops, compile_mode=compile_mode, targets=targets)
+
+
+def conv_cases(gpu: bool) -> list[Case]:
+    n, c, hw, dt = (64, 64, 56, "bfloat16") if gpu else (2, 8, 12, "float32")
+
+    def conv_setup(device: torch.device) -> Setup:
+        x, w, _ = _conv_inputs(device, dt, n, c, c, hw, 3)
+        return forward("conv2d", (x, w), dict(padding=1))
+
+    def conv_bwd(device: torch.device) -> Setup:
+        x, w, _ = _conv_inputs(device, dt, n, c, c, hw, 3)
+        return backward("conv2d", (x, w), dict(padding=1), ("x", "weight"))
+
+    def bn(train: bool, bwd: bool) -> Callable[[torch.device], Setup]:
+        def setup(device: torch.device) -> Setup:
+            x, _, p = _conv_inputs(device, dt, n, c, c, hw, 1)
+            args = (x, p["running_mean"], p["running_var"], p["bn_weight"], p["bn_bias"], train)
+            return backward("batch_norm", args, {}, ("x", "weight", "bias")) if bwd else forward("batch_norm", args)
+
+        return setup
+
+    act = _nbytes((n, c, hw, hw), dt)
+    flops = 2.0 * n * c * hw * hw * c * 9
+    cases = [
+        Case("conv2d", f"{c}->{c} 3x3 at {hw}x{hw}, batch {n}, channels_last", dt, conv_setup, 2 * act, flops),
+        Case("conv2d_backward", f"{c}->{c} 3x3 at {hw}x{hw}, batch {n}, channels_last", dt, conv_bwd, 4 * act, 2 * flops),
+        Case("batch_norm", f"training, ({n}, {c}, {hw}, {hw}) channels_last", dt, bn(True, False), 2 * act),
+        Case("batch_norm_backward", f"training, ({n}, {c}, {hw}, {hw}) channels_last", dt, bn(True, True), 3 * act),
+    ]
+    if not gpu:
+        return cases + [
+            conv_bn_relu_eval(n, c, c, hw, 3, dt, "off", {}),
+            conv_bn_relu_train(n, c, hw, dt, "off", {}),
+            Case("fused_conv_bn_relu_backward", "training", dt, _fused_bwd(n, c, hw, dt), 3 * act, 2 * flops),
+        ]
+    infer = {"eager": 2.0, "compile": 2.0, "peer:cudnn_fused_prefolded": 1.0}
+    mode = "max-autotune-no-cudagraphs"
+    for dtype in ("float16", "bfloat16"):
+        cases.append(conv_bn_relu_eval(64, 64, 64, 56, 3, dtype, mode, infer))
+        for cin, cout, size, k in ((128, 128, 28, 3), (256, 256, 14, 3), (512, 512, 7, 3), (256, 64, 56, 1), (64, 256, 56, 1)):
+            cases.append(conv_bn_relu_eval(64, cin, cout, size, k, dtype, "off", {"eager": 2.0, "peer:cudnn_fused_prefolded": 1.0}))
+    cases.append(conv_bn_relu_train(64, 64, 56, "bfloat16", mode, {"eager": 1.3, "compile": 1.0}))
+    cases.append(Case("fused_conv_bn_relu_backward", f"training {c}->{c} 3x3 at {hw}x{hw}, batch {n}", dt, _fused_bwd(n, c, hw, dt), 3 * act, 2 * flops, "off"))
+    return cases
+
+
+def _fused_bwd(n: int, c: int, hw: int, dt: str) -> Callable[[torch.device], Setup]:
+    def setup(device: torch.device) -> Setup:
+        x, w, p = _conv_inputs(device, dt, n, c, c, hw, 3)
+        args = (x, w, None, p["bn_weight"], p["bn_bias"], p["running_mean"], p["running_var"])
+        return backward("fused_conv_bn_relu", args, dict(padding=1, training=True), ("x", "conv_weight", "bn_weight", "bn_bias"))
+
+    return setup
+
+
+# --- elementwise, norms, softmax ----------------------------------------------------------------------
+
+
+def rowwise_cases(gpu: bool) -> list[Case]:
+    rows, cols, dt = (32768, 4096, "bfloat16") if gpu else (256, 512, "float32")
+    t = DT[dt]
+    big = _nbytes((rows, cols), dt)
+    bw = {"bw": 0.85, "compile": 1.0} if gpu else {}
+    ew = {"bw": 0.9, "compile": 1.0} if gpu else {}
+
+    def x_of(device: torch.device) -> torch.Tensor:
+        return _randn((rows, cols), t, device)
+
+    def vec(device: torch.device) -> torch.Tensor:
+        return _randn((cols,), t, device)
+
+    def ssa(bwd: bool, bias: bool) -> Callable[[torch.device], Setup]:
+        def setup(device: torch.device) -> Setup:
+            args = (x_of(device), 1.0, vec(device), "gelu") if bias else (x_of(device), 0.5, 0.25, "relu")
+            if bwd:
+                return backward("scale_shift_act", args, {}, ("x", "shift") if bias else ("x",))
+            return forward("scale_shift_act", args)
+
+        return setup
+
+    def norm(op: str, bwd: bool) -> Callable[[torch.device], Setup]:
+        def setup(device: torch.device) -> Setup:
+            if op == "layer_norm":
+                args, wrt = (x_of(device), (cols,), vec(device), vec(device)), ("x", "weight", "bias")
+            elif op == "rms_norm":
+                args, wrt = (x_of(device), (cols,), vec(device)), ("x", "weight")
+            else:
+                args, wrt = (x_of(device), -1), ("x",)
+            return backward(op, args, {}, wrt) if bwd else forward(op, args)
+
+        return setup
+
+    shape = f"({rows}, {cols})"
+    out = [
+        Case("scale_shift_act", f"bias + gelu, {shape} ({big >> 20} MiB)", dt, ssa(False, True), 2 * big, targets=ew),
+        Case("scale_shift_act", f"scalar affine + relu, {shape}", dt, ssa(False, False), 2 * big, targets=ew),
+        Case("scale_shift_act_backward", f"bias + gelu, {shape}", dt, ssa(True, True), 3 * big),
+    ]
+    for op in ("layer_norm", "rms_norm", "softmax"):
+        out.append(Case(op, shape, dt, norm(op, False), 2 * big, targets=bw))
+        out.append(Case(f"{op}_backward", shape, dt, norm(op, True), 3 * big, targets=bw))
+    return out
+
+
+# --- GEMMs ---------------------------------------------------------------------------------------
+
+
+def gemm_cases(gpu: bool) -> list[Case]:
+    dt = "bfloat16" if gpu else "float32"
+    t = DT[dt]
+    shapes = ((8192, 4096, 4096), (16384, 1024, 4096)) if gpu else ((128, 64, 96),)
+    cases = []
+    for i, (m, k, n) in enumerate(shapes):
+
+        def lin(device: torch.device, m=m, k=k, n=n, act="gelu_tanh") -> Setup:
+            x, w, b = _randn((m, k), t, device), _randn((n, k), t, device, std=1 / math.sqrt(k)), _randn((n,), t, device)
+            peers = {}
+            if device.type == "cuda":
+                peers = {
+                    "addmm_activation_gelu": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),
+                    "linear_alone": lambda: F.linear(x, w, b),
+                }
+            return forward("linear", (x, w, b, act), peers=peers)
+
+        targets = {"peer:addmm_activation_gelu": 1.0}
+        if i == 0:
+            targets["peer:linear_alone"] = 0.95  # the epilogue costs at most 5% over the GEMM alone
+        flops = 2.0 * m * k * n
+        cases.append(Case("linear", f"bias + gelu_tanh, (M, K, N) = ({m}, {k}, {n})", dt, lin, flops=flops, targets=targets if gpu else {}))
+        if i == 0:
+            cases.append(Case("linear", f"bias + gelu (erf), ({m}, {k}, {n})", dt, lambda d, f=lin: f(d, act="gelu"), flops=flops))
+
+            def lin_bwd(device: torch.device, m=m, k=k, n=n) -> Setup:
+                x, w, b = _randn((m, k), t, device), _randn((n, k), t, device, std=1 / math.sqrt(k)), _randn((n,), t, device)
+                return backward("linear", (x, w, b, "gelu_tanh"), {}, ("x", "weight", "bias"))
+
+            cases.append(Case("linear_backward", f"bias + gelu_tanh, ({m}, {k}, {n})", dt, lin_bwd, flops=2 * flops))
+    s = 8192 if gpu else 128
+
+    def mm(bwd: bool) -> Callable[[torch.device], Setup]:
+        def setup(device: torch.device) -> Setup:
+            a, b = _randn((s, s), t, device), _randn((s, s), t, device)
+            return backward("matmul", (a, b), {}, ("a", "b")) if bwd else forward("matmul", (a, b))
+
+        return setup
+
+    cases.append(Case("matmul", f"{s}^3", dt, mm(False), flops=2.0 * s**3, targets={"rate": 0.9} if gpu else {}))
+    cases.append(Case("matmul_backward", f"{s}^3", dt, mm(True), flops=4.0 * s**3))
+    cases += grouped_cases(gpu)
+    return cases
+
+
+def skewed_sizes(groups: int, total: int, gen: torch.Generator) -> list[int]:
+    """Ragged expert loads: lognormal weights (a few hot experts, some nearly idle) summing to total."""
+    w = torch.exp(torch.randn(groups, generator=gen, dtype=torch.float64) * 1.0)
+    sizes = (w / w.sum() * total).floor().long()
+    sizes[torch.argmax(w)] += total - int(sizes.sum())
+    return sizes.tolist()
+
+
+def grouped_cases(gpu: bool) -> list[Case]:
+    g, m, k, n, dt = (128, 16384, 4096, 1408, "bfloat16") if gpu else (8, 256, 64, 48, "float32")
+    t = DT[dt]
+
+    def inputs(device: torch.device):
+        sizes = skewed_sizes(g, m, torch.Generator().manual_seed(5))
+        x, w = _randn((m, k), t, device), _randn((g, k, n), t, device, std=1 / math.sqrt(k))
+        return x, w, sizes, torch.tensor(sizes, dtype=torch.int32, device=device)
+
+    def fwd(device: torch.device) -> Setup:
+        x, w, sizes, gs = inputs(device)
+        peers: dict[str, Fn] = {}
+        bounds = [0]
+        for s in sizes:
+            bounds.append(bounds[-1] + s)
+        peers["loop_of_matmuls"] = lambda: torch.cat([x[bounds[i] : bounds[i + 1]] @ w[i] for i in range(g)])
+        if device.type == "cuda" and hasattr(torch, "_grouped_mm"):
+            offs = torch.cumsum(gs, 0, dtype=torch.int32)
+            peers["torch_grouped_mm"] = lambda: torch._grouped_mm(x, w, offs=offs)
+        return forward("grouped_gemm", (x, w, gs), peers=peers)
+
+    def bwd(device: torch.device) -> Setup:
+        x, w, _, gs = inputs(device)
+        return backward("grouped_gemm", (x, w, gs), {}, ("x", "weight"))
+
+    flops = 2.0 * m * k * n
+    byts = _nbytes((m, k), dt) + _nbytes((g, k, n), dt) + _nbytes((m, n), dt)
+    targets = {"peer:torch_grouped_mm": 1.0, "rate": 0.5} if gpu else {}
+    name = f"{g} skewed experts, {m} tokens, K={k}, N={n}"
+    return [Case("grouped_gemm", name, dt, fwd, byts, flops, targets=targets), Case("grouped_gemm_backward", name, dt, bwd, 2 * byts, 2 * flops)]
+
+
+# --- attention ------------------------------------------------------------------------------------
+
+
+def attention_cases(gpu: bool) -> list[Case]:
+    b, h, s, e, dt = (4, 16, 4096, 128, "bfloat16") if gpu else (2, 2, 64, 16, "float32")
+    t = DT[dt]
+
+    def qkv(device: torch.device):
+        return tuple(_randn((b, h, s, e), t, device) for _ in range(3))
+
+    def fwd(device: torch.device) -> Setup:
+        q, k, v = qkv(device)
+        peers = {}
+        if device.type == "cuda":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            def peer(backend: Any) -> Fn:
+                def go() -> Any:
+                    with sdpa_kernel([backend]):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+                return go
+
+            for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+                peers[f"sdpa_{name}"] = peer(backend)
+        return forward("scaled_dot_product_attention", (q, k, v), dict(is_causal=True), peers)
+
+    def bwd(device: torch.device) -> Setup:
+        q, k, v = qkv(device)
+        return backward("scaled_dot_product_attention", (q, k, v), dict(is_causal=True), ("q", "k", "v"))
+
+    flops = 2 * 2.0 * b * h * s * s * e / 2  # two GEMMs, half the scores under the causal mask
+    targets = {"best_peer": 0.95} if gpu else {}
+    name = f"causal, (B, H, L, E) = ({b}, {h}, {s}, {e})"
+    return [Case("scaled_dot_product_attention", name, dt, fwd, flops=flops, targets=targets),
+            Case("scaled_dot_product_attention_backward", name, dt, bwd, flops=2.5 * flops)]
+
+
+# --- mixed precision ------------------------------------------------------------------------------
+
+
+def optimizer_cases(gpu: bool) -> list[Case]:
+    tensors, per = (64, 1 << 24) if gpu else (8, 1 << 12)  # 1.07B parameters on a GPU
+    params_total = tensors * per
+
+    def adam(device: torch.device) -> Setup:
+        p = [torch.randn(per, device=device).to(torch.bfloat16) for _ in range(tensors)]
+        g = [torch.randn(per, device=device).to(torch.bfloat16) for _ in range(tensors)]
+        m = [torch.randn(per, device=device) * 1e-3 for _ in range(tensors)]
+        v = [torch.rand(per, device=device) * 1e-6 for _ in range(tensors)]
+        w = [t.float() for t in p]
+        inv, found = torch.tensor([2.0**-16], device=device), torch.zeros(1, device=device)
+        kwargs = dict(lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, step=10.0, master_params=w, inv_scale=inv, found_inf=found)
+        setup = forward("fused_adamw_", (p, g, m, v), kwargs)
+        if device.type == "cuda":
+            setup.peers["torch_adamw_fused_gradscaler"] = _torch_adamw_peer(p, g, device)
+        return setup
+
+    def unscale(device: torch.device) -> Setup:
+        ts = [torch.randn(per, device=device).to(torch.float16) for _ in range(tensors)]
+        return forward("amp_unscale_", (ts, 1.0 - 2.0**-10))
+
+    return [
+        Case("fused_adamw_", f"{params_total / 1e6:,.0f}M params in {tensors} tensors, bf16 + fp32 masters, unscale", "bfloat16", adam,
+             bytes=28.0 * params_total, targets={"bw": 0.85, "peer:torch_adamw_fused_gradscaler": 1.0} if gpu else {}, compile_mode="off"),
+        Case("amp_unscale_", f"{params_total / 1e6:,.0f}M fp16 values in {tensors} tensors", "float16", unscale, bytes=4.0 * params_total, compile_mode="off"),
+    ]
+
+
+def _torch_adamw_peer(params: list[torch.Tensor], grads: list[torch.Tensor], device: torch.device) -> Fn:
+    """torch.optim.AdamW(fused=True) on fp32 masters with fp32 grads, stepped by a GradScaler (which
+    checks the grads for inf/NaN and hands the scale to the fused kernel), then the masters copied
+    into the bf16 model parameters: the same step as hal's fused_adamw_ with master weights."""
+    masters = [torch.nn.Parameter(p.float()) for p in params]
+    for mp, g in zip(masters, grads):
+        mp.grad = g.float()
+    opt = torch.optim.AdamW(masters, lr=1e-4, weight_decay=0.01, fused=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**16)
+    scaler.scale(torch.ones((), device=device))  # initialises the scale tensor
+
+    def step() -> None:
+        scaler.step(opt)
+        scaler.update()
+        torch._foreach_copy_(params, masters)
+
+    return step
+
+
+# --- quantisation ---------------------------------------------------------------------------------
+
+
+def quant_cases(gpu: bool) -> list[Case]:
+    r, c, dt = (8192, 8192, "bfloat16") if gpu else (128, 256, "float32")
+    t = DT[dt]
+    n = r * c
+
+    def q_args(device: torch.device):
+        x = _randn((r, c), t, device, std=3.0)
+        scale = torch.rand(r, device=device) * 0.05 + 0.01
+        zp = torch.randint(-8, 8, (r,), device=device, dtype=torch.int32)
+        return x, scale, zp
+
+    def quantize(device: torch.device) -> Setup:
+        x, s, z = q_args(device)
+        return forward("quantize", (x, s, z, 0))
+
+    def dequantize(device: torch.device) -> Setup:
+        x, s, z = q_args(device)
+        return forward("dequantize", (hal.ops.quantize(x, s, z, 0), s, z, 0))
+
+    def fake(bwd: bool) -> Callable[[torch.device], Setup]:
+        def setup(device: torch.device) -> Setup:
+            x, s, z = q_args(device)
+            args = (x, s, z, -128, 127, 0)
+            return backward("fake_quantize", args, {}, ("x",)) if bwd else forward("fake_quantize", args)
+
+        return setup
+
+    size = _nbytes((r, c), dt)
+    per = f"({r}, {c}) per-channel"
+    return [
+        Case("quantize", per, dt, quantize, size + n),
+        Case("dequantize", per, "int8", dequantize, n + 4 * n),
+        Case("fake_quantize", per, dt, fake(False), 2 * size),
+        Case("fake_quantize_backward", per, dt, fake(True), 3 * size),
+        int8_case(gpu),
+    ]
+
+
+def int8_case(gpu: bool) -> Case:
+    m = k = n = 8192 if gpu else 64
+
+    def setup(device: torch.device) -> Setup:
+        xq = torch.randint(-128, 128, (m, k), dtype=torch.int8, device=device)
+        wq = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
+        xs, ws = torch.tensor([0.02], device=device), torch.rand(n, device=device) * 1e-3
+        bias = torch.randn(n, device=device, dtype=torch.float16)
+        peers = {}
+        if device.type == "cuda":
+            xb, wb = xq.to(torch.bfloat16), wq.to(torch.bfloat16)
+            peers["bf16_linear"] = lambda: F.linear(xb, wb)
+            w_rowmajor = wq.t().contiguous()  # (K, N) row-major: the layout cuBLASLt int8 runs slowly
+            peers["int_mm_row_major_b"] = lambda: torch._int_mm(xq, w_rowmajor)
+        return forward("int8_linear", (xq, wq, xs, ws, bias, "float16"), peers=peers)
+
+    return Case("int8_linear", f"{m}^3, per-channel scales + bias, fp16 out", "int8", setup, flops=2.0 * m * n * k,
+                targets={"peer:bf16_linear": 1.6} if gpu else {}, compile_mode="off")
+
+
+def all_cases(gpu: bool) -> list[Case]:
+    """Every benchmark case, GPU-sized or CPU-sized."""
+    return conv_cases(gpu) + rowwise_cases(gpu) + gemm_cases(gpu) + attention_cases(gpu) + optimizer_cases(gpu) + quant_cases(gpu)

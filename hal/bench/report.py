@@ -1,0 +1,78 @@
+"""Renderings of a benchmark document: JSON (the document itself) and a Markdown table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+
+def to_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=1, default=str)
+
+
+def _us(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.2f} ms" if v >= 10000 else f"{v:.1f} µs"
+
+
+def _x(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}×"
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _peer(rec: dict[str, Any], name: str) -> str:
+    p = rec.get("peers", {}).get(name)
+    if p is None:
+        return "-"
+    if "error" in p:
+        return "error"
+    return f"{_us(p['us'])} ({_x(p['ratio'])})"
+
+
+def to_markdown(doc: dict[str, Any]) -> str:
+    """A results table (ratios are peer time / hal time: above 1× hal is faster) and the targets."""
+    dev = doc.get("device", {})
+    ceil = doc.get("ceilings", {})
+    lines = [
+        f"# hal bench: {dev.get('name', dev.get('type'))}",
+        "",
+        f"- date {doc.get('date')}, commit `{doc.get('commit')}`" + (" (working tree dirty)" if doc.get("dirty") else ""),
+        f"- hal {doc.get('hal_version')}, torch {doc.get('torch')}, triton {doc.get('triton')}, python {doc.get('python')}",
+        f"- measured ceilings: copy {ceil.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s (bytes read + written), "
+        f"{ceil.get('matmul_dtype')} matmul {ceil.get('matmul_flops_per_s', 0) / 1e12:.0f} TFLOP/s "
+        f"({'x'.join(map(str, ceil.get('matmul_shape', [])))})",
+        f"- torch.compile: {doc.get('compile', {}).get('mode') if doc.get('compile', {}).get('enabled') else 'not run'}",
+        "",
+        "Times: on the GPU the median over 5 batches of back-to-back runs timed with CUDA events (host clock on the CPU); ratios are peer time / hal time.",
+        "",
+        "| op | case | dtype | kernel | hal | eager | torch.compile | other peers | % copy BW | % matmul rate |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc.get("results", []):
+        if "error" in r:
+            lines.append(f"| {r['op']} | {r['case']} | {r['dtype']} | {r.get('kernel', '-')} | error: {r['error']} | | | | | |")
+            continue
+        others = "; ".join(f"{k[5:]} {_peer(r, k)}" for k in r.get("peers", {}) if k.startswith("peer:")) or "-"
+        lines.append(
+            f"| {r['op']} | {r['case']} | {r['dtype']} | {r.get('kernel', '-')} | {_us(r.get('hal_us'))} | {_peer(r, 'eager')} | "
+            f"{_peer(r, 'compile')} | {others} | {_pct(r.get('bw_fraction'))} | {_pct(r.get('rate_fraction'))} |"
+        )
+    targets = [(r, t) for r in doc.get("results", []) for t in r.get("targets", [])]
+    if targets:
+        lines += ["", "## Targets (issue 5)", "", "| op | case | target | goal | measured | |", "| --- | --- | --- | --- | --- | --- |"]
+        for r, t in targets:
+            value = t["value"]
+            shown = _pct(value) if t["target"] in ("bw", "rate") else _x(value)
+            goal = _pct(t["goal"]) if t["target"] in ("bw", "rate") else f"≥ {t['goal']:.2f}×"
+            verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "**missed**")
+            lines.append(f"| {r['op']} | {r['case']} | {t['target']} | {goal} | {shown} | {verdict} |")
+    d = doc.get("dispatch_overhead")
+    if d and "error" not in d:
+        lines += ["", f"Dispatch overhead ({d['kernel']}, host time per call): hal.ops {d['hal_call_us']:.2f} µs, "
+                  f"kernel called directly {d['direct_call_us']:.2f} µs, overhead {d['overhead_us']:.2f} µs "
+                  f"(target ≤ {d['target_us']:.0f} µs: {'met' if d['met'] else 'missed'})."]
+    return "\n".join(lines) + "\n"

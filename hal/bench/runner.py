@@ -1,0 +1,199 @@
+"""Running benchmark cases: each case's hal call, its peers, ratios, fractions of the ceilings, and
+the issue's targets judged met or missed. One case failing (out of memory, a peer that does not
+exist on this torch) is recorded and the run goes on."""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import platform
+import subprocess
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+import hal
+
+from . import ceilings
+from .cases import Case, all_cases
+from .timing import Timer, host_overhead_us
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _ratio(peer_us: Optional[float], hal_us: Optional[float]) -> Optional[float]:
+    if peer_us is None or not hal_us:
+        return None
+    return peer_us / hal_us
+
+
+def run_case(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any], compile_mode: Optional[str], use_compile: bool) -> dict[str, Any]:
+    """One result record: times in microseconds, ratios peer/hal (> 1 means hal is faster)."""
+    rec: dict[str, Any] = {"op": case.op, "case": case.name, "dtype": case.dtype, "bytes": case.bytes, "flops": case.flops}
+    try:
+        setup = case.setup(device)
+    except Exception as exc:  # noqa: BLE001 - a case that cannot be built is reported, not fatal
+        rec["error"] = f"setup: {_error(exc)}"
+        return rec
+    try:
+        op, args, kwargs = setup.explain
+        decision = hal.explain(op, *args, **kwargs)
+        rec["kernel"] = f"{decision.backend}/{decision.kernel}" + (f" ({decision.fallback} fallback)" if decision.fallback else "")
+        rec["hal_us"] = timer(setup.hal)["median_us"]
+    except Exception as exc:  # noqa: BLE001
+        rec["error"] = f"hal: {_error(exc)}"
+        traceback.print_exc()
+        return rec
+    hal_us = rec["hal_us"]
+    peers: dict[str, Any] = {}
+    columns: list[tuple[str, Optional[Callable[[], Any]]]] = [("eager", setup.eager)]
+    mode = compile_mode or case.compile_mode or "default"
+    if use_compile and setup.compiled is not None and case.compile_mode != "off":
+        try:
+            columns.append(("compile", setup.compiled(mode)))
+            rec["compile_mode"] = mode
+        except Exception as exc:  # noqa: BLE001
+            peers["compile"] = {"error": _error(exc)}
+    columns += [(f"peer:{name}", fn) for name, fn in setup.peers.items()]
+    for name, fn in columns:
+        if fn is None:
+            continue
+        try:
+            us = timer(fn)["median_us"]
+            peers[name] = {"us": us, "ratio": _ratio(us, hal_us)}
+        except Exception as exc:  # noqa: BLE001
+            peers[name] = {"error": _error(exc)}
+    rec["peers"] = peers
+    if case.bytes and ceil.get("copy_bytes_per_s"):
+        rec["bw_fraction"] = case.bytes / (hal_us * 1e-6) / ceil["copy_bytes_per_s"]
+    if case.flops and ceil.get("matmul_flops_per_s"):
+        rec["rate_fraction"] = case.flops / (hal_us * 1e-6) / ceil["matmul_flops_per_s"]
+    rec["targets"] = judge(case.targets, rec)
+    del setup
+    return rec
+
+
+def judge(targets: dict[str, float], rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target as {"target", "goal", "value", "met"} (value None when it could not be measured)."""
+    out = []
+    peers = rec.get("peers", {})
+    for name, goal in targets.items():
+        if name == "bw":
+            value = rec.get("bw_fraction")
+        elif name == "rate":
+            value = rec.get("rate_fraction")
+        elif name == "best_peer":
+            times = [p["us"] for k, p in peers.items() if k.startswith("peer:") and "us" in p]
+            value = _ratio(min(times), rec.get("hal_us")) if times else None
+        else:  # "eager", "compile", "peer:<name>"
+            value = peers.get(name, {}).get("ratio")
+        out.append({"target": name, "goal": goal, "value": value, "met": None if value is None else value >= goal})
+    return out
+
+
+def dispatch_overhead(device: torch.device) -> dict[str, Any]:
+    """Host time of a hal.ops call over calling the chosen kernel directly (same canonical args),
+    on a small input where the host cost is what shows."""
+    x = torch.randn(64, 64, device=device)
+    decision = hal.explain("scale_shift_act", x, 0.5, 0.25, "relu")
+    from hal.dispatch import DISPATCHER
+
+    rt = DISPATCHER.runtime()
+    spec = next(k for k in rt.kernels("scale_shift_act", decision.backend) if k.name == decision.kernel)
+    if (spec.array_api or rt.backends[decision.backend].info.array_api) == "numpy":
+        from hal.arrays import to_numpy
+
+        x_direct: Any = to_numpy(x)
+    else:
+        x_direct = x
+    direct = lambda: spec.fn(x_direct, 0.5, 0.25, "relu")  # noqa: E731
+    via_hal = lambda: hal.ops.scale_shift_act(x, 0.5, 0.25, "relu")  # noqa: E731
+    via_hal()
+    direct()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t_hal, t_direct = host_overhead_us(via_hal), host_overhead_us(direct)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    over = t_hal - t_direct
+    return {"op": "scale_shift_act", "kernel": f"{decision.backend}/{decision.kernel}", "hal_call_us": t_hal, "direct_call_us": t_direct,
+            "overhead_us": over, "target_us": 2.0, "met": over <= 2.0}
+
+
+def _git(*cmd: str) -> Optional[str]:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    dev: dict[str, Any] = {"type": device.type}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        dev.update(name=p.name, arch=f"sm_{p.major}{p.minor}", memory_bytes=int(p.total_memory), multiprocessors=p.multi_processor_count)
+    else:
+        dev.update(name=platform.processor() or platform.machine())
+    status = _git("status", "--porcelain")
+    try:
+        import triton
+
+        triton_version: Optional[str] = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        # a copy of the tree without .git (a device machine) gets the commit from HAL_COMMIT
+        "commit": _git("rev-parse", "HEAD") or os.environ.get("HAL_COMMIT"),
+        "dirty": bool(status) if status is not None else (os.environ.get("HAL_DIRTY") == "1" or None),
+        "hal_version": hal.__version__,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "device": dev,
+    }
+
+
+def run(
+    device: torch.device,
+    ops: Optional[Sequence[str]] = None,
+    use_compile: Optional[bool] = None,
+    compile_mode: Optional[str] = None,
+    progress: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    """Measure every case (or those of ``ops``) on ``device``; returns the result document."""
+    gpu = device.type == "cuda"
+    if use_compile is None:
+        use_compile = gpu
+    timer = Timer(device, budget_s=0.3 if gpu else 0.05, min_reps=5 if gpu else 3)
+    doc: dict[str, Any] = environment(device)
+    doc["ceilings"] = ceilings.measure(device, timer)
+    _free(device)
+    doc["compile"] = {"enabled": use_compile, "mode": compile_mode or "per case (default, or max-autotune-no-cudagraphs for the convolutions)"}
+    wanted = set(ops) if ops else None
+    results = []
+    for case in all_cases(gpu):
+        if wanted and case.op not in wanted and case.op.removesuffix("_backward") not in wanted:
+            continue
+        progress(f"{case.op}: {case.name}")
+        results.append(run_case(case, device, timer, doc["ceilings"], compile_mode, use_compile))
+        _free(device)
+    doc["results"] = results
+    if not wanted or "dispatch" in wanted or "scale_shift_act" in wanted:
+        try:
+            doc["dispatch_overhead"] = dispatch_overhead(device)
+        except Exception as exc:  # noqa: BLE001
+            doc["dispatch_overhead"] = {"error": _error(exc)}
+    return doc

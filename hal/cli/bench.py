@@ -1,0 +1,81 @@
+"""``hal bench``: time each op's chosen kernel against eager PyTorch and torch.compile, as ratios.
+
+    hal bench                       # every op on the best device (cuda if usable, else cpu)
+    hal bench --ops layer_norm,softmax --json
+    hal bench --backend cpu_ref     # CPU inputs, small sizes, a few seconds
+    hal bench --collectives --world-size 2 --device cuda
+
+On a GPU the inputs are the sizes of issue 5's performance table and the report includes the
+fraction of the measured copy bandwidth and matrix rate, and each target met or missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+import hal
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ops", metavar="a,b", type=_csv, help="ops to time (a forward op also selects its backward); 'dispatch' for the dispatch overhead alone")
+    parser.add_argument("--backend", metavar="NAME", help="backend to time (its device decides the inputs' device; default: cuda if usable, else the CPU)")
+    parser.add_argument("--json", action="store_true", help="print the result document as JSON instead of a table")
+    parser.add_argument("--out", metavar="DIR", type=Path, help="also write bench.json and bench.md into DIR")
+    compile_group = parser.add_mutually_exclusive_group()
+    compile_group.add_argument("--compile", dest="use_compile", action="store_true", default=None, help="include torch.compile (default on a GPU)")
+    compile_group.add_argument("--no-compile", dest="use_compile", action="store_false", help="leave torch.compile out (default on the CPU)")
+    parser.add_argument("--compile-mode", metavar="MODE", help="torch.compile mode for every case (default: per case)")
+    parser.add_argument("--collectives", action="store_true", help="benchmark hal.dist collectives instead (hal.dist.bench)")
+    try:
+        from hal.dist import bench as dist_bench
+    except ImportError:
+        return
+    group = parser.add_argument_group("collectives (with --collectives)")
+    dist_bench.add_arguments(group)  # type: ignore[arg-type]
+
+
+def _device(backend: str | None) -> torch.device:
+    if backend:
+        state = {b.name: b for b in hal.backends()}.get(backend)
+        if state is None:
+            raise SystemExit(f"hal bench: no backend named {backend!r}; installed: {', '.join(b.name for b in hal.backends())}")
+        if not state.available:
+            raise SystemExit(f"hal bench: backend {backend!r} is not usable here: {state.reason}")
+        return torch.device("cuda", 0) if ("cuda" in state.device_types or "rocm" in state.device_types) else torch.device("cpu")
+    usable = {b.name for b in hal.backends() if b.available}
+    return torch.device("cuda", 0) if usable & {"cuda", "rocm"} and torch.cuda.is_available() else torch.device("cpu")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.collectives:
+        try:
+            from hal.dist.bench import run_collectives_bench
+        except ImportError as exc:
+            print(f"hal bench --collectives: hal.dist.bench is not available in this installation ({exc})", file=sys.stderr)
+            return 2
+        return int(run_collectives_bench(args) or 0)
+    from hal.bench import report, runner
+
+    device = _device(args.backend)
+    progress = (lambda s: print(f"hal bench: {s}", file=sys.stderr, flush=True))
+    if args.backend:
+        with hal.use(backend=args.backend):
+            doc = runner.run(device, args.ops, args.use_compile, args.compile_mode, progress)
+    else:
+        doc = runner.run(device, args.ops, args.use_compile, args.compile_mode, progress)
+    doc["backend"] = args.backend or ("cuda" if device.type == "cuda" else "auto")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench.json").write_text(report.to_json(doc) + "\n")
+        (args.out / "bench.md").write_text(report.to_markdown(doc))
+    print(report.to_json(doc) if args.json else report.to_markdown(doc))
+    errors = [r for r in doc["results"] if "error" in r]
+    return 1 if errors else 0

@@ -1,0 +1,155 @@
+"""``hal.nn.fuse(model)``: a torch.fx pass turning conv -> batch-norm -> ReLU and linear -> activation
+chains into hal's fused modules.
+
+The model is traced with ``torch.fx.symbolic_trace``; a chain is fused when each intermediate result
+has exactly one user (the next link) and each module of the chain is called from exactly one place,
+so that replacing it cannot change another computation. A ReLU module called from several places
+(torchvision's ResNet blocks reuse ``self.relu``) is fine: the ReLU *call* is what a chain absorbs.
+
+- ``nn.Conv2d`` -> ``nn.BatchNorm2d`` -> ReLU becomes :class:`FusedConvBNReLU2d` at the conv's
+  path, holding the same conv and batch-norm modules (its state_dict keys are the conv's path with
+  ``.0.`` for the conv and ``.1.`` for the batch norm, as ``torch.ao.quantization.fuse_modules``
+  names them); the batch norm's old path is removed.
+- ``nn.Linear`` -> activation becomes :class:`hal.nn.Linear` with that activation, at the linear's
+  path with the same parameters (state_dict unchanged).
+
+ReLU is ``nn.ReLU``, ``F.relu``, ``torch.relu`` or ``.relu()``; the activations of a linear are those
+of ``hal.ops.linear`` (relu, gelu, gelu_tanh, silu, sigmoid, tanh) as modules, functions or methods.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from hal.nn.modules import FusedConvBNReLU2d, Linear, fusion_problem
+
+_ACT_MODULES: dict[type, Callable[[nn.Module], Optional[str]]] = {
+    nn.ReLU: lambda m: "relu",
+    nn.GELU: lambda m: {"none": "gelu", "tanh": "gelu_tanh"}.get(m.approximate),
+    nn.SiLU: lambda m: "silu",
+    nn.Sigmoid: lambda m: "sigmoid",
+    nn.Tanh: lambda m: "tanh",
+}
+_ACT_FUNCTIONS: dict[Any, str] = {
+    F.relu: "relu",
+    torch.relu: "relu",
+    torch.relu_: "relu",
+    F.silu: "silu",
+    torch.sigmoid: "sigmoid",
+    F.sigmoid: "sigmoid",
+    torch.tanh: "tanh",
+    F.tanh: "tanh",
+}
+_ACT_METHODS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh"}
+
+
+def fuse(model: nn.Module, inplace: bool = False) -> fx.GraphModule:
+    """Return a GraphModule computing the same function as ``model`` with its conv -> batch-norm ->
+    ReLU and linear -> activation chains replaced by hal's fused modules.
+
+    ``inplace=False`` (default) works on a deep copy; ``inplace=True`` shares the model's modules and
+    parameters with the result. Raises ValueError when the model cannot be traced by torch.fx.
+    """
+    if not inplace:
+        model = copy.deepcopy(model)
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as exc:  # fx raises many kinds (TraceError, TypeError ...) on untraceable code
+        raise ValueError(
+            f"hal.nn.fuse could not trace {type(model).__name__} with torch.fx ({type(exc).__name__}: {exc}); "
+            "fuse the traceable submodules instead (for example each block of the model)"
+        ) from exc
+    calls = _call_counts(gm)
+    erased: set[fx.Node] = set()
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or node in erased:
+            continue
+        module = gm.get_submodule(node.target)
+        if type(module) is nn.Conv2d:
+            erased.update(_fuse_conv_bn_relu(gm, node, calls))
+        elif type(module) is nn.Linear:
+            erased.update(_fuse_linear_act(gm, node, calls))
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _call_counts(gm: fx.GraphModule) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            counts[n.target] = counts.get(n.target, 0) + 1
+    return counts
+
+
+def _only_user(node: fx.Node) -> Optional[fx.Node]:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _activation(gm: fx.GraphModule, node: Optional[fx.Node], source: fx.Node) -> Optional[str]:
+    """The hal activation name that ``node`` applies to ``source`` (None: not an activation of it)."""
+    if node is None or not node.args or node.args[0] is not source:
+        return None
+    if node.op == "call_module":
+        rule = _ACT_MODULES.get(type(gm.get_submodule(node.target)))
+        return rule(gm.get_submodule(node.target)) if rule and len(node.args) == 1 and not node.kwargs else None
+    extra = {k: v for k, v in node.kwargs.items() if k != "inplace"}
+    if node.op == "call_function":
+        if node.target is F.gelu and len(node.args) == 1 and set(extra) <= {"approximate"}:
+            return {"none": "gelu", "tanh": "gelu_tanh"}.get(extra.get("approximate", "none"))
+        if len(node.args) == 1 and not extra:
+            return _ACT_FUNCTIONS.get(node.target)
+        return None
+    if node.op == "call_method" and len(node.args) == 1 and not extra:
+        return _ACT_METHODS.get(node.target)
+    return None
+
+
+def _fuse_conv_bn_relu(gm: fx.GraphModule, conv_node: fx.Node, calls: dict[str, int]) -> list[fx.Node]:
+    """Fuse the chain starting at ``conv_node`` if it is one; returns the erased nodes."""
+    bn_node = _only_user(conv_node)
+    if bn_node is None or bn_node.op != "call_module" or len(bn_node.args) != 1 or bn_node.kwargs:
+        return []
+    conv, bn = gm.get_submodule(conv_node.target), gm.get_submodule(bn_node.target)
+    relu_node = _only_user(bn_node)
+    if fusion_problem(conv, bn) or _activation(gm, relu_node, bn_node) != "relu":
+        return []
+    if calls[conv_node.target] != 1 or calls[bn_node.target] != 1:
+        return []
+    fused = FusedConvBNReLU2d.from_modules(conv, bn)
+    gm.delete_submodule(bn_node.target)
+    gm.delete_submodule(conv_node.target)
+    gm.add_submodule(conv_node.target, fused)
+    return _replace(gm, [conv_node, bn_node, relu_node], conv_node.target)
+
+
+def _fuse_linear_act(gm: fx.GraphModule, lin_node: fx.Node, calls: dict[str, int]) -> list[fx.Node]:
+    """Fuse the chain starting at ``lin_node`` if it is one; returns the erased nodes."""
+    act_node = _only_user(lin_node)
+    act = _activation(gm, act_node, lin_node)
+    if act is None or calls[lin_node.target] != 1 or len(lin_node.args) != 1 or lin_node.kwargs:
+        return []
+    linear = gm.get_submodule(lin_node.target)
+    gm.delete_submodule(lin_node.target)
+    gm.add_submodule(lin_node.target, Linear.from_linear(linear, act))
+    return _replace(gm, [lin_node, act_node], lin_node.target)
+
+
+def _replace(gm: fx.GraphModule, chain: list[fx.Node], target: str) -> list[fx.Node]:
+    """Replace ``chain`` (first to last link) by one call of module ``target`` on the first link's
+    input; returns the erased nodes."""
+    last = chain[-1]
+    with gm.graph.inserting_before(last):
+        new = gm.graph.call_module(target, (chain[0].args[0],))
+    new.meta.update(last.meta)
+    last.replace_all_uses_with(new)
+    for node in reversed(chain):
+        gm.graph.erase_node(node)
+    return chain

@@ -1,0 +1,193 @@
+"""Ahead-of-time compilation of every hal.triton kernel, with no GPU: a representative signature per
+kernel (and per major variant), compiled for a target such as ``GPUTarget("cuda", 90, 32)`` or
+``GPUTarget("hip", "gfx90a", 64)``. CI uses it to prove the sources build for sm_80, sm_90 and
+gfx90a; a vendor plugin can use it to warm a cache.
+
+A signature maps each parameter to a Triton type string ("*bf16" a pointer, "i32", "fp32") or, for
+a compile-time constant, to its value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Iterator
+
+import triton
+import triton.language as tl
+
+from . import FAMILIES
+
+_TYPES = ("i1", "i8", "i16", "i32", "i64", "u8", "u32", "u64", "fp16", "bf16", "fp32", "fp64")
+
+
+def _is_type(v: Any) -> bool:
+    return isinstance(v, str) and (v.startswith("*") or v in _TYPES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One kernel variant to compile."""
+
+    family: str
+    kernel: str
+    variant: str
+    params: tuple[tuple[str, Any], ...]
+    options: tuple[tuple[str, Any], ...] = ()
+    #: integer parameters known to be multiples of 16 (pointers always are: torch allocations
+    #: are aligned, and Triton's JIT specialises the same way at run time)
+    div16: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}.{self.kernel}[{self.variant}]"
+
+    def source(self) -> Any:
+        from triton.compiler import ASTSource
+
+        fn = getattr(importlib.import_module(f"hal.triton.{self.family}"), self.kernel)
+        signature = {name: (v if _is_type(v) else "constexpr") for name, v in self.params}
+        constexprs = {name: v for name, v in self.params if not _is_type(v)}
+        attrs = {
+            (fn.arg_names.index(name),): [["tt.divisibility", 16]]
+            for name, v in self.params
+            if _is_type(v) and (v.startswith("*") or name in self.div16)
+        }
+        return ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+
+    def compile(self, target: Any) -> Any:
+        """The compiled kernel for ``target`` (its ``asm`` holds ptx/cubin or amdgcn/hsaco)."""
+        options = {"enable_fp_fusion": True, **dict(self.options)}
+        return triton.compile(self.source(), target=target, options=options)
+
+
+def _spec(family: str, kernel: str, variant: str, options: dict[str, Any] | None = None, div16: tuple[str, ...] = (), **params: Any) -> Spec:
+    return Spec(family, kernel, variant, tuple(params.items()), tuple((options or {}).items()), div16)
+
+
+def _ints(*names: str) -> dict[str, str]:
+    return {n: "i32" for n in names}
+
+
+F32 = tl.float32
+
+
+def _elementwise() -> Iterator[Spec]:
+    common = dict(
+        **_ints("R", "C", "n_col_blocks", "D1", "D2", "ss0", "ss1", "ss2", "ss3", "hs0", "hs1", "hs2", "hs3"),
+        ACT=2, BLOCK_R=4, BLOCK_C=256, COMPUTE=F32,
+    )
+    yield _spec("elementwise", "affine_act_kernel", "bf16 tensor scale", x_ptr="*bf16", out_ptr="*bf16", scale_ptr="*fp32",
+                shift_ptr="*bf16", scale_val="fp32", shift_val="fp32", SCALE_TENSOR=True, SHIFT_TENSOR=False, **common)
+    yield _spec("elementwise", "affine_act_backward_kernel", "fp16 scalars", g_ptr="*fp16", x_ptr="*fp16", gx_ptr="*fp16",
+                dz_ptr="*fp32", part_ptr="*fp32", scale_ptr="*fp16", shift_ptr="*fp16", scale_val="fp32", shift_val="fp32",
+                SCALE_TENSOR=False, SHIFT_TENSOR=False, WRITE_DZ=False, **common)
+
+
+def _norm() -> Iterator[Spec]:
+    for rms in (False, True):
+        v = "rms" if rms else "layer"
+        yield _spec("norm", "norm_fwd_tile_kernel", v, x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
+                    **_ints("M", "N"), eps="fp32", HAS_W=True, HAS_B=not rms, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
+        yield _spec("norm", "norm_bwd_tile_kernel", v, g_ptr="*bf16", x_ptr="*bf16", w_ptr="*bf16", dx_ptr="*bf16",
+                    part_ptr="*fp32", **_ints("M", "N"), eps="fp32", HAS_W=True, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
+    yield _spec("norm", "norm_fwd_loop_kernel", "fp32", x_ptr="*fp32", w_ptr="*fp32", b_ptr="*fp32", y_ptr="*fp32",
+                N="i32", eps="fp32", HAS_W=True, HAS_B=True, RMS=False, BLOCK_N=2048, COMPUTE=F32)
+    yield _spec("norm", "norm_bwd_loop_kernel", "fp32", g_ptr="*fp32", x_ptr="*fp32", w_ptr="*fp32", dx_ptr="*fp32",
+                part_ptr="*fp32", **_ints("M", "N"), eps="fp32", HAS_W=True, RMS=False, BLOCK_N=2048, COMPUTE=F32)
+
+
+def _softmax() -> Iterator[Spec]:
+    yield _spec("softmax", "softmax_rows_kernel", "bf16", x_ptr="*bf16", y_ptr="*bf16", **_ints("M", "N"),
+                BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
+    yield _spec("softmax", "softmax_rows_loop_kernel", "fp16", x_ptr="*fp16", y_ptr="*fp16", N="i32", BLOCK_N=4096, COMPUTE=F32)
+    yield _spec("softmax", "softmax_cols_kernel", "fp32", x_ptr="*fp32", y_ptr="*fp32", **_ints("D", "INNER", "n_inner_blocks"),
+                BLOCK_I=256, COMPUTE=F32)
+    yield _spec("softmax", "softmax_bwd_rows_kernel", "bf16", g_ptr="*bf16", y_ptr="*bf16", dx_ptr="*bf16", **_ints("M", "N"),
+                BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
+    yield _spec("softmax", "softmax_bwd_rows_loop_kernel", "fp16", g_ptr="*fp16", y_ptr="*fp16", dx_ptr="*fp16", N="i32",
+                BLOCK_N=4096, COMPUTE=F32)
+    yield _spec("softmax", "softmax_bwd_cols_kernel", "fp32", g_ptr="*fp32", y_ptr="*fp32", dx_ptr="*fp32",
+                **_ints("D", "INNER", "n_inner_blocks"), BLOCK_I=256, COMPUTE=F32)
+
+
+def _batchnorm() -> Iterator[Spec]:
+    grid = _ints("N", "C", "S", "sN", "sC", "sS", "n_per", "s_per", "n_sgroups", "n_cblocks")
+    tile = _ints("C", "S", "sN", "sC", "sS", "n_cblocks", "n_sblocks")
+    yield _spec("batchnorm", "bn_stats_kernel", "bf16", x_ptr="*bf16", part_ptr="*fp32", **grid, BLOCK_C=64, BLOCK_S=32, COMPUTE=F32)
+    yield _spec("batchnorm", "bn_finalize_kernel", "training", x_ptr="*bf16", part_ptr="*fp32", vec_ptr="*fp32", w_ptr="*fp32",
+                b_ptr="*fp32", rm_ptr="*fp32", rv_ptr="*fp32", cbias_ptr="*bf16", **_ints("n_chunks", "C", "sC"),
+                count="fp32", momentum_hi="fp32", momentum_lo="fp32", eps_hi="fp32", eps_lo="fp32", TRAINING=True, UPDATE_RUNNING=True, HAS_W=True, HAS_B=True,
+                HAS_CONV_BIAS=True, BLOCK_C=128, COMPUTE=F32)
+    yield _spec("batchnorm", "bn_apply_kernel", "bf16 relu", x_ptr="*bf16", y_ptr="*bf16", vec_ptr="*fp32", **tile,
+                RELU=True, BLOCK_C=64, BLOCK_S=32, COMPUTE=F32)
+    yield _spec("batchnorm", "bn_bwd_reduce_kernel", "fp16 relu", g_ptr="*fp16", x_ptr="*fp16", part_ptr="*fp32", vec_ptr="*fp32",
+                **grid, RELU=True, BLOCK_C=4, BLOCK_S=512, COMPUTE=F32)
+    yield _spec("batchnorm", "bn_bwd_finalize_kernel", "training", part_ptr="*fp32", vec_ptr="*fp32", w_ptr="*fp32", gw_ptr="*fp32",
+                gb_ptr="*fp32", **_ints("n_chunks", "C"), count="fp32", TRAINING=True, HAS_W=True, BLOCK_C=128, COMPUTE=F32)
+    yield _spec("batchnorm", "bn_bwd_apply_kernel", "fp16 relu", g_ptr="*fp16", x_ptr="*fp16", dx_ptr="*fp16", vec_ptr="*fp32", **tile,
+                RELU=True, BLOCK_C=4, BLOCK_S=512, COMPUTE=F32)
+
+
+def _gemms() -> Iterator[Spec]:
+    yield _spec("grouped_gemm", "gg_setup_kernel", "i64 sizes", sizes_ptr="*i64", meta_ptr="*i32", G="i32", M="i32", BLOCK_M=128, BLOCK_G=256)
+    mma = {"num_warps": 8, "num_stages": 4}
+    # unit strides are compile-time 1 and sizes multiples of 16, as Triton's JIT specialises them
+    div = ("meta_stride", "K", "N", "sxm", "swg", "swk", "sym", "sam", "sbn", "scm")
+    yield _spec("grouped_gemm", "gg_forward_kernel", "bf16 128x128x64", options=mma, div16=div, x_ptr="*bf16", w_ptr="*bf16",
+                y_ptr="*bf16", meta_ptr="*i32", **_ints("meta_stride", "G", "K", "N", "n_tiles_n", "sxm", "swg", "swk", "sym"),
+                sxk=1, swn=1, syn=1, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, EVEN_K=True, MMA=0, ACC=F32, DOT_F32=False)
+    yield _spec("grouped_gemm", "gg_weight_grad_kernel", "bf16 128x128x64", options=mma, div16=div, x_ptr="*bf16", dy_ptr="*bf16",
+                dw_ptr="*bf16", meta_ptr="*i32", **_ints("meta_stride", "K", "N", "n_tiles_k", "n_tiles_n", "sxm", "sym", "swg", "swk"),
+                sxk=1, syn=1, swn=1, BLOCK_K=128, BLOCK_N=128, BLOCK_R=64, MMA=0, ACC=F32, DOT_F32=False)
+    gemm = dict(xs_val="fp32", ws_val="fp32", **_ints("M", "N", "K", "sam", "sbn", "scm", "act"), sak=1, sbk=1, scn=1,
+                BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, EVEN_K=True, DOT_F32=False)
+    yield _spec("gemm", "gemm_kernel", "bf16 bias+act", options=mma, div16=div, a_ptr="*bf16", b_ptr="*bf16", c_ptr="*bf16", bias_ptr="*bf16",
+                xs_ptr="*bf16", ws_ptr="*bf16", HAS_BIAS=True, INT8=False, XS_TENSOR=False, WS_MODE=0, MMA=0, ACC=F32, COMPUTE=F32, **gemm)
+    yield _spec("gemm", "gemm_kernel", "fp64 FMA", a_ptr="*fp64", b_ptr="*fp64", c_ptr="*fp64", bias_ptr="*fp64",
+                xs_ptr="*fp64", ws_ptr="*fp64", HAS_BIAS=True, INT8=False, XS_TENSOR=False, WS_MODE=0, MMA=2,
+                ACC=tl.float64, COMPUTE=tl.float64, **{**gemm, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
+    yield _spec("gemm", "gemm_kernel", "int8 dequant", options=mma, div16=div, a_ptr="*i8", b_ptr="*i8", c_ptr="*fp16", bias_ptr="*fp32",
+                xs_ptr="*fp32", ws_ptr="*fp32", HAS_BIAS=True, INT8=True, XS_TENSOR=True, WS_MODE=2, MMA=1, ACC=tl.int32, COMPUTE=F32, **gemm)
+
+
+def _optim() -> Iterator[Spec]:
+    yield _spec("optim", "adamw_kernel", "bf16 + masters", table_ptr="*i64", prefix_ptr="*i64", T="i32", found_ptr="*fp32",
+                inv_ptr="*fp32", inv_val="fp32", decay="fp32", step_size="fp32", bc2_sqrt="fp32", beta1="fp32", beta2="fp32",
+                eps="fp32", P_DT=tl.bfloat16, S_DT=F32, HAS_MASTER=True, HAS_FOUND=True, INV_TENSOR=True, BLOCK=2048, ITERS=8, COMPUTE=F32)
+    yield _spec("optim", "unscale_kernel", "fp16", table_ptr="*i64", prefix_ptr="*i64", T="i32", found_ptr="*fp32", inv_ptr="*fp32",
+                inv_val="fp32", DT=tl.float16, INV_TENSOR=False, BLOCK=2048, ITERS=8, COMPUTE=F32)
+
+
+def _quant() -> Iterator[Spec]:
+    nofma = {"enable_fp_fusion": False}
+    modes = dict(S_MODE=2, Z_MODE=2, PER_ROW=True, BLOCK_R=4, BLOCK_C=256)
+    tile = _ints("R", "C", "n_col_blocks", "channels")
+    qr = _ints("qmin", "qmax")
+    yield _spec("quant", "quantize_kernel", "bf16 per-channel", options=nofma, x_ptr="*bf16", q_ptr="*i8", s_ptr="*fp32",
+                z_ptr="*i32", s_val="fp32", z_val="fp32", **tile, **qr, **modes)
+    yield _spec("quant", "dequantize_kernel", "u8 per-channel", options=nofma, q_ptr="*u8", out_ptr="*fp32", s_ptr="*fp32",
+                z_ptr="*u8", s_val="fp32", z_val="fp32", **tile, **modes)
+    yield _spec("quant", "fake_quantize_kernel", "fp16 per-tensor", options=nofma, x_ptr="*fp16", out_ptr="*fp16", s_ptr="*fp32",
+                z_ptr="*fp32", s_val="fp32", z_val="fp32", **tile, **qr, S_MODE=0, Z_MODE=0, PER_ROW=False, BLOCK_R=1, BLOCK_C=1024)
+    yield _spec("quant", "fake_quantize_bwd_kernel", "fp32 per-channel", options=nofma, g_ptr="*fp32", x_ptr="*fp32", dx_ptr="*fp32",
+                s_ptr="*fp32", z_ptr="*i64", s_val="fp32", z_val="fp32", **tile, **qr, **modes)
+    yield _spec("quant", "int32_dequant_kernel", "fp16 out", options=nofma, acc_ptr="*i32", out_ptr="*fp16", xs_ptr="*fp32",
+                ws_ptr="*fp32", bias_ptr="*fp16", xs_val="fp32", ws_val="fp32", **_ints("R", "C", "n_col_blocks"),
+                XS_MODE=1, WS_MODE=2, HAS_BIAS=True, BLOCK_R=8, BLOCK_C=128)
+
+
+def specs() -> list[Spec]:
+    """Every kernel variant that CI compiles ahead of time."""
+    return [*_elementwise(), *_norm(), *_softmax(), *_batchnorm(), *_gemms(), *_optim(), *_quant()]
+
+
+def kernel_names() -> set[tuple[str, str]]:
+    """(family, name) of every entry kernel (``*_kernel``) of the hal.triton families."""
+    out = set()
+    for family in FAMILIES:
+        module = importlib.import_module(f"hal.triton.{family}")
+        for name, obj in vars(module).items():
+            if name.endswith("_kernel") and hasattr(obj, "fn") and getattr(obj.fn, "__module__", "") == module.__name__:
+                out.add((family, name))
+    return out

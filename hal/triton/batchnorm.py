@@ -1,0 +1,403 @@
+"""Batch normalisation over dimension 1 (+ optional ReLU), forward and backward, any dense layout.
+
+x is seen as (N, C, S) with strides (sN, sC, sS): NCHW has sS = 1, channels_last has sC = 1 (and
+its N folds into S). Every kernel works on [BLOCK_C, BLOCK_S] tiles of (channel, position), so a
+channel's parameters are loaded once per tile row and no per-element index is decoded. Triton
+specialises the stride that equals 1, which tells it which tile axis is contiguous.
+
+The two reductions (``stats``, ``bwd_reduce``) fold each tile into per-channel sums at once, so
+their tiles can be large (many bytes in flight per program) without holding accumulators for every
+element; the elementwise passes use smaller tiles and many programs.
+
+Forward (training): ``stats`` writes per-chunk partial sums of (x - K) and (x - K)^2, K being each
+channel's first element (a shift that keeps one-pass float32 sums accurate); ``finalize`` combines
+them per channel into mean, 1/std, the affine pair (a, b) with y = x * a + b, and updates the
+running statistics in place; ``apply`` writes act(x * a + b). In eval mode ``finalize`` takes the
+running statistics. A convolution bias in front of the norm is taken out of the data (it cancels in
+training) and put back into the running mean.
+
+Backward: ``bwd_reduce`` writes per-chunk sums of dz and dz * xhat (dz = g masked by the ReLU of the
+recomputed forward), ``bwd_finalize`` turns them into grad_weight, grad_bias and the per-channel
+(A, B, C) with dx = A * dz + B * x + C, and ``bwd_apply`` writes dx.
+
+Per-channel vectors live in one (8, C) buffer in the compute precision, rows: 0 a, 1 b, 2 mean,
+3 1/std, 4 A, 5 B, 6 C.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import cdiv, compute_dtype, launch, torch_compute_dtype
+from .config import BNConfig
+
+_A, _B, _MEAN, _INVSTD, _GA, _GB, _GC = range(7)
+
+
+@triton.jit
+def _tile(pid, C, S, n_cblocks, n_sblocks, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
+    """(n, channels, positions, mask) of program pid in a (N, channel-blocks, position-blocks) grid."""
+    cb = pid % n_cblocks
+    rest = pid // n_cblocks
+    sb = rest % n_sblocks
+    n = rest // n_sblocks
+    chans = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    pos = sb * BLOCK_S + tl.arange(0, BLOCK_S)
+    mask = (chans < C)[:, None] & (pos < S)[None, :]
+    return n, chans, pos, mask
+
+
+@triton.jit
+def _offsets(n, chans, pos, sN, sC, sS):
+    return tl.cast(n, tl.int64) * sN + chans.to(tl.int64)[:, None] * sC + pos.to(tl.int64)[None, :] * sS
+
+
+@triton.jit(do_not_specialize=["N", "C", "sN", "n_per", "s_per", "n_sgroups", "n_cblocks"])
+def bn_stats_kernel(
+    x_ptr, part_ptr, N, C, S, sN, sC, sS, n_per, s_per, n_sgroups, n_cblocks,
+    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """Program (chunk, channel block): sums of (x - K) and (x - K)^2 over its rows and positions."""
+    pid = tl.program_id(0)
+    cb = pid % n_cblocks
+    chunk = pid // n_cblocks
+    ng = chunk // n_sgroups
+    sg = chunk % n_sgroups
+    chans = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = chans < C
+    shift = tl.load(x_ptr + chans.to(tl.int64) * sC, mask=cmask, other=0.0).to(COMPUTE)
+    acc1 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    acc2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    s_end = tl.minimum(sg * s_per + s_per, S)
+    for n in range(ng * n_per, tl.minimum(ng * n_per + n_per, N)):
+        for s0 in range(sg * s_per, s_end, BLOCK_S):
+            pos = s0 + tl.arange(0, BLOCK_S)
+            mask = cmask[:, None] & (pos < s_end)[None, :]
+            v = tl.load(x_ptr + _offsets(n, chans, pos, sN, sC, sS), mask=mask, other=0.0).to(COMPUTE)
+            d = tl.where(mask, v - shift[:, None], 0.0)
+            acc1 += tl.sum(d, axis=1)
+            acc2 += tl.sum(d * d, axis=1)
+    row = part_ptr + chunk.to(tl.int64) * 2 * C
+    tl.store(row + chans, acc1, mask=cmask)
+    tl.store(row + C + chans, acc2, mask=cmask)
+
+
+@triton.jit(do_not_specialize=["n_chunks", "C", "sC"])
+def bn_finalize_kernel(
+    x_ptr, part_ptr, vec_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, cbias_ptr,
+    n_chunks, C, sC, count, momentum_hi, momentum_lo, eps_hi, eps_lo,
+    TRAINING: tl.constexpr, UPDATE_RUNNING: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    HAS_CONV_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    chans = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = chans < C
+    # float arguments arrive as float32: a float64 value travels as a float32 pair (hi + lo)
+    momentum = tl.cast(momentum_hi, COMPUTE) + tl.cast(momentum_lo, COMPUTE)
+    eps = tl.cast(eps_hi, COMPUTE) + tl.cast(eps_lo, COMPUTE)
+    cbias = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    if HAS_CONV_BIAS:
+        cbias = tl.load(cbias_ptr + chans, mask=cmask, other=0.0).to(COMPUTE)
+    if TRAINING:
+        shift = tl.load(x_ptr + chans.to(tl.int64) * sC, mask=cmask, other=0.0).to(COMPUTE)
+        s1 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+        s2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+        for i in range(0, n_chunks):
+            row = part_ptr + i * 2 * C
+            s1 += tl.load(row + chans, mask=cmask, other=0.0)
+            s2 += tl.load(row + C + chans, mask=cmask, other=0.0)
+        d = s1 / count
+        var = tl.maximum(s2 / count - d * d, 0.0)
+        mean = shift + d
+        if UPDATE_RUNNING:
+            rm = tl.load(rm_ptr + chans, mask=cmask, other=0.0).to(COMPUTE)
+            rv = tl.load(rv_ptr + chans, mask=cmask, other=0.0).to(COMPUTE)
+            rm = (1.0 - momentum) * rm + momentum * (mean + cbias)
+            rv = (1.0 - momentum) * rv + momentum * var * (count / (count - 1.0))
+            tl.store(rm_ptr + chans, rm.to(rm_ptr.dtype.element_ty), mask=cmask)
+            tl.store(rv_ptr + chans, rv.to(rv_ptr.dtype.element_ty), mask=cmask)
+    else:
+        mean = tl.load(rm_ptr + chans, mask=cmask, other=0.0).to(COMPUTE) - cbias
+        var = tl.load(rv_ptr + chans, mask=cmask, other=1.0).to(COMPUTE)
+    invstd = 1.0 / tl.sqrt(var + eps)
+    a = invstd
+    if HAS_W:
+        a = a * tl.load(w_ptr + chans, mask=cmask, other=0.0).to(COMPUTE)
+    b = -mean * a
+    if HAS_B:
+        b = b + tl.load(b_ptr + chans, mask=cmask, other=0.0).to(COMPUTE)
+    tl.store(vec_ptr + 0 * C + chans, a, mask=cmask)
+    tl.store(vec_ptr + 1 * C + chans, b, mask=cmask)
+    tl.store(vec_ptr + 2 * C + chans, mean, mask=cmask)
+    tl.store(vec_ptr + 3 * C + chans, invstd, mask=cmask)
+
+
+@triton.jit(do_not_specialize=["C", "sN", "n_cblocks", "n_sblocks"])
+def bn_apply_kernel(
+    x_ptr, y_ptr, vec_ptr, C, S, sN, sC, sS, n_cblocks, n_sblocks,
+    RELU: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    n, chans, pos, mask = _tile(tl.program_id(0), C, S, n_cblocks, n_sblocks, BLOCK_C, BLOCK_S)
+    cmask = chans < C
+    a = tl.load(vec_ptr + chans, mask=cmask, other=0.0)
+    b = tl.load(vec_ptr + C + chans, mask=cmask, other=0.0)
+    offs = _offsets(n, chans, pos, sN, sC, sS)
+    y = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE) * a[:, None] + b[:, None]
+    if RELU:
+        y = tl.where(y < 0.0, 0.0, y)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dz(g, x, a, b, RELU: tl.constexpr):
+    """The gradient reaching the affine output: g, masked where the forward's ReLU cut."""
+    if RELU:
+        g = tl.where(x * a[:, None] + b[:, None] > 0.0, g, 0.0)
+    return g
+
+
+@triton.jit(do_not_specialize=["N", "C", "sN", "n_per", "s_per", "n_sgroups", "n_cblocks"])
+def bn_bwd_reduce_kernel(
+    g_ptr, x_ptr, part_ptr, vec_ptr, N, C, S, sN, sC, sS, n_per, s_per, n_sgroups, n_cblocks,
+    RELU: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """Program (chunk, channel block): sums of dz and dz * xhat."""
+    pid = tl.program_id(0)
+    cb = pid % n_cblocks
+    chunk = pid // n_cblocks
+    ng = chunk // n_sgroups
+    sg = chunk % n_sgroups
+    chans = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = chans < C
+    a = tl.load(vec_ptr + chans, mask=cmask, other=0.0)
+    b = tl.load(vec_ptr + C + chans, mask=cmask, other=0.0)
+    mean = tl.load(vec_ptr + 2 * C + chans, mask=cmask, other=0.0)
+    invstd = tl.load(vec_ptr + 3 * C + chans, mask=cmask, other=0.0)
+    acc1 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    acc2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    s_end = tl.minimum(sg * s_per + s_per, S)
+    for n in range(ng * n_per, tl.minimum(ng * n_per + n_per, N)):
+        for s0 in range(sg * s_per, s_end, BLOCK_S):
+            pos = s0 + tl.arange(0, BLOCK_S)
+            mask = cmask[:, None] & (pos < s_end)[None, :]
+            offs = _offsets(n, chans, pos, sN, sC, sS)
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+            g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+            dz = tl.where(mask, _dz(g, x, a, b, RELU), 0.0)
+            acc1 += tl.sum(dz, axis=1)
+            acc2 += tl.sum(dz * ((x - mean[:, None]) * invstd[:, None]), axis=1)
+    row = part_ptr + chunk.to(tl.int64) * 2 * C
+    tl.store(row + chans, acc1, mask=cmask)
+    tl.store(row + C + chans, acc2, mask=cmask)
+
+
+@triton.jit(do_not_specialize=["n_chunks", "C"])
+def bn_bwd_finalize_kernel(
+    part_ptr, vec_ptr, w_ptr, gw_ptr, gb_ptr, n_chunks, C, count,
+    TRAINING: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    chans = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = chans < C
+    s_dz = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    s_dzx = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    for i in range(0, n_chunks):
+        row = part_ptr + i * 2 * C
+        s_dz += tl.load(row + chans, mask=cmask, other=0.0)
+        s_dzx += tl.load(row + C + chans, mask=cmask, other=0.0)
+    tl.store(gw_ptr + chans, s_dzx.to(gw_ptr.dtype.element_ty), mask=cmask)
+    tl.store(gb_ptr + chans, s_dz.to(gb_ptr.dtype.element_ty), mask=cmask)
+    invstd = tl.load(vec_ptr + 3 * C + chans, mask=cmask, other=0.0)
+    ga = invstd
+    if HAS_W:
+        ga = ga * tl.load(w_ptr + chans, mask=cmask, other=0.0).to(COMPUTE)
+    gbx = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    gc = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    if TRAINING:
+        mean = tl.load(vec_ptr + 2 * C + chans, mask=cmask, other=0.0)
+        gbx = -ga * invstd * s_dzx / count
+        gc = -ga * s_dz / count - gbx * mean
+    tl.store(vec_ptr + 4 * C + chans, ga, mask=cmask)
+    tl.store(vec_ptr + 5 * C + chans, gbx, mask=cmask)
+    tl.store(vec_ptr + 6 * C + chans, gc, mask=cmask)
+
+
+@triton.jit(do_not_specialize=["C", "sN", "n_cblocks", "n_sblocks"])
+def bn_bwd_apply_kernel(
+    g_ptr, x_ptr, dx_ptr, vec_ptr, C, S, sN, sC, sS, n_cblocks, n_sblocks,
+    RELU: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    n, chans, pos, mask = _tile(tl.program_id(0), C, S, n_cblocks, n_sblocks, BLOCK_C, BLOCK_S)
+    cmask = chans < C
+    a = tl.load(vec_ptr + chans, mask=cmask, other=0.0)
+    b = tl.load(vec_ptr + C + chans, mask=cmask, other=0.0)
+    ga = tl.load(vec_ptr + 4 * C + chans, mask=cmask, other=0.0)
+    gbx = tl.load(vec_ptr + 5 * C + chans, mask=cmask, other=0.0)
+    gc = tl.load(vec_ptr + 6 * C + chans, mask=cmask, other=0.0)
+    offs = _offsets(n, chans, pos, sN, sC, sS)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+    dx = ga[:, None] * _dz(g, x, a, b, RELU) + gbx[:, None] * x + gc[:, None]
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# --- host side ----------------------------------------------------------------------------------
+
+
+class _View:
+    """x (dense: see :func:`dense`) as (N, C, S) with strides. When N and S can be walked as one
+    run (channels_last, or no spatial dimensions) they fold into S, so tiles stay full."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        v = x.unsqueeze(2) if x.ndim == 2 else x.flatten(2)  # a view for dense inputs
+        n, c, s = (int(d) for d in v.shape)
+        sn, sc, ss = v.stride()
+        if s == 1 and n > 1:
+            n, s, sn, ss = 1, n, 0, sn
+        elif n > 1 and sn == s * ss:
+            n, s, sn = 1, n * s, 0
+        self.n, self.c, self.s, self.strides = n, c, s, (sn, sc, ss)
+
+
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """x itself if its (N, C, spatial...) can be walked as (N, C, S) in place, else a contiguous copy."""
+    if x.is_contiguous() or (x.ndim == 4 and x.is_contiguous(memory_format=torch.channels_last)):
+        return x
+    return x.contiguous()
+
+
+def _chunks(view: _View, cfg: BNConfig) -> tuple[int, int, int, int]:
+    """(n_per, s_per, n_sgroups, n_chunks) splitting the reduction over about cfg.programs programs."""
+    want = max(1, cfg.programs // cdiv(view.c, cfg.block_c))
+    if view.n >= want:
+        n_per = cdiv(view.n, want)
+        return n_per, view.s, 1, cdiv(view.n, n_per)
+    block_s = cfg.reduce_block_s or cfg.block_s
+    s_groups = max(1, min(cdiv(want, view.n), cdiv(view.s, block_s)))
+    s_per = cdiv(cdiv(view.s, s_groups), block_s) * block_s
+    s_groups = cdiv(view.s, s_per)
+    return 1, s_per, s_groups, view.n * s_groups
+
+
+def _reduce(kernel, inputs: tuple, view: _View, vec_or_none, relu: Optional[bool], cfg: BNConfig, cdt) -> tuple[torch.Tensor, int]:
+    n_per, s_per, n_sgroups, n_chunks = _chunks(view, cfg)
+    ncb = cdiv(view.c, cfg.block_c)
+    x = inputs[-1]
+    part = torch.empty((n_chunks, 2, view.c), dtype=torch_compute_dtype(x.dtype), device=x.device)
+    extra = {} if relu is None else {"RELU": relu}
+    args = (*inputs, part) + ((vec_or_none,) if vec_or_none is not None else ())
+    launch(kernel, (n_chunks * ncb,), *args, view.n, view.c, view.s, *view.strides, n_per, s_per, n_sgroups, ncb,
+           num_warps=cfg.reduce_warps or cfg.num_warps, BLOCK_C=cfg.block_c, BLOCK_S=cfg.reduce_block_s or cfg.block_s, COMPUTE=cdt, **extra)
+    return part, n_chunks
+
+
+def _elementwise_grid(view: _View, cfg: BNConfig) -> tuple[tuple[int], int, int]:
+    ncb, nsb = cdiv(view.c, cfg.block_c), cdiv(view.s, cfg.block_s)
+    return (ncb * nsb * view.n,), ncb, nsb
+
+
+def affine_params(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    conv_bias: Optional[torch.Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+    cfg: BNConfig,
+) -> torch.Tensor:
+    """The (8, C) per-channel buffer (rows 0-3 filled) of a batch norm of the dense x; in training
+    with running statistics these are updated in place."""
+    view = _View(x)
+    cdt = compute_dtype(x.dtype)
+    vec = torch.empty((8, view.c), dtype=torch_compute_dtype(x.dtype), device=x.device)
+    if training:
+        part, n_chunks = _reduce(bn_stats_kernel, (x,), view, None, None, cfg, cdt)
+    else:
+        part, n_chunks = vec, 0
+    update = training and running_mean is not None
+    launch(
+        bn_finalize_kernel, (cdiv(view.c, cfg.finalize_block),),
+        x, part, vec, _or(weight, vec), _or(bias, vec), _or(running_mean, vec), _or(running_var, vec), _or(conv_bias, vec),
+        n_chunks, view.c, view.strides[1], float(view.n * view.s), *split_f64(momentum), *split_f64(eps),
+        num_warps=4, TRAINING=training, UPDATE_RUNNING=update, HAS_W=weight is not None, HAS_B=bias is not None,
+        HAS_CONV_BIAS=conv_bias is not None, BLOCK_C=cfg.finalize_block, COMPUTE=cdt,
+    )
+    return vec
+
+
+def split_f64(v: float) -> tuple[float, float]:
+    """v as two float32 numbers whose sum, in float64, is v to about 48 bits (kernels get Python
+    floats as float32, too coarse for float64 running statistics)."""
+    hi = float(torch.tensor(v, dtype=torch.float32))
+    return hi, v - hi
+
+
+def _or(t: Optional[torch.Tensor], default: torch.Tensor) -> torch.Tensor:
+    return t if t is not None else default
+
+
+def batch_norm_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+    relu: bool,
+    cfg: BNConfig,
+    conv_bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``act(batch_norm(x + conv_bias))`` with act ReLU or none, in x's layout (x dense: see
+    :func:`dense`). conv_bias is the bias of a convolution x came out of without it."""
+    vec = affine_params(x, weight, bias, running_mean, running_var, conv_bias, training, momentum, eps, cfg)
+    view = _View(x)
+    y = torch.empty_like(x)
+    assert y.stride() == x.stride()
+    grid, ncb, nsb = _elementwise_grid(view, cfg)
+    launch(bn_apply_kernel, grid, x, y, vec, view.c, view.s, *view.strides, ncb, nsb,
+           num_warps=cfg.num_warps, RELU=relu, BLOCK_C=cfg.block_c, BLOCK_S=cfg.block_s, COMPUTE=compute_dtype(x.dtype))
+    return y
+
+
+def batch_norm_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    training: bool,
+    eps: float,
+    relu: bool,
+    cfg: BNConfig,
+    grad_dtypes: tuple[torch.dtype, torch.dtype],
+    conv_bias: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_weight, grad_bias) of :func:`batch_norm_forward` (statistics recomputed, running
+    ones left alone); the parameter gradients in ``grad_dtypes``."""
+    vec = affine_params(x, weight, bias, running_mean, running_var, conv_bias, training, 0.0, eps, cfg)
+    if grad_out.stride() != x.stride():
+        g = torch.empty_like(x)
+        g.copy_(grad_out)
+    else:
+        g = grad_out
+    view = _View(x)
+    cdt = compute_dtype(x.dtype)
+    part, n_chunks = _reduce(bn_bwd_reduce_kernel, (g, x), view, vec, relu, cfg, cdt)
+    gw = torch.empty(view.c, dtype=grad_dtypes[0], device=x.device)
+    gb = torch.empty(view.c, dtype=grad_dtypes[1], device=x.device)
+    launch(bn_bwd_finalize_kernel, (cdiv(view.c, cfg.finalize_block),), part, vec, _or(weight, vec), gw, gb,
+           n_chunks, view.c, float(view.n * view.s),
+           num_warps=4, TRAINING=training, HAS_W=weight is not None, BLOCK_C=cfg.finalize_block, COMPUTE=cdt)
+    dx = torch.empty_like(x)
+    grid, ncb, nsb = _elementwise_grid(view, cfg)
+    launch(bn_bwd_apply_kernel, grid, g, x, dx, vec, view.c, view.s, *view.strides, ncb, nsb,
+           num_warps=cfg.num_warps, RELU=relu, BLOCK_C=cfg.block_c, BLOCK_S=cfg.block_s, COMPUTE=cdt)
+    return dx, gw, gb

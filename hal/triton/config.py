@@ -1,0 +1,38 @@
+"""Launch-configuration types and size arithmetic, importable without Triton (vendor plugins build
+their tables from these at import time; the kernels themselves load on first use)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Tile shape and pipelining of a GEMM-like kernel (block_k is the reduction tile)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BNConfig:
+    """Launch configuration of the batch-norm kernels (a vendor plugin fills it per shape)."""
+
+    block_c: int  # channels per tile
+    block_s: int  # positions per tile
+    num_warps: int
+    programs: int  # about how many programs the reductions should spread over
+    finalize_block: int = 128
+    reduce_block_s: int = 0  # positions per tile of the two reductions (0: block_s)
+    reduce_warps: int = 0  # warps of the two reductions (0: num_warps)

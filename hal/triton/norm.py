@@ -1,0 +1,247 @@
+"""layer_norm and rms_norm over the last N elements of each row, forward and backward.
+
+x is seen as an (M, N) row-major matrix. Two kernel shapes per direction:
+
+- tile: BLOCK_M rows of BLOCK_N >= N columns per program, the whole row in registers (one read of
+  x, one write of y);
+- loop: one row per program in BLOCK_N chunks, for rows too long for registers (the row is read
+  two or three times; the re-reads mostly hit L2).
+
+The backward recomputes the statistics from x. Programs of the backward are persistent: each takes
+every P-th block of rows and accumulates its partial grad_weight / grad_bias in registers (tile) or
+in its own row of a partial buffer (loop); the host sums the P partial rows.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import cdiv, compute_dtype, launch, torch_compute_dtype
+
+
+@triton.jit
+def _stats(x, mask, N, eps, RMS: tl.constexpr):
+    """(centred x, rstd) of the rows of a [BLOCK_M, BLOCK_N] tile (masked entries are zero)."""
+    if RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(xc * xc, axis=1) / N
+    return xc, 1.0 / tl.sqrt(var + eps)
+
+
+@triton.jit(do_not_specialize=["M"])
+def norm_fwd_tile_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    mask = (rows < M)[:, None] & cmask[None, :]
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+    xc, rstd = _stats(x, mask, N, eps, RMS)
+    y = xc * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(COMPUTE)[None, :]
+    if HAS_B:
+        y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(COMPUTE)[None, :]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_stats_loop(row_ptr, N, eps, RMS: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr):
+    """(mean, rstd) of one long row, read in BLOCK_N chunks (mean is 0 for RMS)."""
+    cols = tl.arange(0, BLOCK_N)
+    mean = 0.0
+    if not RMS:
+        acc = tl.zeros([BLOCK_N], dtype=COMPUTE)
+        for start in range(0, N, BLOCK_N):
+            acc += tl.load(row_ptr + start + cols, mask=start + cols < N, other=0.0).to(COMPUTE)
+        mean = tl.sum(acc, axis=0) / N
+    acc2 = tl.zeros([BLOCK_N], dtype=COMPUTE)
+    for start in range(0, N, BLOCK_N):
+        m = start + cols < N
+        v = tl.where(m, tl.load(row_ptr + start + cols, mask=m, other=0.0).to(COMPUTE) - mean, 0.0)
+        acc2 += v * v
+    return mean, 1.0 / tl.sqrt(tl.sum(acc2, axis=0) / N + eps)
+
+
+@triton.jit
+def norm_fwd_loop_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, N, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    base = tl.program_id(0).to(tl.int64) * N
+    mean, rstd = _row_stats_loop(x_ptr + base, N, eps, RMS, BLOCK_N, COMPUTE)
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        m = c < N
+        y = (tl.load(x_ptr + base + c, mask=m, other=0.0).to(COMPUTE) - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + c, mask=m, other=0.0).to(COMPUTE)
+        if HAS_B:
+            y = y + tl.load(b_ptr + c, mask=m, other=0.0).to(COMPUTE)
+        tl.store(y_ptr + base + c, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit(do_not_specialize=["M"])
+def norm_bwd_tile_kernel(
+    g_ptr, x_ptr, w_ptr, dx_ptr, part_ptr, M, N, eps,
+    HAS_W: tl.constexpr, RMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """grad_x of every row block pid, pid + P, ...; partial sums of g * xhat (and of g) over those
+    rows go to part_ptr rows pid (and P + pid)."""
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(COMPUTE)
+    else:
+        w = tl.where(cmask, 1.0, 0.0).to(COMPUTE)
+    dw = tl.zeros([BLOCK_N], dtype=COMPUTE)
+    db = tl.zeros([BLOCK_N], dtype=COMPUTE)
+    for block in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < M)[:, None] & cmask[None, :]
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        xc, rstd = _stats(x, mask, N, eps, RMS)
+        xhat = xc * rstd[:, None]
+        wg = g * w[None, :]
+        c1 = tl.sum(xhat * wg, axis=1) / N
+        if RMS:
+            dx = (wg - xhat * c1[:, None]) * rstd[:, None]
+        else:
+            c2 = tl.sum(wg, axis=1) / N
+            dx = (wg - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += tl.sum(g * xhat, axis=0)
+        db += tl.sum(g, axis=0)
+    tl.store(part_ptr + pid.to(tl.int64) * N + cols, dw, mask=cmask)
+    tl.store(part_ptr + (n_programs + pid).to(tl.int64) * N + cols, db, mask=cmask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def norm_bwd_loop_kernel(
+    g_ptr, x_ptr, w_ptr, dx_ptr, part_ptr, M, N, eps,
+    HAS_W: tl.constexpr, RMS: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """As the tile kernel, one long row at a time; partial sums accumulate in part_ptr (zeroed by
+    the host), each program in its own rows."""
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    dw_row = part_ptr + pid.to(tl.int64) * N
+    db_row = part_ptr + (n_programs + pid).to(tl.int64) * N
+    for row in range(pid, M, n_programs):
+        base = tl.cast(row, tl.int64) * N
+        mean, rstd = _row_stats_loop(x_ptr + base, N, eps, RMS, BLOCK_N, COMPUTE)
+        s1 = tl.zeros([BLOCK_N], dtype=COMPUTE)
+        s2 = tl.zeros([BLOCK_N], dtype=COMPUTE)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            m = c < N
+            xhat = tl.where(m, (tl.load(x_ptr + base + c, mask=m, other=0.0).to(COMPUTE) - mean) * rstd, 0.0)
+            wg = tl.load(g_ptr + base + c, mask=m, other=0.0).to(COMPUTE)
+            if HAS_W:
+                wg = wg * tl.load(w_ptr + c, mask=m, other=0.0).to(COMPUTE)
+            s1 += xhat * wg
+            s2 += wg
+        c1 = tl.sum(s1, axis=0) / N
+        c2 = tl.sum(s2, axis=0) / N
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            m = c < N
+            xhat = (tl.load(x_ptr + base + c, mask=m, other=0.0).to(COMPUTE) - mean) * rstd
+            g = tl.load(g_ptr + base + c, mask=m, other=0.0).to(COMPUTE)
+            wg = g
+            if HAS_W:
+                wg = g * tl.load(w_ptr + c, mask=m, other=0.0).to(COMPUTE)
+            if RMS:
+                dx = (wg - xhat * c1) * rstd
+            else:
+                dx = (wg - xhat * c1 - c2) * rstd
+            tl.store(dx_ptr + base + c, dx.to(dx_ptr.dtype.element_ty), mask=m)
+            tl.store(dw_row + c, tl.load(dw_row + c, mask=m, other=0.0) + g * xhat, mask=m)
+            tl.store(db_row + c, tl.load(db_row + c, mask=m, other=0.0) + g, mask=m)
+
+
+# --- host side ----------------------------------------------------------------------------------
+
+
+def _as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.contiguous().view(-1, n)
+
+
+def norm_forward(
+    x: torch.Tensor,
+    n: int,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+    rms: bool,
+    *,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+) -> torch.Tensor:
+    """Normalise each run of the last ``n`` elements of x. ``block_n >= n`` runs the tile kernel
+    (``block_m`` rows a program), a smaller ``block_n`` the loop kernel (one row a program)."""
+    x2 = _as_rows(x, n)
+    m = x2.shape[0]
+    y = torch.empty_like(x2)
+    w = weight.contiguous().view(-1) if weight is not None else x2
+    b = bias.contiguous().view(-1) if bias is not None else x2
+    flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype))
+    if block_n >= n:
+        launch(norm_fwd_tile_kernel, (cdiv(m, block_m),), x2, w, b, y, m, n, eps,
+               num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
+    else:
+        launch(norm_fwd_loop_kernel, (m,), x2, w, b, y, n, eps, num_warps=num_warps, BLOCK_N=block_n, **flags)
+    return y.view(x.shape)
+
+
+def norm_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    n: int,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    rms: bool,
+    *,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    programs: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_weight, grad_bias) with grad_weight/grad_bias flat (n,) in x's dtype (the
+    caller reshapes them). ``programs`` persistent programs (the partial rows to sum)."""
+    x2 = _as_rows(x, n)
+    g2 = _as_rows(grad_out, n)
+    m = x2.shape[0]
+    dx = torch.empty_like(x2)
+    w = weight.contiguous().view(-1) if weight is not None else x2
+    flags = dict(HAS_W=weight is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype))
+    acc = torch_compute_dtype(x.dtype)
+    if block_n >= n:
+        p = max(1, min(programs, cdiv(m, block_m)))
+        part = torch.empty((2 * p, n), dtype=acc, device=x.device)
+        launch(norm_bwd_tile_kernel, (p,), g2, x2, w, dx, part, m, n, eps,
+               num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
+    else:
+        p = max(1, min(programs, m))
+        part = torch.zeros((2 * p, n), dtype=acc, device=x.device)
+        launch(norm_bwd_loop_kernel, (p,), g2, x2, w, dx, part, m, n, eps, num_warps=num_warps, BLOCK_N=block_n, **flags)
+    sums = part.view(2, p, n).sum(dim=1)
+    return dx.view(x.shape), sums[0].to(x.dtype), sums[1].to(x.dtype)

@@ -1,0 +1,231 @@
+"""Multi-tensor optimizer kernels: fused AdamW (master weights, unscale, skip on overflow) and
+amp_unscale_ (unscale in place, report non-finite values).
+
+One launch covers a whole list of tensors. The host writes a table of the tensors' addresses and
+sizes to the device once per list (cached by the addresses, so steady-state steps and CUDA graph
+replays upload nothing); each program takes one span of ITERS * BLOCK elements of one tensor,
+finds that tensor by binary search over the prefix of span counts (a few dependent loads, paid once
+per span), then streams the span in ITERS steps. Element types are compile-time constants of the launch,
+so the tensors of one table share their dtypes (amp_unscale_ launches once per dtype).
+
+Nothing is read back to the host: ``found_inf`` and ``inv_scale`` may be device tensors read by
+every program, and a non-zero ``found_inf`` masks every load and store (the step is skipped).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from typing import Optional, Sequence, Union
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import TL_DTYPES, cdiv, compute_dtype, launch
+
+Scalar = Union[float, torch.Tensor]
+
+
+@triton.jit
+def _find(prefix_ptr, T, pid):
+    """(tensor index, chunk within it) of chunk pid: the last t with prefix[t] <= pid."""
+    lo = 0
+    hi = T - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tl.load(prefix_ptr + mid) <= pid:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, pid - tl.load(prefix_ptr + lo)
+
+
+@triton.jit
+def _addr(table_ptr, row, field: tl.constexpr, FIELDS: tl.constexpr, DT: tl.constexpr):
+    return tl.load(table_ptr + row * FIELDS + field).to(tl.pointer_type(DT))
+
+
+@triton.jit(do_not_specialize=["T"])
+def adamw_kernel(
+    table_ptr, prefix_ptr, T, found_ptr, inv_ptr, inv_val,
+    decay, step_size, bc2_sqrt, beta1, beta2, eps,
+    P_DT: tl.constexpr, S_DT: tl.constexpr, HAS_MASTER: tl.constexpr, HAS_FOUND: tl.constexpr,
+    INV_TENSOR: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """Table rows: (param, grad, exp_avg, exp_avg_sq, master, numel) addresses and size."""
+    t, span = _find(prefix_ptr, T, tl.program_id(0))
+    numel = tl.load(table_ptr + t * 6 + 5)
+    p_ptr = _addr(table_ptr, t, 0, 6, P_DT)
+    g_ptr = _addr(table_ptr, t, 1, 6, P_DT)
+    m_ptr = _addr(table_ptr, t, 2, 6, S_DT)
+    v_ptr = _addr(table_ptr, t, 3, 6, S_DT)
+    w_ptr = _addr(table_ptr, t, 4, 6, tl.float32)
+    lanes = tl.arange(0, BLOCK)
+    keep = lanes == lanes  # all true; cleared below when the step is skipped
+    if HAS_FOUND:
+        keep = tl.load(found_ptr + lanes * 0) == 0.0  # one flag, broadcast to the lanes
+    if INV_TENSOR:
+        inv = tl.load(inv_ptr).to(COMPUTE)
+    else:
+        inv = inv_val
+    for i in range(ITERS):
+        offs = (span.to(tl.int64) * ITERS + i) * BLOCK + lanes
+        mask = (offs < numel) & keep
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE) * inv
+        if HAS_MASTER:
+            p = tl.load(w_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        else:
+            p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+        p = p * decay
+        m = beta1 * m + (1.0 - beta1) * g
+        v = beta2 * v + (1.0 - beta2) * g * g
+        p = p - step_size * m / (tl.sqrt(v) / bc2_sqrt + eps)
+        tl.store(m_ptr + offs, m.to(S_DT), mask=mask)
+        tl.store(v_ptr + offs, v.to(S_DT), mask=mask)
+        if HAS_MASTER:
+            tl.store(w_ptr + offs, p.to(tl.float32), mask=mask)
+        tl.store(p_ptr + offs, p.to(P_DT), mask=mask)
+
+
+@triton.jit
+def _non_finite(v):
+    return (v != v) | (tl.abs(v) == float("inf"))
+
+
+@triton.jit(do_not_specialize=["T"])
+def unscale_kernel(
+    table_ptr, prefix_ptr, T, found_ptr, inv_ptr, inv_val,
+    DT: tl.constexpr, INV_TENSOR: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, COMPUTE: tl.constexpr,
+):
+    """Table rows: (address, numel). found_ptr (zeroed by the host) becomes 1.0 when any value,
+    before or after scaling, is NaN or infinite."""
+    t, span = _find(prefix_ptr, T, tl.program_id(0))
+    numel = tl.load(table_ptr + t * 2 + 1)
+    ptr = _addr(table_ptr, t, 0, 2, DT)
+    if INV_TENSOR:
+        inv = tl.load(inv_ptr).to(COMPUTE)
+    else:
+        inv = inv_val
+    lanes = tl.arange(0, BLOCK)
+    bad = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in range(ITERS):
+        offs = (span.to(tl.int64) * ITERS + i) * BLOCK + lanes
+        mask = offs < numel
+        v = tl.load(ptr + offs, mask=mask, other=0.0)
+        scaled = (v.to(COMPUTE) * inv).to(DT)
+        tl.store(ptr + offs, scaled, mask=mask)
+        bad += tl.where(mask & (_non_finite(v.to(COMPUTE)) | _non_finite(scaled.to(COMPUTE))), 1, 0)
+    tl.store(found_ptr, 1.0, mask=tl.sum(bad, axis=0) > 0)
+
+
+# --- host side ----------------------------------------------------------------------------------
+
+
+class _Tables:
+    """Device tables of tensor addresses, cached by (device, fields, block): an LRU of a few lists."""
+
+    def __init__(self, size: int = 32) -> None:
+        self._lru: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._size = size
+
+    def get(self, rows: Sequence[tuple[int, ...]], device: torch.device, span: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(address table, prefix of span counts, total spans) of tensors ``rows`` (numel last)."""
+        key = (str(device), span, tuple(rows))
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is not None:
+                self._lru.move_to_end(key)
+                return hit[:3]
+        chunks = [cdiv(r[-1], span) for r in rows]
+        prefix = [0]
+        for c in chunks[:-1]:
+            prefix.append(prefix[-1] + c)
+        host = torch.tensor([v for r in rows for v in r] + prefix, dtype=torch.int64)
+        if device.type == "cuda":  # pinned, so the upload is asynchronous and graph-capturable
+            host = host.pin_memory()
+        flat = host.to(device, non_blocking=True)
+        n = len(rows) * len(rows[0])
+        entry = (flat[:n], flat[n:], sum(chunks), host)
+        with self._lock:
+            self._lru[key] = entry  # the pinned host copy stays alive with the device table
+            while len(self._lru) > self._size:
+                self._lru.popitem(last=False)
+        return entry[:3]
+
+
+TABLES = _Tables()
+
+
+def _scalar_args(v: Optional[Scalar], device: torch.device, default: float) -> tuple[torch.Tensor, float, bool]:
+    if isinstance(v, torch.Tensor):
+        return v.reshape(-1), 0.0, True
+    return torch.empty(0, device=device), default if v is None else float(v), False
+
+
+def fused_adamw(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    exp_avgs: Sequence[torch.Tensor],
+    exp_avg_sqs: Sequence[torch.Tensor],
+    master_params: Optional[Sequence[torch.Tensor]],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: float,
+    inv_scale: Optional[Scalar],
+    found_inf: Optional[Scalar],
+    block: int,
+    iters: int,
+    num_warps: int,
+) -> None:
+    """One AdamW step over contiguous float16/bfloat16/float32 tensors, in place (see
+    hal.ops.fused_adamw_); hyper-parameters travel as float32 kernel arguments."""
+    if not params:
+        return
+    if found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0:
+        return
+    device = params[0].device
+    masters = master_params if master_params is not None else [None] * len(params)
+    rows = [
+        (p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), w.data_ptr() if w is not None else 0, p.numel())
+        for p, g, m, v, w in zip(params, grads, exp_avgs, exp_avg_sqs, masters)
+    ]
+    table, prefix, n_chunks = TABLES.get(rows, device, block * iters)
+    inv_t, inv_v, inv_is_t = _scalar_args(inv_scale, device, 1.0)
+    found_t = found_inf.reshape(-1) if isinstance(found_inf, torch.Tensor) else inv_t
+    bc1 = 1.0 - beta1**step
+    bc2 = 1.0 - beta2**step
+    launch(
+        adamw_kernel, (n_chunks,),
+        table, prefix, len(rows), found_t, inv_t, inv_v,
+        1.0 - lr * weight_decay, lr / bc1, math.sqrt(bc2), beta1, beta2, eps,
+        num_warps=num_warps, P_DT=TL_DTYPES[params[0].dtype], S_DT=TL_DTYPES[exp_avgs[0].dtype],
+        HAS_MASTER=master_params is not None, HAS_FOUND=isinstance(found_inf, torch.Tensor), INV_TENSOR=inv_is_t,
+        BLOCK=block, ITERS=iters, COMPUTE=compute_dtype(params[0].dtype),
+    )
+
+
+def amp_unscale(tensors: Sequence[torch.Tensor], inv_scale: Scalar, *, block: int, iters: int, num_warps: int, device: torch.device) -> torch.Tensor:
+    """Multiply contiguous tensors by inv_scale in place; returns the 0-d float32 found-inf flag."""
+    found = torch.zeros((), dtype=torch.float32, device=device)
+    inv_t, inv_v, inv_is_t = _scalar_args(inv_scale, device, 1.0)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for dtype, group in by_dtype.items():
+        if dtype == torch.float64 and not inv_is_t:  # Triton passes Python floats as float32
+            inv_t, inv_v, inv_is_t = torch.full((1,), inv_v, dtype=torch.float64, device=device), 0.0, True
+        table, prefix, n_chunks = TABLES.get([(t.data_ptr(), t.numel()) for t in group], device, block * iters)
+        launch(
+            unscale_kernel, (n_chunks,), table, prefix, len(group), found, inv_t, inv_v,
+            num_warps=num_warps, DT=TL_DTYPES[dtype], INV_TENSOR=inv_is_t, BLOCK=block, ITERS=iters, COMPUTE=compute_dtype(dtype),
+        )
+    return found

@@ -1,0 +1,343 @@
+"""The CUDA plugin's kernels on small CPU tensors, Triton kernels running in the interpreter,
+against cpu_ref in float64.
+
+This module only runs with TRITON_INTERPRET=1 set before Triton is imported, which
+tests/cuda/test_interpreter.py arranges by running it in a subprocess (the same process also
+compiles the kernels ahead of time, which the interpreter mode forbids). The kernels are called
+directly, with canonical arguments, as the dispatcher would call them on a GPU; launch
+configurations for CPU tensors are small, so multi-program paths run on tiny inputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.cuda._support import assert_close, fresh_seed, reference
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="run by tests/cuda/test_interpreter.py with TRITON_INTERPRET=1"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # NumPy's "invalid value" inside the interpreter
+]
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from hal_backend_cuda import attention, conv, elementwise, gemm, mixed_precision, norm, quant
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(fresh_seed())
+
+
+def randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale + shift).to(dtype)
+
+
+def check(op: str, kernel_fn, args: tuple, outputs=None, inplace: tuple[str, ...] = ()) -> None:
+    """Run kernel_fn(*args) and compare its results (and in-place arguments) with cpu_ref."""
+    from hal.registry import get_op
+
+    decl = get_op(op)
+    want, ref_args = reference(op, *args)
+    got = kernel_fn(*args)
+    if outputs is None:
+        got_t, want_t = (got,), (want,)
+    else:
+        got_t, want_t = tuple(got), tuple(want)
+    assert len(got_t) == len(want_t)
+    for i, (g, w) in enumerate(zip(got_t, want_t)):
+        if g is None and w is None:
+            continue
+        assert_close(op, g, torch.as_tensor(w), args, what=f"output {i}")
+    for name in inplace:
+        i = decl.index(name)
+        got_v, want_v = args[i], ref_args[i]
+        if isinstance(got_v, (list, tuple)):
+            for j, (g, w) in enumerate(zip(got_v, want_v)):
+                assert_close(op, g, w, args, what=f"{name}[{j}]")
+        elif got_v is not None:
+            assert_close(op, got_v, want_v, args, what=name)
+
+
+# --- elementwise ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "x_shape,scale_shape,shift_shape,channels_last",
+    [((2, 6, 5, 3), (6, 1, 1), None, False), ((2, 6, 5, 3), None, (3,), True), ((7, 33), (33,), (7, 1), False), ((37,), None, None, False)],
+)
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "none"])
+def test_scale_shift_act(gen, dtype, x_shape, scale_shape, shift_shape, channels_last, act):
+    x = randn(gen, *x_shape, dtype=dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    scale = randn(gen, *scale_shape, dtype=dtype) if scale_shape else 0.75
+    shift = randn(gen, *shift_shape, dtype=dtype) if shift_shape else -0.25
+    check("scale_shift_act", elementwise.scale_shift_act, (x, scale, shift, act))
+    g = randn(gen, *x_shape, dtype=dtype)
+    check("scale_shift_act_backward", elementwise.scale_shift_act_backward, (g, x, scale, shift, act), outputs=3)
+
+
+# --- norms and softmax ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,normalized", [((5, 3, 24), (24,)), ((3, 37), (37,)), ((2, 4, 5), (4, 5)), ((4, 40), (40,))])
+def test_layer_norm(gen, dtype, shape, normalized):
+    x = randn(gen, *shape, dtype=dtype, scale=2.0, shift=1.0)
+    w, b = randn(gen, *normalized, dtype=dtype), randn(gen, *normalized, dtype=dtype)
+    check("layer_norm", norm.layer_norm, (x, normalized, w, b, 1e-5))
+    g = randn(gen, *shape, dtype=dtype)
+    check("layer_norm_backward", norm.layer_norm_backward, (g, x, normalized, w, 1e-5), outputs=3)
+    check("layer_norm_backward", norm.layer_norm_backward, (g, x, normalized, None, 1e-5), outputs=3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,normalized", [((6, 20), (20,)), ((3, 70), (70,))])
+def test_rms_norm(gen, dtype, shape, normalized):
+    x = randn(gen, *shape, dtype=dtype, shift=0.5)
+    w = randn(gen, *normalized, dtype=dtype)
+    check("rms_norm", norm.rms_norm, (x, normalized, w, 1e-6))
+    g = randn(gen, *shape, dtype=dtype)
+    check("rms_norm_backward", norm.rms_norm_backward, (g, x, normalized, w, 1e-6), outputs=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,dim", [((5, 30), 1), ((3, 100), 1), ((4, 6, 5), 1), ((6, 3), 0)])
+def test_softmax(gen, dtype, shape, dim):
+    x = randn(gen, *shape, dtype=dtype, scale=3.0)
+    check("softmax", attention.softmax, (x, dim))
+    out = torch.softmax(x.double(), dim).to(dtype)
+    g = randn(gen, *shape, dtype=dtype)
+    check("softmax_backward", attention.softmax_backward, (g, out, dim))
+
+
+def test_softmax_all_minus_inf_row_is_nan():
+    x = torch.full((2, 40), -float("inf"))
+    x[1] = torch.linspace(-1, 1, 40)
+    y = attention.softmax(x, 1)
+    assert torch.isnan(y[0]).all() and torch.allclose(y[1].sum(), torch.tensor(1.0))
+
+
+# --- batch norm and the fused convolution ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batch_norm(gen, dtype, training, channels_last):
+    x = randn(gen, 3, 5, 4, 6, dtype=dtype, scale=2.0, shift=3.0)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    pdt = torch.float64 if dtype == torch.float64 else torch.float32  # float32 stats beside half x
+    w, b = randn(gen, 5, dtype=pdt), randn(gen, 5, dtype=pdt)
+    rm, rv = randn(gen, 5, dtype=pdt), torch.rand(5, generator=gen, dtype=pdt) + 0.5
+    check("batch_norm", conv.batch_norm, (x, rm, rv, w, b, training, 0.1, 1e-5), inplace=("running_mean", "running_var"))
+    g = randn(gen, 3, 5, 4, 6, dtype=dtype)
+    check("batch_norm_backward", conv.batch_norm_backward, (g, x, rm, rv, w, training, 1e-5), outputs=3)
+
+
+def test_batch_norm_2d_input_without_affine(gen):
+    x = randn(gen, 9, 4, shift=-2.0)
+    check("batch_norm", conv.batch_norm, (x, None, None, None, None, True, 0.1, 1e-5))
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("padding", [(1, 1, 1, 1), (0, 1, 0, 1)])
+def test_fused_conv_bn_relu(gen, training, padding):
+    x = randn(gen, 2, 3, 7, 6)
+    cw, cb = randn(gen, 4, 3, 3, 3, scale=0.3), randn(gen, 4)
+    bw, bb = randn(gen, 4), randn(gen, 4)
+    rm, rv = randn(gen, 4), torch.rand(4, generator=gen) + 0.5
+    args = (x, cw, cb, bw, bb, rm, rv, (1, 1), padding, (1, 1), 1, 1e-5, 0.1, training)
+    check("fused_conv_bn_relu", conv.fused_conv_bn_relu, args, inplace=("running_mean", "running_var"))
+    y = conv.fused_conv_bn_relu(*args)
+    g = randn(gen, *y.shape)
+    bargs = (g, x, cw, cb, bw, bb, rm, rv, (1, 1), padding, (1, 1), 1, 1e-5, training)
+    check("fused_conv_bn_relu_backward", conv.fused_conv_bn_relu_backward, bargs, outputs=5)
+
+
+def test_conv2d_asymmetric_padding_and_backward(gen):
+    x, w, b = randn(gen, 2, 4, 6, 5), randn(gen, 6, 2, 2, 3), randn(gen, 6)
+    args = ((2, 1), (0, 1, 1, 1), (1, 2), 2)
+    check("conv2d", conv.conv2d, (x, w, b, *args))
+    g = randn(gen, *conv.conv2d(x, w, b, *args).shape)
+    check("conv2d_backward", conv.conv2d_backward, (g, x, w, *args), outputs=3)
+
+
+def test_fold_cache_tracks_parameter_updates(gen):
+    x = randn(gen, 1, 3, 5, 5)
+    cw, rm, rv = randn(gen, 2, 3, 1, 1), randn(gen, 2), torch.rand(2, generator=gen) + 0.5
+    w1, _ = conv.FOLDED.get(x, cw, None, None, None, rm, rv, 1e-5)
+    w2, _ = conv.FOLDED.get(x, cw, None, None, None, rm, rv, 1e-5)
+    assert w1 is w2
+    rv.mul_(2.0)  # an in-place update bumps the version: the fold is recomputed
+    w3, _ = conv.FOLDED.get(x, cw, None, None, None, rm, rv, 1e-5)
+    assert w3 is not w1 and torch.allclose(w3, w1 / 2**0.5, rtol=1e-5)
+
+
+# --- GEMMs ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("act", ["gelu", "relu", "silu", "none"])
+def test_linear(gen, dtype, act):
+    """float64 runs the FMA tiles (Triton 3.6 has no float64 tl.dot for sm_90)."""
+    x, w, b = randn(gen, 3, 5, 40, dtype=dtype), randn(gen, 24, 40, dtype=dtype, scale=0.2), randn(gen, 24, dtype=dtype)
+    check("linear", gemm.linear_triton, (x, w, b, act))
+    check("linear", gemm.linear_cublas_triton, (x, w, b, act))
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", "silu", "none"])
+def test_linear_backward(gen, act):
+    """float32 only: in half precision the kernel rounds grad(pre-activation) to the input dtype
+    before its two GEMMs, as torch autograd does; with 15 rows that rounding alone can exceed the
+    declared tolerance where grad_weight cancels (the device conformance judges it)."""
+    x, w, b = randn(gen, 3, 5, 40), randn(gen, 24, 40, scale=0.2), randn(gen, 24)
+    g = randn(gen, 3, 5, 24)
+    check("linear_backward", gemm.linear_backward, (g, x, w, b, act), outputs=3)
+
+
+def test_linear_cublaslt_epilogues_on_cpu(gen):
+    """relu and none only: on CPU torch._addmm_activation's GELU is the erf one (cuBLASLt's, on the
+    GPU, is the tanh approximation the kernel is registered for; the device conformance checks it)."""
+    x, w = randn(gen, 6, 16), randn(gen, 8, 16)
+    for act in ("relu", "none"):
+        check("linear", gemm.linear_cublaslt, (x, w, None, act))
+
+
+def test_matmul_backward_broadcast_and_vectors(gen):
+    for sa, sb in [((2, 1, 3, 4), (5, 4, 6)), ((4,), (3, 4, 2)), ((3, 4), (4,)), ((4,), (4,))]:
+        a, b = randn(gen, *sa), randn(gen, *sb)
+        g = randn(gen, *torch.matmul(a, b).shape)
+        check("matmul_backward", gemm.matmul_backward, (g, a, b), outputs=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.float64,))
+@pytest.mark.parametrize("sizes", [[3, 0, 20, 7], [16, 16], [0, 1, 0]])
+def test_grouped_gemm(gen, dtype, sizes):
+    m, k, n = sum(sizes), 24, 20
+    x, w = randn(gen, m, k, dtype=dtype), randn(gen, len(sizes), k, n, dtype=dtype, scale=0.3)
+    gs = torch.tensor(sizes, dtype=torch.int64)
+    check("grouped_gemm", gemm.grouped_gemm, (x, w, gs))
+    g = randn(gen, m, n, dtype=dtype)
+    check("grouped_gemm_backward", gemm.grouped_gemm_backward, (g, x, w, gs), outputs=2)
+
+
+def test_grouped_gemm_rows_past_the_groups_are_zero(gen):
+    """sum(group_sizes) < rows: the GPU path does not read the sizes back; the tail comes out zero."""
+    x, w = randn(gen, 10, 8), randn(gen, 2, 8, 4)
+    y = gemm.grouped_gemm(x, w, torch.tensor([3, 4], dtype=torch.int32))
+    assert torch.equal(y[7:], torch.zeros(3, 4))
+    assert torch.allclose(y[3:7], x[3:7] @ w[1], atol=1e-5)
+
+
+# --- optimizer steps ------------------------------------------------------------------------------
+
+
+def _adam_state(gen, shapes, pdtype, masters):
+    params = [randn(gen, *s, dtype=pdtype) for s in shapes]
+    grads = [randn(gen, *s, dtype=pdtype) for s in shapes]
+    m = [randn(gen, *s, scale=0.1) for s in shapes]
+    v = [torch.rand(s, generator=gen) * 0.1 for s in shapes]
+    w = [p.float() + 1e-3 * randn(gen, *p.shape) for p in params] if masters else None
+    return params, grads, m, v, w
+
+
+@pytest.mark.parametrize("pdtype,masters", [(torch.float32, False), (torch.bfloat16, True), (torch.float16, False)])
+@pytest.mark.parametrize("inv_scale", [None, 0.5, "tensor"])
+def test_fused_adamw(gen, pdtype, masters, inv_scale):
+    params, grads, m, v, w = _adam_state(gen, [(7,), (3, 50), (130,)], pdtype, masters)
+    inv = torch.tensor([0.25]) if inv_scale == "tensor" else inv_scale
+    args = (params, grads, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.01, 3.0, w, inv, torch.tensor(0.0))
+    inplace = ("params", "exp_avgs", "exp_avg_sqs") + (("master_params",) if masters else ())
+    check("fused_adamw_", mixed_precision.fused_adamw_, args, inplace=inplace)
+
+
+@pytest.mark.parametrize("fn", ["triton", "torch"])
+def test_fused_adamw_skips_on_found_inf(gen, fn):
+    params, grads, m, v, _ = _adam_state(gen, [(40,), (9,)], torch.float32, False)
+    before = [t.clone() for t in params + m + v]
+    kernel = mixed_precision.fused_adamw_ if fn == "triton" else mixed_precision.fused_adamw_torch
+    kernel(params, grads, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.01, 1.0, None, None, torch.tensor([1.0]))
+    assert all(torch.equal(a, b) for a, b in zip(before, params + m + v))
+
+
+def test_fused_adamw_torch_fallback_float64(gen):
+    params, grads, m, v, _ = _adam_state(gen, [(11,), (2, 3)], torch.float64, False)
+    args = (params, grads, m, v, 1e-3, 0.8, 0.99, 1e-8, 0.1, 2.0, None, 0.5, None)
+    check("fused_adamw_", mixed_precision.fused_adamw_torch, args, inplace=("params", "exp_avgs", "exp_avg_sqs"))
+
+
+@pytest.mark.parametrize("fn", ["triton", "torch"])
+def test_amp_unscale(gen, fn):
+    kernel = mixed_precision.amp_unscale_ if fn == "triton" else mixed_precision.amp_unscale_torch
+    tensors = [randn(gen, 40), randn(gen, 5, dtype=torch.float16), randn(gen, 3, 11, dtype=torch.bfloat16)]
+    check("amp_unscale_", kernel, (tensors, 0.125), inplace=("tensors",))
+    tensors[1][2] = float("inf")
+    assert float(kernel(tensors, torch.tensor([1.0]))) == 1.0
+    big = [torch.full((10,), 60000.0, dtype=torch.float16)]  # finite before, infinite after scaling
+    assert float(kernel(big, 2.0)) == 1.0
+
+
+# --- quantisation ---------------------------------------------------------------------------------
+
+
+def _qparams(gen, x, axis, tensor_zp):
+    if axis is None:
+        return 0.05, (torch.tensor([3], dtype=torch.int32) if tensor_zp else -2)
+    c = x.shape[axis]
+    scale = torch.rand(c, generator=gen) * 0.1 + 0.01
+    zp = torch.randint(-5, 5, (c,), generator=gen, dtype=torch.int32) if tensor_zp else 0
+    return scale, zp
+
+
+@pytest.mark.parametrize("axis,tensor_zp", [(None, False), (None, True), (1, True), (2, False), (0, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_family(gen, axis, tensor_zp, dtype):
+    x = randn(gen, 4, 6, 5, dtype=dtype, scale=3.0)
+    scale, zp = _qparams(gen, x, axis, tensor_zp)
+    check("quantize", quant.quantize, (x, scale, zp, axis, "int8"))
+    check("fake_quantize", quant.fake_quantize, (x, scale, zp, -128, 127, axis))
+    g = randn(gen, *x.shape, dtype=dtype)
+    check("fake_quantize_backward", quant.fake_quantize_backward, (g, x, scale, zp, -20, 20, axis))
+    q = quant.quantize(x, scale, zp, axis, "int8")
+    check("dequantize", quant.dequantize, (q, scale, zp, axis))
+
+
+def test_quantize_rounds_half_to_even_and_saturates():
+    x = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 1000.0, -1000.0, 254.5])
+    assert quant.quantize(x, 1.0, 0, None, "int8").tolist() == [0, 2, 2, 0, -2, 127, -128, 127]
+    assert quant.quantize(x, 1.0, 0, None, "uint8").tolist() == [0, 2, 2, 0, 0, 255, 0, 254]
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("out_dtype", ["float16", "float32"])
+def test_int8_linear(gen, per_channel, out_dtype):
+    xq = torch.randint(-128, 128, (2, 12, 64), generator=gen, dtype=torch.int8)
+    wq = torch.randint(-128, 128, (24, 64), generator=gen, dtype=torch.int8)
+    ws = torch.rand(24, generator=gen) * 1e-3 if per_channel else torch.tensor([1e-3])
+    b = randn(gen, 24)
+    args = (xq, wq, torch.tensor(0.02), ws, b, out_dtype)
+    check("int8_linear", quant.int8_linear_triton, args)
+    check("int8_linear", quant.int8_linear_cublaslt, args)
+    check("int8_linear", quant.int8_linear_tuned, args)
+
+
+# --- attention --------------------------------------------------------------------------------------
+
+
+def test_sdpa_math_kernel_masks_and_causal(gen):
+    q, k, v = randn(gen, 2, 5, 8), randn(gen, 2, 7, 8), randn(gen, 2, 7, 6)
+    mask = torch.rand(2, 5, 7, generator=gen) > 0.3
+    mask[0, 1] = False  # a query with nothing to attend to: zero output (torch 2.13, cpu_ref)
+    for attn_mask, causal in [(mask, False), (None, True), (randn(gen, 5, 7), False)]:
+        args = (q, k, v, attn_mask, causal, 0.4)
+        check("scaled_dot_product_attention", attention.sdpa_math, args)
+        g = randn(gen, 2, 5, 6)
+        check("scaled_dot_product_attention_backward", attention.sdpa_math_backward, (g, *args), outputs=3)

@@ -1,0 +1,101 @@
+"""The CUDA plugin as installed: discovered, unavailable here with its reason, every op covered,
+kernels registered without importing Triton."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hal
+from hal_backend_cuda import plugin
+from hal_backend_cuda._device import MIN_CAPABILITY, probe, probe_reason
+
+
+def test_entry_point_is_installed() -> None:
+    eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="hal.backends")}
+    assert eps.get("cuda") == "hal_backend_cuda:plugin"
+    assert plugin.api_version.split(".")[0] == hal.API_VERSION.split(".")[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_reports_itself_unavailable_with_the_reason() -> None:
+    record = {b.name: b for b in hal.backends()}["cuda"]
+    assert record.available is False
+    assert record.reason == probe()
+    if torch.version.cuda is None:
+        assert record.reason.startswith("torch is a CPU build")
+    else:
+        assert record.reason.startswith("no CUDA device")
+
+
+def test_probe_reasons() -> None:
+    assert probe_reason(None, None, 0, []).startswith("torch is a CPU build")
+    assert "ROCm build" in probe_reason(None, "6.2", 0, [])
+    assert probe_reason("12.4", None, 0, []).startswith("no CUDA device")
+    old = probe_reason("12.4", None, 1, [(7, 0)], ["Tesla V100"])
+    assert old == "compute capability 7.0 < 8.0 needed by hal-backend-cuda (Tesla V100)"
+    assert probe_reason("12.4", None, 2, [(7, 5), (9, 0)]) is None  # one usable device is enough
+    assert probe_reason("13.0", None, 1, [MIN_CAPABILITY]) is None
+
+
+def test_every_op_has_a_cuda_kernel_with_capability_data() -> None:
+    ops = {d.name for d in hal.list_ops()}
+    kernels = [k for k in plugin.kernels if k.backend == "cuda"]
+    assert {k.op for k in kernels} == ops
+    for k in kernels:
+        assert k.min_capability is not None and k.min_capability >= MIN_CAPABILITY, k.qualname
+
+
+def _kernel(op: str, name: str):
+    return next(k for k in plugin.kernels if k.op == op and k.name == name)
+
+
+def test_kernels_state_what_they_reject_as_sentences() -> None:
+    from hal.plugin import Inputs
+    from hal.registry import get_op
+
+    decl = get_op("int8_linear")
+    xq, wq = torch.zeros(8, 30, dtype=torch.int8), torch.zeros(16, 30, dtype=torch.int8)
+    args = (xq, wq, 1.0, 1.0, None, "float16")
+    on_volta = Inputs(decl, args, "cuda", torch.device("cuda", 0), "int8", "torch", (7, 0))
+    assert _kernel("int8_linear", "cublaslt").not_supported_reasons(on_volta) == ["compute capability 7.0 < 8.0 needed by this kernel"]
+    on_hopper = Inputs(decl, args, "cuda", torch.device("cuda", 0), "int8", "torch", (9, 0))
+    assert _kernel("int8_linear", "cublaslt").not_supported_reasons(on_hopper) == [
+        "8 rows; torch._int_mm needs more than 16",
+        "K=30, N=16; torch._int_mm needs both multiples of 8",
+    ]
+    assert _kernel("int8_linear", "triton").not_supported_reasons(on_hopper) == []
+
+
+def test_importing_the_plugin_imports_no_triton() -> None:
+    code = "import sys, hal_backend_cuda; print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_autotune_cache_persists_and_seeds(tmp_path) -> None:
+    import json
+
+    from hal_backend_cuda.autotune import Cache
+
+    seed = tmp_path / "seed.json"
+    seed.write_text(json.dumps({"choices": {"a": {"config": {"x": 1}}, "b": {"config": {"x": 2}}}}))
+    path = tmp_path / "cache" / "autotune-dev.json"
+    cache = Cache(path, seed)
+    assert cache.get("a") == {"config": {"x": 1}}
+    cache.put("b", {"config": {"x": 3}})  # a local measurement overrides the shipped seed
+    reloaded = Cache(path, seed)
+    assert reloaded.get("b") == {"config": {"x": 3}} and reloaded.get("a") == {"config": {"x": 1}}
+    assert json.loads(path.read_text())["choices"]["b"] == {"config": {"x": 3}}
+
+
+def test_shipped_h200_choices_are_readable() -> None:
+    from hal_backend_cuda.autotune import SEED_DIR, Cache
+
+    cache = Cache(SEED_DIR / "unused.json", SEED_DIR / "autotune-nvidia-h200-sm90.json")
+    hit = cache.get("grouped_gemm/torch.bfloat16/m16384/g128/k4096/n1408")
+    assert hit is not None and set(hit["config"]) == {"block_m", "block_n", "block_k", "num_warps", "num_stages"}

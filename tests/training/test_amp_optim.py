@@ -1,0 +1,210 @@
+"""hal.amp.DynamicLossScaler against torch.amp.GradScaler, and hal.optim.AdamW against
+torch.optim.AdamW, with and without float32 master weights."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hal
+import hal.amp
+import hal.optim
+
+OVERFLOW_SCRIPT = "FFFIFIIFFFFFIIIFF"  # F: finite gradients, I: an infinite gradient this step
+
+
+def _step(p: torch.nn.Parameter, opt: torch.optim.Optimizer, scaler: object, x: torch.Tensor, overflow: bool) -> torch.Tensor:
+    opt.zero_grad()
+    loss = (p @ x).square().sum() * (float("inf") if overflow else 1.0)
+    scaled = scaler.scale(loss)
+    scaled.backward()
+    scaler.step(opt)
+    scaler.update()
+    return scaled.detach()
+
+
+@pytest.mark.parametrize("torch_opt", ["adamw", "sgd"])
+def test_scaler_matches_grad_scaler_on_a_scripted_sequence(torch_opt: str, seed: int) -> None:
+    """Same scaled losses, scales after every update and skipped steps as GradScaler, with
+    hal.optim.AdamW (skipped on the device through found_inf) or SGD (skipped on the host)."""
+    w0 = torch.randn(4, 3)
+    ref_p, our_p = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
+    if torch_opt == "adamw":
+        ref_opt, our_opt = torch.optim.AdamW([ref_p], lr=0.01), hal.optim.AdamW([our_p], lr=0.01)
+    else:
+        ref_opt, our_opt = torch.optim.SGD([ref_p], lr=0.01), torch.optim.SGD([our_p], lr=0.01)
+    ref = torch.amp.GradScaler("cpu", init_scale=4.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    ours = hal.amp.DynamicLossScaler(init_scale=4.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    skipped_ref, skipped_ours = [], []
+    for i, c in enumerate(OVERFLOW_SCRIPT):
+        x = torch.randn(3)
+        before_ref, before_ours = ref_p.detach().clone(), our_p.detach().clone()
+        want = _step(ref_p, ref_opt, ref, x, c == "I")
+        got = _step(our_p, our_opt, ours, x, c == "I")
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # inf == inf too
+        assert ours.get_scale() == ref.get_scale(), f"step {i}"
+        skipped_ref.append(torch.equal(before_ref, ref_p.detach()))
+        skipped_ours.append(torch.equal(before_ours, our_p.detach()))
+        torch.testing.assert_close(our_p.detach(), ref_p.detach(), rtol=1e-5, atol=1e-6)
+    assert skipped_ours == skipped_ref == [c == "I" for c in OVERFLOW_SCRIPT]
+    assert ours.state_dict() | {"consecutive_overflows": 0} == ref.state_dict() | {"consecutive_overflows": 0}
+    h = ours.history
+    assert h.overflow_steps == [i for i, c in enumerate(OVERFLOW_SCRIPT) if c == "I"]
+    assert h.max_consecutive_overflows == 3 and h.consecutive_overflows == 0
+    assert h.scales[0] == 4.0 and len(h.scales) == len(OVERFLOW_SCRIPT)
+    if torch_opt == "adamw":
+        assert float(our_opt.state[our_p]["step"]) == float(ref_opt.state[ref_p]["step"]) == OVERFLOW_SCRIPT.count("F")
+
+
+def test_backoff_after_consecutive_overflows_and_gradient_statistics(seed: int) -> None:
+    """backoff_after=2: a lone overflow is skipped without backing off, the second in a row backs
+    off (and every further one); statistics every 2 steps."""
+    p = torch.nn.Parameter(torch.randn(4, 3))
+    opt = hal.optim.AdamW([p], lr=0.01)
+    scaler = hal.amp.DynamicLossScaler(init_scale=64.0, growth_interval=100, policy=hal.amp.ScalerPolicy(stats_every=2, backoff_after=2))
+    scales = []
+    for c in "FIFIIIF":
+        _step(p, opt, scaler, torch.randn(3), c == "I")
+        scales.append(scaler.get_scale())
+    assert scales == [64.0, 64.0, 64.0, 64.0, 32.0, 16.0, 16.0]
+    assert scaler.history.overflow_steps == [1, 3, 4, 5] and scaler.history.max_consecutive_overflows == 3
+    stats = scaler.history.grad_stats
+    assert [s.step for s in stats] == [0, 2, 4, 6]
+    finite = [s for s in stats if s.step in (0, 2, 6)]
+    assert all(s.norm > 0 and 0 < s.max_abs <= s.norm and s.zero_fraction == 0.0 for s in finite)
+    assert not torch.isfinite(torch.tensor(stats[2].norm))
+    assert "4 overflowed" in str(scaler.history)
+
+
+def test_scaler_state_dict_round_trips_with_grad_scaler() -> None:
+    ours = hal.amp.DynamicLossScaler(init_scale=8.0, growth_interval=7)
+    ref = torch.amp.GradScaler("cpu")
+    ref.load_state_dict(ours.state_dict())
+    assert ref.get_scale() == 8.0 and ref.get_growth_interval() == 7
+    back = hal.amp.DynamicLossScaler()
+    back.load_state_dict(ref.state_dict())
+    assert back.get_scale() == 8.0 and back.get_growth_interval() == 7
+    with pytest.raises(RuntimeError, match="state dict is empty"):
+        back.load_state_dict({})
+
+
+def test_scaler_misuse_raises_as_grad_scaler_does(seed: int) -> None:
+    p = torch.nn.Parameter(torch.randn(3))
+    opt = hal.optim.AdamW([p])
+    scaler = hal.amp.DynamicLossScaler()
+    with pytest.raises(AssertionError, match="No inf checks"):
+        scaler.update()
+    scaler.scale(p.sum())
+    with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
+        scaler.step(opt)  # no gradient yet
+    scaler = hal.amp.DynamicLossScaler()
+    scaler.scale(p.sum()).backward()
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="already been called"):
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
+        scaler.step(opt)
+    with pytest.raises(RuntimeError, match="Closure"):
+        scaler.step(opt, closure=lambda: None)
+    scaler.update()
+    disabled = hal.amp.DynamicLossScaler(enabled=False)
+    loss = p.sum()
+    assert disabled.scale(loss) is loss and disabled.get_scale() == 1.0 and disabled.state_dict() == {}
+
+
+def _adamw_run(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer, grads: list[list[torch.Tensor]]) -> None:
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.to(p.dtype)
+        opt.step()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_adamw_matches_torch_over_20_steps(dtype: torch.dtype, seed: int) -> None:
+    """Two param groups (different lr and weight decay), 20 steps, same grads."""
+    shapes = [(5, 3), (7,), (2, 2, 3)]
+    init = [torch.randn(s, dtype=dtype) for s in shapes]
+    grads = [[torch.randn(s, dtype=dtype) for s in shapes] for _ in range(20)]
+    ref = [torch.nn.Parameter(t.clone()) for t in init]
+    ours = [torch.nn.Parameter(t.clone()) for t in init]
+
+    def groups(ps: list) -> list[dict]:
+        return [{"params": ps[:2]}, {"params": ps[2:], "lr": 3e-3, "weight_decay": 0.1}]
+
+    _adamw_run(ref, torch.optim.AdamW(groups(ref), lr=1e-2, betas=(0.8, 0.99), eps=1e-6, foreach=False), grads)
+    opt = hal.optim.AdamW(groups(ours), lr=1e-2, betas=(0.8, 0.99), eps=1e-6)
+    _adamw_run(ours, opt, grads)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-13)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a.detach(), b.detach(), **tol)
+    assert float(opt.state[ours[0]]["step"]) == 20.0
+    assert any(op == "fused_adamw_" for op, _, _ in hal.stats())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_adamw_master_weights_match_float32_training(dtype: torch.dtype, seed: int) -> None:
+    """Half-precision params with master_weights=True: the float32 masters follow torch's AdamW on
+    float32 params fed the same (half-precision) gradients, and each param is its master rounded."""
+    shapes = [(6, 4), (4,)]
+    init = [torch.randn(s).to(dtype) for s in shapes]
+    grads = [[torch.randn(s).to(dtype) for s in shapes] for _ in range(20)]
+    ref = [torch.nn.Parameter(t.float()) for t in init]
+    ours = [torch.nn.Parameter(t.clone()) for t in init]
+    _adamw_run(ref, torch.optim.AdamW(ref, lr=1e-3, foreach=False), grads)
+    opt = hal.optim.AdamW(ours, lr=1e-3, master_weights=True)
+    _adamw_run(ours, opt, grads)
+    for p, r in zip(ours, ref):
+        master = opt.state[p]["master_param"]
+        assert master.dtype == torch.float32 and opt.state[p]["exp_avg"].dtype == torch.float32
+        torch.testing.assert_close(master, r.detach(), rtol=1e-5, atol=1e-6)
+        assert torch.equal(p.detach(), master.to(dtype))
+    # the point of masters: 1e-3-sized updates vanish in bfloat16 params without them
+    plain = [torch.nn.Parameter(t.clone()) for t in init]
+    _adamw_run(plain, hal.optim.AdamW(plain, lr=1e-3), grads)
+    drift = [(p.float() - r.detach()).abs().max().item() for p, r in zip(plain, ref)]
+    kept = [(p.float() - r.detach()).abs().max().item() for p, r in zip(ours, ref)]
+    assert max(kept) <= max(drift)
+
+
+def test_adamw_found_inf_skips_without_advancing(seed: int) -> None:
+    p = torch.nn.Parameter(torch.randn(3, 3))
+    opt = hal.optim.AdamW([p], lr=0.1)
+    p.grad = torch.randn(3, 3)
+    opt.step()
+    before = (p.detach().clone(), opt.state[p]["exp_avg"].clone())
+    opt.step(found_inf=torch.tensor(1.0))
+    assert torch.equal(p.detach(), before[0]) and torch.equal(opt.state[p]["exp_avg"], before[1])
+    assert float(opt.state[p]["step"]) == 1.0
+    opt.step(found_inf=torch.tensor(0.0))
+    assert float(opt.state[p]["step"]) == 2.0 and not torch.equal(p.detach(), before[0])
+
+
+def test_adamw_state_dict_round_trips_with_torch_adamw(seed: int) -> None:
+    """hal's state loads into torch.optim.AdamW and torch's into hal's; each pair then takes the
+    same step."""
+    p = torch.nn.Parameter(torch.randn(4))
+    ours = hal.optim.AdamW([p], lr=0.05)
+    p.grad = torch.randn(4)
+    ours.step()
+    q = torch.nn.Parameter(p.detach().clone())
+    ref = torch.optim.AdamW([q], lr=0.05, foreach=False)
+    ref.load_state_dict(copy.deepcopy(ours.state_dict()))
+
+    r = torch.nn.Parameter(torch.randn(4))
+    theirs = torch.optim.AdamW([r], lr=0.05, foreach=False)
+    r.grad = torch.randn(4)
+    theirs.step()
+    s = torch.nn.Parameter(r.detach().clone())
+    back = hal.optim.AdamW([s], lr=0.05)
+    back.load_state_dict(copy.deepcopy(theirs.state_dict()))
+    assert back.param_groups[0]["master_weights"] is False and float(back.state[s]["step"]) == 1.0
+
+    for a, b, opt_a, opt_b in ((p, q, ours, ref), (s, r, back, theirs)):
+        g = torch.randn(4)
+        a.grad, b.grad = g.clone(), g.clone()
+        opt_a.step()
+        opt_b.step()
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
