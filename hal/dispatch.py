@@ -90,6 +90,13 @@ def _argkey(a: Any) -> Any:
     return _plain_key(a)
 
 
+#: A cached decision: (count one call, run the kernel on the call's positional arguments).
+Plan = tuple[Callable[[], Any], Callable[..., Any]]
+
+#: a C-level callable doing nothing, for plans that count inside their runner (or not at all).
+_NO_COUNT = ().__len__
+
+
 class _Counter:
     """Thread-safe call and fallback counts of one (op, backend, kernel)."""
 
@@ -285,7 +292,7 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self._runtime: Optional[Runtime] = None
-        self._cache: dict[Any, Callable[[Sequence[Any]], Any]] = {}
+        self._cache: dict[Any, Plan] = {}
         self._lock = threading.RLock()
         self._counters: dict[tuple[str, str, str], _Counter] = {}
         self._warned: set[tuple[str, str, str]] = set()
@@ -337,24 +344,26 @@ class Dispatcher:
         try:
             keyed = _mask_volatile(decl, args) if decl.volatile else args
             key = (decl, _local.overrides, _grad_enabled(), *map(_argkey, keyed))
-            runner = self._cache.get(key)
+            plan = self._cache.get(key)
         except TypeError:  # an unhashable static argument: decide without caching
-            key, runner = None, None
-        if runner is None:
-            runner = self._plan(decl, args, key)
-        return runner(*args)
+            key, plan = None, None
+        if plan is None:
+            plan = self._plan(decl, args, key)
+        plan[0]()
+        return plan[1](*args)
 
     def call_direct(self, decl: OpDecl, args: tuple) -> Any:
         """Run ``decl`` without routing through autograd (the body of torch.ops.hal.* kernels)."""
         try:
             keyed = _mask_volatile(decl, args) if decl.volatile else args
             key = (decl, _local.overrides, None, *map(_argkey, keyed))
-            runner = self._cache.get(key)
+            plan = self._cache.get(key)
         except TypeError:
-            key, runner = None, None
-        if runner is None:
-            runner = self._plan(decl, args, key, direct=True)
-        return runner(*args)
+            key, plan = None, None
+        if plan is None:
+            plan = self._plan(decl, args, key, direct=True)
+        plan[0]()
+        return plan[1](*args)
 
     # --- planning ---------------------------------------------------------------------------
 
@@ -386,7 +395,8 @@ class Dispatcher:
         inputs = Inputs(decl, tuple(canon), kind, device, dtype, array_type)
         return inputs, subs, unbatched
 
-    def _plan(self, decl: OpDecl, args: Sequence[Any], key: Any, direct: bool = False) -> Callable[[Sequence[Any]], Any]:
+    def _plan(self, decl: OpDecl, args: Sequence[Any], key: Any, direct: bool = False) -> Plan:
+        """Validate a call, decide, build its plan and cache it under ``key`` (None: do not cache)."""
         inputs, subs, unbatched = self._prepare(decl, args)
         overrides = config.current()
         decision, target = self.decide(decl, inputs, choice_for(decl.name, overrides))
@@ -395,15 +405,15 @@ class Dispatcher:
         assert target is not None and decision.backend is not None and decision.kernel is not None
         if not direct and self.autograd_call is not None and decl.trainable and _needs_autograd(args):
             autograd_call = self.autograd_call
-            runner = lambda *a: autograd_call(decl, a)  # noqa: E731 - the runner is a bare callable
+            plan: Plan = (_NO_COUNT, lambda *a: autograd_call(decl, a))  # counted by the direct call inside
         else:
-            runner = self._runner(decl, decision, target, inputs, subs, unbatched)
+            plan = self._runner(decl, decision, target, inputs, subs, unbatched)
         if key is not None:
             with self._lock:
                 if len(self._cache) >= MAX_CACHE_ENTRIES:
                     self._cache.clear()
-                self._cache[key] = runner
-        return runner
+                self._cache[key] = plan
+        return plan
 
     def _runner(
         self,
@@ -413,7 +423,8 @@ class Dispatcher:
         inputs: Inputs,
         subs: list[tuple[int, Any]],
         unbatched: Optional[int],
-    ) -> Callable[[Sequence[Any]], Any]:
+    ) -> Plan:
+        """The cached plan of a decision: (count the call, run the kernel on the call's arguments)."""
         counter = self._counter(decl.name, decision.backend or "", decision.kernel or "")
         count_call = counter.calls.__next__
         if decision.fallback:
@@ -432,21 +443,15 @@ class Dispatcher:
         checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
         if unbatched is None and count_fallback is None and not checks:
             if not subs:
-
-                def run(*args: Any) -> Any:
-                    count_call()
-                    return fn(*args)
-
-                return run
+                return count_call, fn
 
             def run_canonical(*args: Any) -> Any:
-                count_call()
                 a = list(args)
                 for i, v in subs:
                     a[i] = v
                 return fn(*a)
 
-            return run_canonical
+            return count_call, run_canonical
 
         def run_general(*args: Any) -> Any:
             a = list(args)
@@ -462,7 +467,7 @@ class Dispatcher:
             a[unbatched] = a[unbatched][None]
             return fn(*a)[0]
 
-        return run_general
+        return _NO_COUNT, run_general
 
     def _warn_fallback(self, decl: OpDecl, decision: Decision) -> None:
         key = (decl.name, decision.backend or "", decision.kernel or "")
@@ -782,12 +787,13 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
             *key_lines,
             f"    key = (_decl, _local.overrides if _scopes[0] else None, _grad_enabled(){keys})",
             "    try:",
-            "        runner = _cache_get(key)",
+            "        plan = _cache_get(key)",
             "    except TypeError:  # an unhashable argument: decide without caching",
-            "        key = runner = None",
-            "    if runner is None:",
-            f"        runner = _plan(_decl, {arg_tuple}, key)",
-            f"    return runner({arg_list})",
+            "        key = plan = None",
+            "    if plan is None:",
+            f"        plan = _plan(_decl, {arg_tuple}, key)",
+            "    plan[0]()",
+            f"    return plan[1]({arg_list})",
             "",
         ]
     )

@@ -324,6 +324,17 @@ def test_cache_follows_dtype_shape_layout_and_array_type(install_plugins):
         np.testing.assert_allclose(np.asarray(out), torch.softmax(torch.as_tensor(np.asarray(x)), -1).numpy(), rtol=1e-6)
 
 
+def test_cache_follows_the_device(install_plugins):
+    """A backend serving torch's "meta" device stands in for a second device kind."""
+    install_plugins([softmax_plugin("cpu_b", 10, {"c": {}}), softmax_plugin("meta_b", 10, {"m": {}}, device_types=("meta",))])
+    cpu, meta = torch.randn(3, 4), torch.randn(3, 4, device="meta")
+    for x, tag in [(cpu, "cpu_b/c"), (meta, "meta_b/m"), (cpu, "cpu_b/c"), (meta, "meta_b/m")]:
+        RAN.clear()
+        out = hal.ops.softmax(x)
+        assert RAN == [tag] and out.device == x.device
+    assert hal.explain("softmax", meta).device == "meta"
+
+
 def test_eight_threads_calling_at_once(install_plugins):
     install_plugins([softmax_plugin("b", 10, {"f32": {"priority": 5, "dtypes": ["float32"]}, "any": {}})])
     errors: list[BaseException] = []

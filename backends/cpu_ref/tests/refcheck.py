@@ -106,3 +106,13 @@ def assert_within_tolerance(
         assert tuple(g_t.shape) == tuple(w.shape), f"result {i}: shape {tuple(g_t.shape)} != {tuple(w.shape)}"
         atol, rtol = decl.tolerances[dtype].widened(k)
         torch.testing.assert_close(g_t.double(), w.double(), atol=atol, rtol=rtol, msg=lambda m: f"result {i}: {m}")
+
+
+def check_in_dtype(sample: Callable[[np.random.Generator], tuple], dtype: str, array: str, rng: np.random.Generator) -> None:
+    """One call drawn by ``sample(rng) -> (entry, args, reference)``, its inputs rounded to ``dtype``
+    and passed as torch tensors or NumPy arrays, against the reference in float64 on the same values."""
+    entry, args, reference = sample(rng)
+    rounded = cast_floats(args, dtype)
+    want = reference(*cast_floats(rounded, "float64"))
+    got = entry(*(as_numpy(rounded) if array == "numpy" else rounded))
+    assert_within_tolerance(entry, rounded, got, want, array, dtype)
