@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import numpy as np
+from hal.conformance.runner import Result, Suite
 from hal_backend_cpu_ref.attention import softmax as ref_softmax
 
-from hal.conformance.runner import Result, Suite
 from hal.plugin import DeviceInfo, Plugin
 
 

@@ -8,13 +8,20 @@ import math
 import numpy as np
 import pytest
 import torch
+from hal.conformance import compare
+from hal.conformance.cases import (
+    all_cases,
+    case_id,
+    case_inputs,
+    cases_for,
+    draw_call,
+    parse_case_id,
+)
+from hal.conformance.draw import place
+from hal.conformance.poison import Poisoner
 from hal_backend_cpu_ref.attention import softmax as ref_softmax
 
 import hal
-from hal.conformance import compare
-from hal.conformance.cases import all_cases, case_id, case_inputs, cases_for, draw_call, parse_case_id
-from hal.conformance.draw import place
-from hal.conformance.poison import Poisoner
 from hal.registry import get_op
 
 from ._support import make_backend, run_suite

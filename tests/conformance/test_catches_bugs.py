@@ -13,12 +13,12 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from hal.conformance.cases import case_inputs, cases_for
 from hal_backend_cpu_ref.attention import softmax as ref_softmax
 from hal_backend_cpu_ref.conv import conv2d as ref_conv2d
 from hal_backend_cpu_ref.elementwise import scale_shift_act as ref_ssa
 from hal_backend_cpu_ref.norm import layer_norm as ref_layer_norm
 
-from hal.conformance.cases import case_inputs, cases_for
 from hal.registry import get_op
 
 from ._support import make_backend, run_suite, softmax_backend

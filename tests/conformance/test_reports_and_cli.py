@@ -12,10 +12,10 @@ import types
 import xml.etree.ElementTree as ET
 
 import pytest
+from hal.conformance.runner import RECORD_KEYS, STATUSES, Suite, run_collectives
 
 import hal
 from hal.cli import main as hal_main
-from hal.conformance.runner import RECORD_KEYS, STATUSES, Suite, run_collectives
 
 from ._support import run_suite, softmax_backend
 

@@ -1,30 +1,12 @@
-"""Fixtures of the core's tests: registries built from plugin objects in the test (no install)."""
+"""Fixtures of the core's tests: a clean HAL_* environment (plugin registries: tests/conftest.py)."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Iterator
 
 import pytest
 
 from hal import dispatch
-from hal.plugin import Plugin
-from hal.runtime import Runtime
-
-
-@pytest.fixture
-def install_plugins() -> Iterator[Callable[[Sequence[Plugin]], Runtime]]:
-    """Install a Runtime made of the given plugins; the previous one is restored afterwards."""
-    previous = dispatch.DISPATCHER._runtime
-    dispatch.reset_stats()
-
-    def install(plugins: Sequence[Plugin]) -> Runtime:
-        rt = Runtime.from_plugins(plugins)
-        dispatch.install(rt)
-        return rt
-
-    yield install
-    dispatch.install(previous)
-    dispatch.reset_stats()
 
 
 @pytest.fixture

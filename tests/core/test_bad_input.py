@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hal.conformance.cases import cases_for, draw_call
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import hal
-from hal.conformance.cases import cases_for, draw_call
 from hal.arrays import from_numpy, numpy_dtype
 from hal.types import Kind
 

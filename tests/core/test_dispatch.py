@@ -11,7 +11,12 @@ import pytest
 import torch
 
 import hal
-from hal.errors import BackendUnavailableError, InvalidArgumentError, PluginError, UnsupportedError
+from hal.errors import (
+    BackendUnavailableError,
+    InvalidArgumentError,
+    PluginError,
+    UnsupportedError,
+)
 from hal.plugin import Plugin
 
 

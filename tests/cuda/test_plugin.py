@@ -9,10 +9,10 @@ import sys
 
 import pytest
 import torch
-
-import hal
 from hal_backend_cuda import plugin
 from hal_backend_cuda._device import MIN_CAPABILITY, probe, probe_reason
+
+import hal
 
 
 def test_entry_point_is_installed() -> None:

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import torch
+from hal.conformance.cases import all_cases, draw_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hal
 from hal import torch_library
-from hal.conformance.cases import all_cases, draw_call
 from hal.eager import eager
 from hal.registry import OPS, OpDecl
 

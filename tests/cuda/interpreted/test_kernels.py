@@ -23,7 +23,15 @@ pytestmark = [
 ]
 
 if os.environ.get("TRITON_INTERPRET") == "1":
-    from hal_backend_cuda import attention, conv, elementwise, gemm, mixed_precision, norm, quant
+    from hal_backend_cuda import (
+        attention,
+        conv,
+        elementwise,
+        gemm,
+        mixed_precision,
+        norm,
+        quant,
+    )
 
 DTYPES = (torch.float32, torch.bfloat16)
 
