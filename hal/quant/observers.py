@@ -17,6 +17,8 @@ the range (0 for int8, 128 for uint8); the scale is at least float32's machine e
 
 from __future__ import annotations
 
+import abc
+
 import math
 from typing import Any, Optional
 
@@ -43,7 +45,7 @@ def qparams_from_range(
     return scale, zero_point
 
 
-class Observer:
+class Observer(abc.ABC):
     """Base of the observers: dtype and range, symmetry, per-tensor or per-channel layout.
 
     ``axis`` None: one (scale, zero_point) for the whole tensor; an int: one per channel along it
@@ -107,12 +109,13 @@ class Observer:
             raise ValueError(f"{type(self).__name__} saw {self.channels} channels along axis {self.axis} before, now {channels}")
         self.channels = channels
 
+    @abc.abstractmethod
     def _observe_rows(self, rows: torch.Tensor) -> None:
-        raise NotImplementedError
+        """Record a (rows, values) float32 view of a batch (one row per channel, or one row)."""
 
+    @abc.abstractmethod
     def _range(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(lo, hi) per row, float32 tensors of shape (rows,)."""
-        raise NotImplementedError
 
 
 class MinMaxObserver(Observer):
