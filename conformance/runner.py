@@ -160,7 +160,7 @@ def _snapshot(decl: OpDecl, args: dict[str, Any]) -> list[tuple[str, torch.Tenso
 def canonical_call(decl: OpDecl, args: Sequence[Any]) -> tuple[tuple, list[tuple[int, Any]], Optional[int]]:
     """What the dispatcher hands kernels for ``args`` (validated): canonical arguments (a batched x
     for unbatched inputs), the static substitutions the checker made, and the unbatched slot."""
-    inputs, subs, unbatched = DISPATCHER._prepare(decl, list(args))
+    inputs, subs, unbatched = DISPATCHER.prepare(decl, list(args))
     return inputs.args, subs, unbatched
 
 

@@ -3,8 +3,9 @@
 A call's cache key holds, for every argument, what can change the decision: for arrays their type,
 dtype, device, shape, strides and requires_grad; for other values their type and value; plus the
 ``hal.use`` scope and grad mode. On a hit the call is a dictionary lookup followed by the cached
-runner. On a miss the dispatcher validates the arguments (generic type checks from the schema, then
-the op's checker), picks a backend and kernel, builds a runner and caches it:
+plan (count the call, run the kernel). On a miss the dispatcher validates the arguments (generic
+type checks from the schema, then the op's checker), picks a backend and kernel, builds the plan and
+caches it:
 
 1. the device decides the backends: the highest-priority available backend serving it, unless
    ``HAL_BACKEND`` / ``hal.use(backend=)`` forces one;
@@ -331,7 +332,7 @@ class Dispatcher:
     def reset_stats(self) -> None:
         with self._lock:
             self._counters.clear()
-            self._cache.clear()  # cached runners hold the old counters: rebuild them with new ones
+            self._cache.clear()  # cached plans hold the old counters: rebuild them with new ones
 
     def _counter(self, op: str, backend: str, kernel: str) -> _Counter:
         with self._lock:
@@ -367,8 +368,9 @@ class Dispatcher:
 
     # --- planning ---------------------------------------------------------------------------
 
-    def _prepare(self, decl: OpDecl, args: Sequence[Any]) -> tuple[Inputs, list[tuple[int, Any]], Optional[int]]:
-        """Validate a call; return what kernels see, static substitutions and the unbatched slot."""
+    def prepare(self, decl: OpDecl, args: Sequence[Any]) -> tuple[Inputs, list[tuple[int, Any]], Optional[int]]:
+        """Validate a call; return what kernels see (canonical arguments), the static substitutions
+        and the unbatched slot. The conformance suite uses it to build canonical calls."""
         array_type, kind, device, dtype = _validate_generic(decl, args)
         canon = list(args)
         subs: list[tuple[int, Any]] = []
@@ -381,7 +383,7 @@ class Dispatcher:
                 raise InvalidArgumentError(decl.name, "(arguments)", "valid input", f"{type(exc).__name__}: {exc}") from exc
             for name, value in (static or {}).items():
                 if name in decl.volatile:
-                    continue  # validated on every call by the runner
+                    continue  # validated on every call by the plan
                 i = decl.index(name)
                 canon[i] = value
                 subs.append((i, value))
@@ -397,7 +399,7 @@ class Dispatcher:
 
     def _plan(self, decl: OpDecl, args: Sequence[Any], key: Any, direct: bool = False) -> Plan:
         """Validate a call, decide, build its plan and cache it under ``key`` (None: do not cache)."""
-        inputs, subs, unbatched = self._prepare(decl, args)
+        inputs, subs, unbatched = self.prepare(decl, args)
         overrides = config.current()
         decision, target = self.decide(decl, inputs, choice_for(decl.name, overrides))
         if decision.error is not None:
@@ -407,7 +409,7 @@ class Dispatcher:
             autograd_call = self.autograd_call
             plan: Plan = (_NO_COUNT, lambda *a: autograd_call(decl, a))  # counted by the direct call inside
         else:
-            plan = self._runner(decl, decision, target, inputs, subs, unbatched)
+            plan = self._build_plan(decl, decision, target, inputs, subs, unbatched)
         if key is not None:
             with self._lock:
                 if len(self._cache) >= MAX_CACHE_ENTRIES:
@@ -415,7 +417,7 @@ class Dispatcher:
                 self._cache[key] = plan
         return plan
 
-    def _runner(
+    def _build_plan(
         self,
         decl: OpDecl,
         decision: Decision,
@@ -648,7 +650,7 @@ class Dispatcher:
 
     def explain(self, decl: OpDecl, args: Sequence[Any]) -> Decision:
         """The decision for a call, without running it or caching it."""
-        inputs, _, _ = self._prepare(decl, args)
+        inputs, _, _ = self.prepare(decl, args)
         decision, _ = self.decide(decl, inputs, choice_for(decl.name, config.current()))
         return decision
 
@@ -758,7 +760,7 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     The function is generated from the declaration: Python itself binds the arguments, and the cache
     key is computed inline (no ``inspect.Signature.bind``, no per-argument function calls on the hot
-    path). On a cache hit a call costs the key, one dictionary lookup and the cached runner. Under
+    path). On a cache hit a call costs the key, one dictionary lookup and the cached plan. Under
     ``torch.compile`` the call is routed to ``torch.ops.hal.<name>`` (hal.torch_library) so that
     Dynamo sees one custom op.
     """
