@@ -42,8 +42,8 @@ def to_markdown(doc: dict[str, Any]) -> str:
         "",
         f"- date {doc.get('date')}, commit `{doc.get('commit')}`" + (" (working tree dirty)" if doc.get("dirty") else ""),
         f"- hal {doc.get('hal_version')}, torch {doc.get('torch')}, triton {doc.get('triton')}, python {doc.get('python')}",
-        f"- measured ceilings: copy {ceil.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s (bytes read + written), "
-        f"{ceil.get('matmul_dtype')} matmul {ceil.get('matmul_flops_per_s', 0) / 1e12:.0f} TFLOP/s "
+        f"- measured ceilings: copy {_rate(ceil.get('copy_bytes_per_s', 0), 'B/s')} (bytes read + written), "
+        f"{ceil.get('matmul_dtype')} matmul {_rate(ceil.get('matmul_flops_per_s', 0), 'FLOP/s')} "
         f"({'x'.join(map(str, ceil.get('matmul_shape', [])))})",
         f"- torch.compile: {doc.get('compile', {}).get('mode') if doc.get('compile', {}).get('enabled') else 'not run'}",
         "",
@@ -76,3 +76,11 @@ def to_markdown(doc: dict[str, Any]) -> str:
                   f"kernel called directly {d['direct_call_us']:.2f} µs, overhead {d['overhead_us']:.2f} µs "
                   f"(target ≤ {d['target_us']:.0f} µs: {'met' if d['met'] else 'missed'})."]
     return "\n".join(lines) + "\n"
+
+
+def _rate(per_s: float, unit: str) -> str:
+    """A rate with a prefix that keeps three significant digits (GB/s on a CPU, TB/s on a GPU)."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if per_s >= scale:
+            return f"{per_s / scale:.3g} {prefix}{unit}"
+    return f"{per_s:.3g} {unit}"
