@@ -101,15 +101,18 @@ def _text(info: dict[str, Any]) -> str:
     cov = info["coverage"]
     names = [b["name"] for b in info["backends"] if b["priority"] is not None]
     lines += ["", "coverage (kernel names / composite / missing):"]
-    width = max(len(op) for op in cov) + 2
-    lines.append("  " + "op".ljust(width) + "".join(n.ljust(24) for n in names))
+    table = {}
     for op, row in cov.items():
         cells = []
         for n in names:
             cell = row.get(n, {"status": "missing", "kernels": []})
-            text = ",".join(cell["kernels"]) if cell["status"] == "kernel" else cell["status"]
-            cells.append(text.ljust(24))
-        lines.append("  " + op.ljust(width) + "".join(cells))
+            cells.append(",".join(cell["kernels"]) if cell["status"] == "kernel" else cell["status"])
+        table[op] = cells
+    width = max(len(op) for op in cov) + 2
+    widths = [max([len(n)] + [len(cells[i]) for cells in table.values()]) + 2 for i, n in enumerate(names)]
+    lines.append("  " + "op".ljust(width) + "".join(n.ljust(w) for n, w in zip(names, widths)))
+    for op, cells in table.items():
+        lines.append("  " + op.ljust(width) + "".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
     return "\n".join(lines)
 
 
