@@ -110,7 +110,7 @@ def _text(info: dict[str, Any]) -> str:
         table[op] = cells
     width = max(len(op) for op in cov) + 2
     widths = [max([len(n)] + [len(cells[i]) for cells in table.values()]) + 2 for i, n in enumerate(names)]
-    lines.append("  " + "op".ljust(width) + "".join(n.ljust(w) for n, w in zip(names, widths)))
+    lines.append(("  " + "op".ljust(width) + "".join(n.ljust(w) for n, w in zip(names, widths))).rstrip())
     for op, cells in table.items():
         lines.append("  " + op.ljust(width) + "".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
     return "\n".join(lines)
