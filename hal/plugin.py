@@ -13,7 +13,7 @@ A plugin may also add kernels to a backend defined by another plugin (``backend=
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from hal.errors import PluginError
 from hal.registry import OpDecl, check_kernel_signature, get_op
@@ -204,10 +204,3 @@ class Plugin:
     def __repr__(self) -> str:
         return f"<hal plugin {self.name} {self.version} (API {self.api_version})>"
 
-
-def kernels_by_op(kernels: Iterable[KernelSpec]) -> Mapping[str, list[KernelSpec]]:
-    """Group kernels by op name."""
-    out: dict[str, list[KernelSpec]] = {}
-    for k in kernels:
-        out.setdefault(k.op, []).append(k)
-    return out

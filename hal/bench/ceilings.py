@@ -14,10 +14,7 @@ def measure(device: torch.device, timer: Timer) -> dict[str, Any]:
     """{"copy_bytes_per_s", "matmul_flops_per_s", "matmul_dtype", ...} for ``device``."""
     gpu = device.type == "cuda"
     n_bytes = (2 << 30) if gpu else (64 << 20)
-    src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    t_copy = timer(lambda: dst.copy_(src))["median_us"]
-    del src, dst
+    t_copy = _copy_us(device, n_bytes, timer)
     n = 8192 if gpu else 1024
     dtype = torch.bfloat16 if gpu else torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -30,3 +27,10 @@ def measure(device: torch.device, timer: Timer) -> dict[str, Any]:
         "matmul_shape": [n, n, n],
         "matmul_dtype": str(dtype).removeprefix("torch."),
     }
+
+
+def _copy_us(device: torch.device, n_bytes: int, timer: Timer) -> float:
+    """Median time of a device-to-device copy of ``n_bytes`` (buffers freed on return)."""
+    src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return timer(lambda: dst.copy_(src))["median_us"]
