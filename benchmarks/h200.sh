@@ -2,13 +2,13 @@
 # One device call on the H200 (the `run` tool of this workplace): install hal and the backends
 # into the image's Python, then run what MODE asks, writing everything under $OUT.
 #
-#   benchmarks/h200.sh dev     # GPU tests, quick conformance, bench without compile, config sweeps
-#   benchmarks/h200.sh final   # GPU tests, hal bench (no compile), quick conformance (commit-ready reports)
+#   HAL_COMMIT=<sha> benchmarks/h200.sh check   # GPU tests, host profile, full conformance, config sweeps
+#   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # hal bench with torch.compile peers (BENCH_OPS=a,b to pick)
 #
 # Wheels the image lacks (stevedore) travel in .whl/ (carry it). Each step has its own time limit so
 # that the call ends inside the tool's 10 minutes with whatever finished.
 set -uo pipefail
-mode="${1:-dev}"
+mode="${1:-check}"
 out=/tmp/hal-run  # packed into $OUT/run.tgz at the end (the tool returns at most 8 files)
 mkdir -p "$out" "${OUT:=/tmp/out}"
 export PYTHONUNBUFFERED=1 HAL_CUDA_CACHE_DIR="$out/autotune"
@@ -26,14 +26,16 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $out/NAME.lo
   tail -n 25 "$out/$name.log"
   tar czf "$OUT/run.tgz" -C "$out" .  # after every step: a call cut short still returns what finished
 }
-if [ "$mode" = dev ]; then
-  step gpu-tests 110 python3 -m pytest -q -p no:cacheprovider tests/cuda/device
-  step probe 110 python3 benchmarks/probe_configs.py "$out/probe.json"
-  step bench 170 python3 -m hal bench --no-compile --out "$out/bench-nocompile"
-  step conformance-quick 140 python3 -m hal conformance --backend cuda --quick --report-dir "$out/conformance-quick"
-else
-  step gpu-tests 45 python3 -m pytest -q -p no:cacheprovider tests/cuda/device
-  step bench 85 python3 -m hal bench --no-compile --out "$out/bench"
-  step conformance 140 python3 -m hal conformance --backend cuda --quick --report-dir "$out/conformance"
-fi
+case "$mode" in
+  check)  # correctness first: GPU tests, where host time goes, the full conformance suite, sweeps
+    step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider tests/cuda/device
+    step host-profile 60 python3 benchmarks/host_profile.py "$out/host-profile.txt"
+    OMP_NUM_THREADS=2 step conformance 330 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
+    step probe 100 python3 benchmarks/probe_configs.py "$out/probe.json" --quick-norms
+    ;;
+  bench)  # hal bench with the torch.compile peers (bench.json is rewritten after every case)
+    step bench "${BENCH_LIMIT:-540}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
+    ;;
+  *) echo "unknown mode $mode (check, bench)"; exit 2 ;;
+esac
 ls -la "$OUT"

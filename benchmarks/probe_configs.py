@@ -36,7 +36,7 @@ def main(out_path: str) -> None:
     g = torch.randn_like(x)
     w, b = torch.randn(4096, device=dev, dtype=torch.bfloat16), torch.randn(4096, device=dev, dtype=torch.bfloat16)
     big = x.numel() * 2
-    for warps in (4, 8, 16):
+    for warps in (8,) if "--quick-norms" in sys.argv else (4, 8, 16):
         for bm in (1, 2):
             cfg = dict(block_m=bm, block_n=4096, num_warps=warps)
             record("layer_norm fwd", str(cfg), timer(lambda: norm.norm_forward(x, 4096, w, b, 1e-5, False, **cfg))["median_us"], 2 * big)
@@ -56,8 +56,16 @@ def main(out_path: str) -> None:
     gw, gb = torch.rand(64, device=dev) + 0.5, torch.randn(64, device=dev)
     rm, rv = torch.zeros(64, device=dev), torch.ones(64, device=dev)
     act = y.numel() * 2
-    for bc, bs, warps, programs in ((64, 32, 4, 528), (64, 64, 8, 528), (32, 64, 4, 528), (64, 32, 4, 1056), (64, 16, 4, 1056)):
-        cfg = BNConfig(bc, bs, warps, programs)
+    sweep = (
+        BNConfig(64, 32, 4, 528, reduce_block_s=128, reduce_warps=8),  # launch.batch_norm's choice
+        BNConfig(64, 32, 4, 1056, reduce_block_s=128, reduce_warps=8),
+        BNConfig(64, 64, 8, 528, reduce_block_s=256, reduce_warps=8),
+        BNConfig(64, 16, 4, 528, reduce_block_s=64, reduce_warps=4),
+        BNConfig(64, 32, 4, 264, reduce_block_s=256, reduce_warps=8),
+        BNConfig(64, 64, 4, 2112, reduce_block_s=64, reduce_warps=4),
+        BNConfig(32, 64, 4, 528, reduce_block_s=128, reduce_warps=4),
+    )
+    for cfg in sweep:
         record("bn train fwd+relu (NHWC)", str(cfg)[8:], timer(lambda: batchnorm.batch_norm_forward(y, gw, gb, rm, rv, True, 0.1, 1e-5, True, cfg))["median_us"], 3 * act)
         gy = torch.randn_like(y)
         record("bn train bwd+relu (NHWC)", str(cfg)[8:], timer(lambda: batchnorm.batch_norm_backward(gy, y, gw, gb, rm, rv, True, 1e-5, True, cfg, (torch.float32, torch.float32)))["median_us"], 5 * act)

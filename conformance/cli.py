@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerances", metavar="FILE", help="a tolerance override file (lines 'op dtype atol rtol')")
     parser.add_argument("--strict-xpass", action="store_true", help="fail the run when a listed known failure passes")
     parser.add_argument("--no-poison", action="store_true", help="do not poison output allocations (to see whether a failure depends on it)")
+    parser.add_argument("--jobs", metavar="N", type=int, default=1, help="run the cases in N worker processes, whole ops each (default 1: in this process)")
     parser.add_argument("--list", action="store_true", help="print the case ids that would run, and exit")
 
 
@@ -69,21 +70,26 @@ class Progress:
 
 def run(args: argparse.Namespace) -> int:
     from . import report
+    from .parallel import run_parallel
     from .runner import Suite, run_collectives
 
+    settings = dict(
+        backend=args.backend,
+        device=args.device,
+        seed=args.seed,
+        quick=args.quick,
+        ops=args.ops,
+        dtypes=args.dtypes,
+        xfail_file=args.xfail,
+        tolerance_file=args.tolerances,
+        poison=not args.no_poison,
+        strict_xpass=args.strict_xpass,
+    )
+    if args.jobs < 1:
+        print(f"hal conformance: --jobs {args.jobs}: give a number of processes, 1 or more", file=sys.stderr)
+        return 2
     try:
-        suite = Suite(
-            backend=args.backend,
-            device=args.device,
-            seed=args.seed,
-            quick=args.quick,
-            ops=args.ops,
-            dtypes=args.dtypes,
-            xfail_file=args.xfail,
-            tolerance_file=args.tolerances,
-            poison=not args.no_poison,
-            strict_xpass=args.strict_xpass,
-        )
+        suite = Suite(**settings)
     except (HalError, ValueError, FileNotFoundError) as exc:
         print(f"hal conformance: {exc}", file=sys.stderr)
         return 2
@@ -95,12 +101,15 @@ def run(args: argparse.Namespace) -> int:
     if not suite.poison_ok:
         print(f"hal conformance: warning: output poisoning is not active ({suite.poison_method})", file=sys.stderr)
     dev = suite.device_info.name if suite.device_info else suite.torch_device
-    print(f"hal conformance: {suite.backend} on {dev}: {len(plan)} cases ({'quick' if args.quick else 'full'}, seed {args.seed}), reference {suite.reference_label}", file=sys.stderr)
+    print(f"hal conformance: {suite.backend} on {dev}: {len(plan)} cases ({'quick' if args.quick else 'full'}, seed {args.seed}{f', {args.jobs} processes' if args.jobs > 1 else ''}), reference {suite.reference_label}", file=sys.stderr)
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     bar = Progress(len(plan))
     try:
-        results = suite.run(plan, progress=bar)
+        if args.jobs > 1:
+            results = run_parallel(suite, settings | {"backend": suite.backend}, plan, args.jobs, progress=bar)
+        else:
+            results = suite.run(plan, progress=bar)
     finally:
         bar.close()
     notes: list[str] = []

@@ -127,6 +127,8 @@ def parse_overrides(text: str, source: str) -> Overrides:
 
 def load_overrides(backend: str, plugin: Any = None, extra_file: Union[None, str, Path] = None) -> Overrides:
     """A backend's tolerance overrides: its plugin's mapping, this package's file, then ``extra_file``."""
+    if extra_file is not None and not Path(extra_file).is_file():
+        raise FileNotFoundError(f"tolerance file {extra_file} does not exist (given with --tolerances)")
     out: Overrides = {}
     shipped: Mapping[str, Mapping[str, Any]] = getattr(plugin, "conformance_tolerances", None) or {}
     for op, per_dtype in shipped.items():

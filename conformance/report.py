@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import datetime
 import json
+import os
 import platform
 import subprocess
 import xml.etree.ElementTree as ET
@@ -58,14 +59,16 @@ class Run:
 def git_commit() -> tuple[Optional[str], Optional[bool]]:
     """(HEAD commit, whether the tree has uncommitted changes) of the checkout hal runs from."""
     where = Path(hal.__file__).resolve().parent.parent
+    # a copy of the tree without .git (a device machine) is told its commit in HAL_COMMIT / HAL_DIRTY
+    told = os.environ.get("HAL_COMMIT") or None, (os.environ["HAL_DIRTY"] == "1") if "HAL_DIRTY" in os.environ else None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
-            return None, None
+            return told
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where, capture_output=True, text=True, timeout=10)
         return head.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
-        return None, None
+        return told
 
 
 def to_json(run: Run) -> dict[str, Any]:

@@ -172,8 +172,10 @@ def run(
     use_compile: Optional[bool] = None,
     compile_mode: Optional[str] = None,
     progress: Callable[[str], None] = lambda s: None,
+    on_case: Callable[[dict[str, Any]], None] = lambda doc: None,
 ) -> dict[str, Any]:
-    """Measure every case (or those of ``ops``) on ``device``; returns the result document."""
+    """Measure every case (or those of ``ops``) on ``device``; returns the result document.
+    ``on_case`` sees the document after each case (to save partial results)."""
     gpu = device.type == "cuda"
     if use_compile is None:
         use_compile = gpu
@@ -183,14 +185,15 @@ def run(
     _free(device)
     doc["compile"] = {"enabled": use_compile, "mode": compile_mode or "per case (default, or max-autotune-no-cudagraphs for the convolutions)"}
     wanted = set(ops) if ops else None
-    results = []
+    results: list[dict[str, Any]] = []
+    doc["results"] = results
     for case in all_cases(gpu):
         if wanted and case.op not in wanted and case.op.removesuffix("_backward") not in wanted:
             continue
         progress(f"{case.op}: {case.name}")
         results.append(run_case(case, device, timer, doc["ceilings"], compile_mode, use_compile))
         _free(device)
-    doc["results"] = results
+        on_case(doc)
     if not wanted or "dispatch" in wanted or "scale_shift_act" in wanted:
         try:
             doc["dispatch_overhead"] = dispatch_overhead(device)

@@ -12,6 +12,7 @@ fraction of the measured copy bandwidth and matrix rate, and each target met or 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -66,16 +67,19 @@ def run(args: argparse.Namespace) -> int:
 
     device = _device(args.backend)
     progress = (lambda s: print(f"hal bench: {s}", file=sys.stderr, flush=True))
-    if args.backend:
-        with hal.use(backend=args.backend):
-            doc = runner.run(device, args.ops, args.use_compile, args.compile_mode, progress)
-    else:
-        doc = runner.run(device, args.ops, args.use_compile, args.compile_mode, progress)
-    doc["backend"] = args.backend or ("cuda" if device.type == "cuda" else "auto")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench.json").write_text(report.to_json(doc) + "\n")
-        (args.out / "bench.md").write_text(report.to_markdown(doc))
+    backend = args.backend or ("cuda" if device.type == "cuda" else "auto")
+
+    def save(doc: dict) -> None:
+        """Write the document so far (after every case: a run cut short keeps what finished)."""
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "bench.json").write_text(report.to_json(doc | {"backend": backend}) + "\n")
+            (args.out / "bench.md").write_text(report.to_markdown(doc | {"backend": backend}))
+
+    with hal.use(backend=args.backend) if args.backend else contextlib.nullcontext():
+        doc = runner.run(device, args.ops, args.use_compile, args.compile_mode, progress, on_case=save)
+    doc["backend"] = backend
+    save(doc)
     print(report.to_json(doc) if args.json else report.to_markdown(doc))
     errors = [r for r in doc["results"] if "error" in r]
     return 1 if errors else 0

@@ -166,3 +166,44 @@ def test_quick_cpu_ref_end_to_end(tmp_path):
         want |= {(decl.name, k, t) for k in kernels for t in decl.dtypes}
     assert covered == want
     assert doc["duration_s"] < 60
+
+
+def test_shards_keep_ops_whole_and_balance_case_counts():
+    from hal.conformance.parallel import shard_ops
+    from hal.conformance.runner import Planned
+
+    plan = [Planned(op, "k", "float32", None, "x") for op, n in (("a", 9), ("b", 5), ("c", 4), ("d", 3), ("e", 1)) for _ in range(n)]
+    shards = shard_ops(plan, 3)
+    assert shards == [["a"], ["b", "e"], ["c", "d"]]  # largest first, each to the lightest: 9, 6, 7
+    assert shard_ops(plan, 10) == [["a"], ["b"], ["c"], ["d"], ["e"]]  # never more workers than ops
+
+
+def test_jobs_give_the_results_of_a_serial_run_in_plan_order(tmp_path, seed):
+    ops = ["softmax*", "layer_norm", "matmul", "quantize"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hal", "conformance", "--quick", "--backend", "cpu_ref", "--seed", str(seed), "--ops", ",".join(ops), "--jobs", "3", "--report-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "3 processes" in proc.stderr
+    doc = json.loads((tmp_path / "report.json").read_text())
+    suite = Suite("cpu_ref", seed=seed, quick=True, ops=ops)
+    serial = [r.record() for r in suite.run(suite.plan())]
+    fields = ("id", "status", "max_abs_err", "max_rel_err", "atol", "rtol")
+    assert [[r[f] for f in fields] for r in doc["results"]] == [[r[f] for f in fields] for r in serial]
+    assert len(serial) > 20 and {r["op"] for r in serial} == {"softmax", "softmax_backward", "layer_norm", "matmul", "quantize"}
+
+
+def test_a_worker_that_dies_turns_its_cases_into_errors(seed, tmp_path):
+    from hal.conformance.parallel import SETTINGS, run_parallel
+
+    suite = Suite("cpu_ref", seed=seed, quick=True, ops=["softmax", "matmul"])
+    plan = suite.plan()
+    settings = {k: getattr(suite, k, None) for k in SETTINGS} | {"device": 0, "poison": True, "xfail_file": None}
+    settings["tolerance_file"] = str(tmp_path / "missing.txt")  # the workers' Suite raises on it
+    seen = []
+    results = run_parallel(suite, settings, plan, 2, progress=seen.append)
+    assert [r.id for r in results] == [p.id for p in plan] and len(seen) == len(plan)
+    assert all(r.status == "error" and "exited with status 1" in r.reason and "missing.txt" in r.reason for r in results)
