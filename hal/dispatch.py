@@ -42,6 +42,7 @@ _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _ndarray = np.ndarray
 _grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 _local = config._local
 
 #: Decisions kept at most; the cache is cleared when it grows past this (a key per input signature).
@@ -438,9 +439,13 @@ class Dispatcher:
         if decl.mutates and inputs.array_type == "torch":
             inner = fn
 
-            def fn(*a: Any) -> Any:
-                with torch.no_grad():
+            def fn(*a: Any) -> Any:  # torch.no_grad() without its Python-level context manager
+                enabled = _grad_enabled()
+                _set_grad_enabled(False)
+                try:
                     return inner(*a)
+                finally:
+                    _set_grad_enabled(enabled)
 
         checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
         if unbatched is None and count_fallback is None and not checks:
@@ -752,6 +757,13 @@ def _key_source(p: Param, i: int, volatile: Mapping[str, Any]) -> list[str]:
         ]
     if p.kind is Kind.STATIC and p.annotation in _SIMPLE_ANNOTATIONS:
         return [f"    k{i} = (type({v}), {v})"]
+    if p.kind is Kind.STATIC:  # tuples of numbers (stride, padding, dims): the values and their types
+        return [
+            f"    if type({v}) is tuple:",
+            f"        k{i} = ({v}, *map(type, {v}))",
+            "    else:",
+            f"        k{i} = _argkey({v})",
+        ]
     return [f"    k{i} = _argkey({v})"]
 
 

@@ -8,13 +8,16 @@ of unit scale whatever the geometry.
 
 ReLU gradients depend on the sign of the pre-activation, which a half-precision kernel may round
 differently from the float64 reference near zero; the backward cases of fused_conv_bn_relu keep the
-pre-activations mostly away from zero (bn_bias around +2) so that only the tail crosses the kink.
+pre-activations mostly away from zero (bn_bias around +2), and their grad_out is zero where the
+float64 pre-activation lies within a few roundings of zero (``KINK_BAND``).
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any, Union
+
+import torch
 
 from hal.ops.conv import conv_geometry
 
@@ -223,9 +226,37 @@ FUSED_CASES: Table = {
 }
 
 
+#: Half width of the band around the ReLU's kink, relative to the pre-activation's scale, inside
+#: which a kernel computing the forward in the case dtype may land on the other side of zero than the
+#: float64 reference (a few roundings of the dtype, with margin).
+KINK_BAND = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4, "float64": 0.0}
+
+
 def _fused_backward(d: Draw, **kw: Any) -> Call:
+    """grad_out is zero where the float64 pre-activation lies within the kink band: there the
+    ReLU's mask of a correct half-precision kernel may differ from the reference's, and one flipped
+    mask entry moves a whole window of grad_x (by |grad_out|, far beyond any tolerance)."""
     fwd = fused_args(d, positive_bias=True, **kw)
-    return backward_call("fused_conv_bn_relu_backward", d, fwd, conv_out_shape(fwd.args, "x", "conv_weight"))
+    call = backward_call("fused_conv_bn_relu_backward", d, fwd, conv_out_shape(fwd.args, "x", "conv_weight"))
+    band = KINK_BAND[d.float_dtype] * fwd.scale
+    if band:
+        away = _pre_activation(fwd.args).abs() > band
+        call.args["grad_out"] = call.args["grad_out"] * away.to(call.args["grad_out"].device)
+    return call
+
+
+def _pre_activation(a: dict[str, Any]) -> torch.Tensor:
+    """conv -> batch norm of the forward arguments in float64 on the CPU (cpu_ref), before the ReLU."""
+    import hal
+
+    def f64(t: Any) -> Any:
+        return None if t is None else t.detach().to("cpu", torch.float64)
+
+    rm, rv = f64(a["running_mean"]), f64(a["running_var"])  # copies: training mode updates them
+    with hal.use(backend="cpu_ref"):
+        y = hal.ops.conv2d(f64(a["x"]), f64(a["conv_weight"]), f64(a["conv_bias"]), a["stride"], a["padding"], a["dilation"], a["groups"])
+        z = hal.ops.batch_norm(y, rm, rv, f64(a["bn_weight"]), f64(a["bn_bias"]), a["training"], a["momentum"], a["eps"])
+    return torch.as_tensor(z)
 
 
 FUSED = from_table(FUSED_CASES, fused_args) + [

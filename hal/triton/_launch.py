@@ -7,6 +7,7 @@ and a conformance run meets hundreds of shapes.
 
 from __future__ import annotations
 
+import struct
 from typing import Any, Sequence
 
 import torch
@@ -46,6 +47,16 @@ def launch(kernel: Any, grid: Sequence[int], *args: Any, num_warps: int = 4, num
     rounding must match a reference bit for bit (quantisation).
     """
     kernel[tuple(grid)](*args, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion, **constexprs)
+
+
+_F32 = struct.Struct("f")
+
+
+def split_f64(v: float) -> tuple[float, float]:
+    """v as two float32 numbers whose sum, in float64, is v to about 48 bits (kernels get Python
+    floats as float32, too coarse for float64 statistics and epsilons)."""
+    hi = _F32.unpack(_F32.pack(v))[0]  # round to float32 (struct: no tensor on the hot path)
+    return hi, v - hi
 
 
 def bf16_dot_workaround(dtype: torch.dtype) -> bool:

@@ -88,13 +88,13 @@ def _norm() -> Iterator[Spec]:
     for rms in (False, True):
         v = "rms" if rms else "layer"
         yield _spec("norm", "norm_fwd_tile_kernel", v, x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
-                    **_ints("M", "N"), eps="fp32", HAS_W=True, HAS_B=not rms, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
+                    **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=not rms, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
         yield _spec("norm", "norm_bwd_tile_kernel", v, g_ptr="*bf16", x_ptr="*bf16", w_ptr="*bf16", dx_ptr="*bf16",
-                    part_ptr="*fp32", **_ints("M", "N"), eps="fp32", HAS_W=True, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
+                    part_ptr="*fp32", **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
     yield _spec("norm", "norm_fwd_loop_kernel", "fp32", x_ptr="*fp32", w_ptr="*fp32", b_ptr="*fp32", y_ptr="*fp32",
-                N="i32", eps="fp32", HAS_W=True, HAS_B=True, RMS=False, BLOCK_N=2048, COMPUTE=F32)
+                N="i32", eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=True, RMS=False, BLOCK_N=2048, COMPUTE=F32)
     yield _spec("norm", "norm_bwd_loop_kernel", "fp32", g_ptr="*fp32", x_ptr="*fp32", w_ptr="*fp32", dx_ptr="*fp32",
-                part_ptr="*fp32", **_ints("M", "N"), eps="fp32", HAS_W=True, RMS=False, BLOCK_N=2048, COMPUTE=F32)
+                part_ptr="*fp32", **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, RMS=False, BLOCK_N=2048, COMPUTE=F32)
 
 
 def _softmax() -> Iterator[Spec]:
@@ -118,13 +118,13 @@ def _batchnorm() -> Iterator[Spec]:
     yield _spec("batchnorm", "bn_finalize_kernel", "training", x_ptr="*bf16", part_ptr="*fp32", vec_ptr="*fp32", w_ptr="*fp32",
                 b_ptr="*fp32", rm_ptr="*fp32", rv_ptr="*fp32", cbias_ptr="*bf16", **_ints("n_chunks", "C", "sC"),
                 count="fp32", momentum_hi="fp32", momentum_lo="fp32", eps_hi="fp32", eps_lo="fp32", TRAINING=True, UPDATE_RUNNING=True, HAS_W=True, HAS_B=True,
-                HAS_CONV_BIAS=True, BLOCK_C=128, COMPUTE=F32)
+                HAS_CONV_BIAS=True, BLOCK_C=128, BLOCK_R=32, COMPUTE=F32)
     yield _spec("batchnorm", "bn_apply_kernel", "bf16 relu", x_ptr="*bf16", y_ptr="*bf16", vec_ptr="*fp32", **tile,
                 RELU=True, BLOCK_C=64, BLOCK_S=32, COMPUTE=F32)
     yield _spec("batchnorm", "bn_bwd_reduce_kernel", "fp16 relu", g_ptr="*fp16", x_ptr="*fp16", part_ptr="*fp32", vec_ptr="*fp32",
                 **grid, RELU=True, BLOCK_C=4, BLOCK_S=512, COMPUTE=F32)
     yield _spec("batchnorm", "bn_bwd_finalize_kernel", "training", part_ptr="*fp32", vec_ptr="*fp32", w_ptr="*fp32", gw_ptr="*fp32",
-                gb_ptr="*fp32", **_ints("n_chunks", "C"), count="fp32", TRAINING=True, HAS_W=True, BLOCK_C=128, COMPUTE=F32)
+                gb_ptr="*fp32", **_ints("n_chunks", "C"), count="fp32", TRAINING=True, HAS_W=True, BLOCK_C=128, BLOCK_R=32, COMPUTE=F32)
     yield _spec("batchnorm", "bn_bwd_apply_kernel", "fp16 relu", g_ptr="*fp16", x_ptr="*fp16", dx_ptr="*fp16", vec_ptr="*fp32", **tile,
                 RELU=True, BLOCK_C=4, BLOCK_S=512, COMPUTE=F32)
 

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, compute_dtype, launch, torch_compute_dtype
+from ._launch import cdiv, compute_dtype, launch, split_f64, torch_compute_dtype
 from .config import BNConfig
 
 _A, _B, _MEAN, _INVSTD, _GA, _GB, _GC = range(7)
@@ -86,12 +86,28 @@ def bn_stats_kernel(
     tl.store(row + C + chans, acc2, mask=cmask)
 
 
+@triton.jit
+def _sum_partials(part_ptr, n_chunks, C, chans, cmask, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, COMPUTE: tl.constexpr):
+    """Per-channel totals of both rows of every chunk's partial sums, BLOCK_R chunks a step (one
+    chunk a step is a chain of dependent load latencies: hundreds of chunks, tens of microseconds)."""
+    s1 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    s2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    rows = tl.arange(0, BLOCK_R)
+    for r0 in range(0, n_chunks, BLOCK_R):
+        r = r0 + rows
+        mask = (r < n_chunks)[:, None] & cmask[None, :]
+        first = part_ptr + r.to(tl.int64)[:, None] * 2 * C + chans[None, :]
+        s1 += tl.sum(tl.load(first, mask=mask, other=0.0), axis=0)
+        s2 += tl.sum(tl.load(first + C, mask=mask, other=0.0), axis=0)
+    return s1, s2
+
+
 @triton.jit(do_not_specialize=["n_chunks", "C", "sC"])
 def bn_finalize_kernel(
     x_ptr, part_ptr, vec_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, cbias_ptr,
     n_chunks, C, sC, count, momentum_hi, momentum_lo, eps_hi, eps_lo,
     TRAINING: tl.constexpr, UPDATE_RUNNING: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    HAS_CONV_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+    HAS_CONV_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     chans = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = chans < C
@@ -101,14 +117,10 @@ def bn_finalize_kernel(
     cbias = tl.zeros([BLOCK_C], dtype=COMPUTE)
     if HAS_CONV_BIAS:
         cbias = tl.load(cbias_ptr + chans, mask=cmask, other=0.0).to(COMPUTE)
+    count = tl.cast(count, COMPUTE)  # an exact integer; count / (count - 1) must not round in float32
     if TRAINING:
         shift = tl.load(x_ptr + chans.to(tl.int64) * sC, mask=cmask, other=0.0).to(COMPUTE)
-        s1 = tl.zeros([BLOCK_C], dtype=COMPUTE)
-        s2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
-        for i in range(0, n_chunks):
-            row = part_ptr + i * 2 * C
-            s1 += tl.load(row + chans, mask=cmask, other=0.0)
-            s2 += tl.load(row + C + chans, mask=cmask, other=0.0)
+        s1, s2 = _sum_partials(part_ptr, n_chunks, C, chans, cmask, BLOCK_C, BLOCK_R, COMPUTE)
         d = s1 / count
         var = tl.maximum(s2 / count - d * d, 0.0)
         mean = shift + d
@@ -197,16 +209,11 @@ def bn_bwd_reduce_kernel(
 @triton.jit(do_not_specialize=["n_chunks", "C"])
 def bn_bwd_finalize_kernel(
     part_ptr, vec_ptr, w_ptr, gw_ptr, gb_ptr, n_chunks, C, count,
-    TRAINING: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+    TRAINING: tl.constexpr, HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     chans = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = chans < C
-    s_dz = tl.zeros([BLOCK_C], dtype=COMPUTE)
-    s_dzx = tl.zeros([BLOCK_C], dtype=COMPUTE)
-    for i in range(0, n_chunks):
-        row = part_ptr + i * 2 * C
-        s_dz += tl.load(row + chans, mask=cmask, other=0.0)
-        s_dzx += tl.load(row + C + chans, mask=cmask, other=0.0)
+    s_dz, s_dzx = _sum_partials(part_ptr, n_chunks, C, chans, cmask, BLOCK_C, BLOCK_R, COMPUTE)
     tl.store(gw_ptr + chans, s_dzx.to(gw_ptr.dtype.element_ty), mask=cmask)
     tl.store(gb_ptr + chans, s_dz.to(gb_ptr.dtype.element_ty), mask=cmask)
     invstd = tl.load(vec_ptr + 3 * C + chans, mask=cmask, other=0.0)
@@ -325,16 +332,9 @@ def affine_params(
         x, part, vec, _or(weight, vec), _or(bias, vec), _or(running_mean, vec), _or(running_var, vec), _or(conv_bias, vec),
         n_chunks, view.c, view.strides[1], float(view.n * view.s), *split_f64(momentum), *split_f64(eps),
         num_warps=4, TRAINING=training, UPDATE_RUNNING=update, HAS_W=weight is not None, HAS_B=bias is not None,
-        HAS_CONV_BIAS=conv_bias is not None, BLOCK_C=cfg.finalize_block, COMPUTE=cdt,
+        HAS_CONV_BIAS=conv_bias is not None, BLOCK_C=cfg.finalize_block, BLOCK_R=cfg.finalize_rows, COMPUTE=cdt,
     )
     return vec
-
-
-def split_f64(v: float) -> tuple[float, float]:
-    """v as two float32 numbers whose sum, in float64, is v to about 48 bits (kernels get Python
-    floats as float32, too coarse for float64 running statistics)."""
-    hi = float(torch.tensor(v, dtype=torch.float32))
-    return hi, v - hi
 
 
 def _or(t: Optional[torch.Tensor], default: torch.Tensor) -> torch.Tensor:
@@ -395,7 +395,7 @@ def batch_norm_backward(
     gb = torch.empty(view.c, dtype=grad_dtypes[1], device=x.device)
     launch(bn_bwd_finalize_kernel, (cdiv(view.c, cfg.finalize_block),), part, vec, _or(weight, vec), gw, gb,
            n_chunks, view.c, float(view.n * view.s),
-           num_warps=4, TRAINING=training, HAS_W=weight is not None, BLOCK_C=cfg.finalize_block, COMPUTE=cdt)
+           num_warps=4, TRAINING=training, HAS_W=weight is not None, BLOCK_C=cfg.finalize_block, BLOCK_R=cfg.finalize_rows, COMPUTE=cdt)
     dx = torch.empty_like(x)
     grid, ncb, nsb = _elementwise_grid(view, cfg)
     launch(bn_bwd_apply_kernel, grid, g, x, dx, vec, view.c, view.s, *view.strides, ncb, nsb,

@@ -202,7 +202,7 @@ def _layout(x: torch.Tensor, tensors: list[Optional[torch.Tensor]]) -> tuple[Lay
 
 
 def _prepare(x: torch.Tensor, scale: Scalar, shift: Scalar) -> tuple[torch.Tensor, Layout, list[Any]]:
-    if memory_order(x) is None:
+    if not x.is_contiguous() and memory_order(x) is None:
         x = x.contiguous()
     tensors = [v if isinstance(v, torch.Tensor) else None for v in (scale, shift)]
     layout, tensors = _layout(x, tensors)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, compute_dtype, launch, torch_compute_dtype
+from ._launch import cdiv, compute_dtype, launch, split_f64, torch_compute_dtype
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def _stats(x, mask, N, eps, RMS: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M"])
 def norm_fwd_tile_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, M, N, eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, eps, eps_lo,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
 ):
@@ -47,7 +47,7 @@ def norm_fwd_tile_kernel(
     mask = (rows < M)[:, None] & cmask[None, :]
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-    xc, rstd = _stats(x, mask, N, eps, RMS)
+    xc, rstd = _stats(x, mask, N, tl.cast(eps, COMPUTE) + tl.cast(eps_lo, COMPUTE), RMS)
     y = xc * rstd[:, None]
     if HAS_W:
         y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(COMPUTE)[None, :]
@@ -76,11 +76,11 @@ def _row_stats_loop(row_ptr, N, eps, RMS: tl.constexpr, BLOCK_N: tl.constexpr, C
 
 @triton.jit
 def norm_fwd_loop_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, N, eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, N, eps, eps_lo,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     base = tl.program_id(0).to(tl.int64) * N
-    mean, rstd = _row_stats_loop(x_ptr + base, N, eps, RMS, BLOCK_N, COMPUTE)
+    mean, rstd = _row_stats_loop(x_ptr + base, N, tl.cast(eps, COMPUTE) + tl.cast(eps_lo, COMPUTE), RMS, BLOCK_N, COMPUTE)
     cols = tl.arange(0, BLOCK_N)
     for start in range(0, N, BLOCK_N):
         c = start + cols
@@ -95,7 +95,7 @@ def norm_fwd_loop_kernel(
 
 @triton.jit(do_not_specialize=["M"])
 def norm_bwd_tile_kernel(
-    g_ptr, x_ptr, w_ptr, dx_ptr, part_ptr, M, N, eps,
+    g_ptr, x_ptr, w_ptr, dx_ptr, part_ptr, M, N, eps, eps_lo,
     HAS_W: tl.constexpr, RMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     """grad_x of every row block pid, pid + P, ...; partial sums of g * xhat (and of g) over those
@@ -116,7 +116,7 @@ def norm_bwd_tile_kernel(
         offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
         g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-        xc, rstd = _stats(x, mask, N, eps, RMS)
+        xc, rstd = _stats(x, mask, N, tl.cast(eps, COMPUTE) + tl.cast(eps_lo, COMPUTE), RMS)
         xhat = xc * rstd[:, None]
         wg = g * w[None, :]
         c1 = tl.sum(xhat * wg, axis=1) / N
@@ -134,7 +134,7 @@ def norm_bwd_tile_kernel(
 
 @triton.jit(do_not_specialize=["M"])
 def norm_bwd_loop_kernel(
-    g_ptr, x_ptr, w_ptr, dx_ptr, part_ptr, M, N, eps,
+    g_ptr, x_ptr, w_ptr, dx_ptr, part_ptr, M, N, eps, eps_lo,
     HAS_W: tl.constexpr, RMS: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     """As the tile kernel, one long row at a time; partial sums accumulate in part_ptr (zeroed by
@@ -146,7 +146,7 @@ def norm_bwd_loop_kernel(
     db_row = part_ptr + (n_programs + pid).to(tl.int64) * N
     for row in range(pid, M, n_programs):
         base = tl.cast(row, tl.int64) * N
-        mean, rstd = _row_stats_loop(x_ptr + base, N, eps, RMS, BLOCK_N, COMPUTE)
+        mean, rstd = _row_stats_loop(x_ptr + base, N, tl.cast(eps, COMPUTE) + tl.cast(eps_lo, COMPUTE), RMS, BLOCK_N, COMPUTE)
         s1 = tl.zeros([BLOCK_N], dtype=COMPUTE)
         s2 = tl.zeros([BLOCK_N], dtype=COMPUTE)
         for start in range(0, N, BLOCK_N):
@@ -205,10 +205,10 @@ def norm_forward(
     b = bias.contiguous().view(-1) if bias is not None else x2
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype))
     if block_n >= n:
-        launch(norm_fwd_tile_kernel, (cdiv(m, block_m),), x2, w, b, y, m, n, eps,
+        launch(norm_fwd_tile_kernel, (cdiv(m, block_m),), x2, w, b, y, m, n, *split_f64(eps),
                num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
     else:
-        launch(norm_fwd_loop_kernel, (m,), x2, w, b, y, n, eps, num_warps=num_warps, BLOCK_N=block_n, **flags)
+        launch(norm_fwd_loop_kernel, (m,), x2, w, b, y, n, *split_f64(eps), num_warps=num_warps, BLOCK_N=block_n, **flags)
     return y.view(x.shape)
 
 
@@ -237,11 +237,11 @@ def norm_backward(
     if block_n >= n:
         p = max(1, min(programs, cdiv(m, block_m)))
         part = torch.empty((2 * p, n), dtype=acc, device=x.device)
-        launch(norm_bwd_tile_kernel, (p,), g2, x2, w, dx, part, m, n, eps,
+        launch(norm_bwd_tile_kernel, (p,), g2, x2, w, dx, part, m, n, *split_f64(eps),
                num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
     else:
         p = max(1, min(programs, m))
         part = torch.zeros((2 * p, n), dtype=acc, device=x.device)
-        launch(norm_bwd_loop_kernel, (p,), g2, x2, w, dx, part, m, n, eps, num_warps=num_warps, BLOCK_N=block_n, **flags)
+        launch(norm_bwd_loop_kernel, (p,), g2, x2, w, dx, part, m, n, *split_f64(eps), num_warps=num_warps, BLOCK_N=block_n, **flags)
     sums = part.view(2, p, n).sum(dim=1)
     return dx.view(x.shape), sums[0].to(x.dtype), sums[1].to(x.dtype)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import TL_DTYPES, cdiv, compute_dtype, launch
+from ._launch import TL_DTYPES, cdiv, compute_dtype, launch, split_f64
 
 Scalar = Union[float, torch.Tensor]
 
@@ -162,9 +162,11 @@ TABLES = _Tables()
 
 
 def _scalar_args(v: Optional[Scalar], device: torch.device, default: float) -> tuple[torch.Tensor, float, bool]:
+    """(tensor, number, is_tensor) kernel arguments of an inv_scale, which the ops take as a float32
+    value: a tensor is read as float32, a number rounded to float32."""
     if isinstance(v, torch.Tensor):
-        return v.reshape(-1), 0.0, True
-    return torch.empty(0, device=device), default if v is None else float(v), False
+        return v.reshape(-1).float(), 0.0, True
+    return torch.empty(0, device=device), default if v is None else split_f64(float(v))[0], False
 
 
 def fused_adamw(
@@ -221,7 +223,7 @@ def amp_unscale(tensors: Sequence[torch.Tensor], inv_scale: Scalar, *, block: in
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
     for dtype, group in by_dtype.items():
-        if dtype == torch.float64 and not inv_is_t:  # Triton passes Python floats as float32
+        if dtype == torch.float64 and not inv_is_t:  # the float32 value, read by float64 arithmetic
             inv_t, inv_v, inv_is_t = torch.full((1,), inv_v, dtype=torch.float64, device=device), 0.0, True
         table, prefix, n_chunks = TABLES.get([(t.data_ptr(), t.numel()) for t in group], device, block * iters)
         launch(

@@ -72,6 +72,32 @@ def contiguous_vectors(*names: str) -> Check:
     return check
 
 
+class ieee_fp32:
+    """Around a cuDNN or cuBLAS call on float32 data: TensorFloat-32 off for the call.
+
+    hal's float32 is IEEE float32 on every backend (the conformance suite holds float32 kernels to
+    float32 accuracy); PyTorch lets cuDNN convolutions round float32 operands to TF32 by default.
+    Users who want TF32 speed use bfloat16 or float16 data. Other dtypes pass through untouched.
+    The flags are process-wide, as PyTorch's own ``torch.backends.cudnn.flags`` are.
+    """
+
+    __slots__ = ("_on", "_saved")
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self._on = dtype == torch.float32
+
+    def __enter__(self) -> None:
+        if self._on:
+            self._saved = (torch._C._get_cudnn_allow_tf32(), torch._C._get_cublas_allow_tf32())
+            torch._C._set_cudnn_allow_tf32(False)
+            torch._C._set_cublas_allow_tf32(False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._on:
+            torch._C._set_cudnn_allow_tf32(self._saved[0])
+            torch._C._set_cublas_allow_tf32(self._saved[1])
+
+
 def numel(shape: Iterable[int]) -> int:
     n = 1
     for s in shape:

@@ -1,5 +1,7 @@
 """conv2d (cuDNN), batch_norm (Triton, or cuDNN through torch) and conv -> BN -> ReLU.
 
+float32 convolutions run with TensorFloat-32 off (``ieee_fp32``): hal's float32 is IEEE float32.
+
 fused_conv_bn_relu has two paths:
 
 - eval, ``cudnn_fused``: the batch norm folds into the convolution (w * gamma / sqrt(var + eps),
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from hal.plugin import Inputs
 
 from . import launch
-from ._common import FLOATS, NOT_F64, contiguous_vectors, family, kernel
+from ._common import FLOATS, NOT_F64, contiguous_vectors, family, ieee_fp32, kernel
 
 Pair = tuple[int, int]
 Pads = tuple[int, int, int, int]
@@ -42,9 +44,10 @@ def _symmetric(padding: Pads) -> bool:
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: Pair, padding: Pads, dilation: Pair, groups: int) -> torch.Tensor:
     """F.conv2d (cuDNN) with canonical padding; an asymmetric one is applied with F.pad first."""
     top, bottom, left, right = padding
-    if _symmetric(padding):
-        return F.conv2d(x, weight, bias, stride, (top, left), dilation, groups)
-    return F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, stride, 0, dilation, groups)
+    with ieee_fp32(x.dtype):
+        if _symmetric(padding):
+            return F.conv2d(x, weight, bias, stride, (top, left), dilation, groups)
+        return F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, stride, 0, dilation, groups)
 
 
 def conv_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Pair, padding: Pads, dilation: Pair, groups: int) -> tuple:
@@ -53,9 +56,10 @@ def conv_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: P
     sym = _symmetric(padding)
     xp = x if sym else F.pad(x, (left, right, top, bottom))
     pad = [top, left] if sym else [0, 0]
-    gx, gw, gb = torch.ops.aten.convolution_backward(
-        g, xp, weight, [int(weight.shape[0])], list(stride), pad, list(dilation), False, [0, 0], groups, [True, True, True]
-    )
+    with ieee_fp32(x.dtype):
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            g, xp, weight, [int(weight.shape[0])], list(stride), pad, list(dilation), False, [0, 0], groups, [True, True, True]
+        )
     if not sym:
         gx = gx[:, :, top : top + x.shape[2], left : left + x.shape[3]]
     return gx, gw, gb
@@ -167,7 +171,8 @@ def _eval_only(inputs: Inputs) -> list[str]:
 @kernel("fused_conv_bn_relu", name="cudnn_fused", priority=30, dtypes=NOT_F64, checks=[_eval_only])
 def fused_conv_bn_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     w, b = FOLDED.get(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
-    return torch.cudnn_convolution_relu(x, w, b, stride, (padding[0], padding[2]), dilation, groups)
+    with ieee_fp32(x.dtype):
+        return torch.cudnn_convolution_relu(x, w, b, stride, (padding[0], padding[2]), dilation, groups)
 
 
 _fused_vectors = contiguous_vectors("running_mean", "running_var", "bn_weight", "bn_bias", "conv_bias")

@@ -72,7 +72,7 @@ def columns(x: torch.Tensor) -> int:
 def batch_norm(x: torch.Tensor) -> BNConfig:
     """Tiles along the contiguous axis: channels for channels_last, positions for NCHW."""
     if not _on_gpu(x):
-        return BNConfig(block_c=4, block_s=8, num_warps=4, programs=6, finalize_block=4, reduce_block_s=16)
+        return BNConfig(block_c=4, block_s=8, num_warps=4, programs=6, finalize_block=4, finalize_rows=4, reduce_block_s=16)
     programs = 4 * sm_count(x.device)
     channels = int(x.shape[1])
     spatial = x.numel() // max(1, int(x.shape[0]) * channels)

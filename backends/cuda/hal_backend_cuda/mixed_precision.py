@@ -5,6 +5,7 @@ non-contiguous tensors)."""
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -25,9 +26,11 @@ def amp_unscale_torch(tensors, inv_scale):
     """Per tensor: non-finite check before and after an in-place multiply (device-side flags)."""
     device = tensors[0].device if tensors else "cuda"
     found = torch.zeros((), dtype=torch.float32, device=device)
+    # the op takes inv_scale as a float32 value (as GradScaler keeps it)
+    inv = inv_scale.float() if isinstance(inv_scale, torch.Tensor) else struct.unpack("f", struct.pack("f", inv_scale))[0]
     for t in tensors:
         found = torch.maximum(found, (~torch.isfinite(t)).any().float())
-        t.mul_(inv_scale)
+        t.mul_(inv)
         found = torch.maximum(found, (~torch.isfinite(t)).any().float())
     return found
 
