@@ -70,11 +70,29 @@ def main(out_path: str) -> None:
         gy = torch.randn_like(y)
         record("bn train bwd+relu (NHWC)", str(cfg)[8:], timer(lambda: batchnorm.batch_norm_backward(gy, y, gw, gb, rm, rv, True, 1e-5, True, cfg, (torch.float32, torch.float32)))["median_us"], 5 * act)
     record("torch bn train + relu", "F.batch_norm, relu_", timer(lambda: F.relu_(F.batch_norm(y, rm, rv, gw, gb, True)))["median_us"], 3 * act)
+    kernel_times("bn train fwd + bwd, launch.batch_norm's config", lambda: (
+        batchnorm.batch_norm_forward(y, gw, gb, rm, rv, True, 0.1, 1e-5, True, sweep[0]),
+        batchnorm.batch_norm_backward(gy, y, gw, gb, rm, rv, True, 1e-5, True, sweep[0], (torch.float32, torch.float32))))
     del y, gy
     torch.cuda.empty_cache()
-    gemm_probe(timer, record)
+    if "--gemm" in sys.argv:
+        gemm_probe(timer, record)
     with open(out_path, "w") as f:
         json.dump({"copy_bytes_per_s": bw, "rows": rows}, f, indent=1)
+
+
+def kernel_times(title: str, fn, reps: int = 20) -> None:
+    """Device time of each kernel ``fn`` launches (torch.profiler), averaged over ``reps`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    print(f"== {title}: device time per kernel", flush=True)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12), flush=True)
 
 
 def gemm_probe(timer: Timer, record) -> None:
