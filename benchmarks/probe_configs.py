@@ -58,12 +58,11 @@ def main(out_path: str) -> None:
     act = y.numel() * 2
     sweep = (
         BNConfig(64, 32, 4, 528, reduce_block_s=128, reduce_warps=8),  # launch.batch_norm's choice
-        BNConfig(64, 32, 4, 1056, reduce_block_s=128, reduce_warps=8),
-        BNConfig(64, 64, 8, 528, reduce_block_s=256, reduce_warps=8),
-        BNConfig(64, 16, 4, 528, reduce_block_s=64, reduce_warps=4),
-        BNConfig(64, 32, 4, 264, reduce_block_s=256, reduce_warps=8),
-        BNConfig(64, 64, 4, 2112, reduce_block_s=64, reduce_warps=4),
-        BNConfig(32, 64, 4, 528, reduce_block_s=128, reduce_warps=4),
+        BNConfig(64, 32, 4, 264, reduce_block_s=128, reduce_warps=8),
+        BNConfig(64, 32, 4, 132, reduce_block_s=128, reduce_warps=8),
+        BNConfig(64, 32, 4, 264, reduce_block_s=64, reduce_warps=4),
+        BNConfig(64, 32, 4, 528, reduce_block_s=64, reduce_warps=4),
+        BNConfig(64, 64, 8, 1056, reduce_block_s=64, reduce_warps=4),
     )
     for cfg in sweep:
         record("bn train fwd+relu (NHWC)", str(cfg)[8:], timer(lambda: batchnorm.batch_norm_forward(y, gw, gb, rm, rv, True, 0.1, 1e-5, True, cfg))["median_us"], 3 * act)

@@ -5,9 +5,10 @@ its N folds into S). Every kernel works on [BLOCK_C, BLOCK_S] tiles of (channel,
 channel's parameters are loaded once per tile row and no per-element index is decoded. Triton
 specialises the stride that equals 1, which tells it which tile axis is contiguous.
 
-The two reductions (``stats``, ``bwd_reduce``) fold each tile into per-channel sums at once, so
-their tiles can be large (many bytes in flight per program) without holding accumulators for every
-element; the elementwise passes use smaller tiles and many programs.
+The two reductions (``stats``, ``bwd_reduce``) add tiles elementwise into tile-shaped accumulators
+and fold them into per-channel sums once, at the end (a fold per tile is a cross-warp reduction per
+load); the elementwise passes use smaller tiles and many programs. C is specialised (its
+divisibility by 16 lets masks along a contiguous channel axis keep vector loads).
 
 Forward (training): ``stats`` writes per-chunk partial sums of (x - K) and (x - K)^2, K being each
 channel's first element (a shift that keeps one-pass float32 sums accurate); ``finalize`` combines
@@ -56,7 +57,7 @@ def _offsets(n, chans, pos, sN, sC, sS):
     return tl.cast(n, tl.int64) * sN + chans.to(tl.int64)[:, None] * sC + pos.to(tl.int64)[None, :] * sS
 
 
-@triton.jit(do_not_specialize=["N", "C", "sN", "n_per", "s_per", "n_sgroups", "n_cblocks"])
+@triton.jit(do_not_specialize=["N", "sN", "n_per", "s_per", "n_sgroups", "n_cblocks"])
 def bn_stats_kernel(
     x_ptr, part_ptr, N, C, S, sN, sC, sS, n_per, s_per, n_sgroups, n_cblocks,
     BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr,
@@ -70,8 +71,8 @@ def bn_stats_kernel(
     chans = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = chans < C
     shift = tl.load(x_ptr + chans.to(tl.int64) * sC, mask=cmask, other=0.0).to(COMPUTE)
-    acc1 = tl.zeros([BLOCK_C], dtype=COMPUTE)
-    acc2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    acc1 = tl.zeros([BLOCK_C, BLOCK_S], dtype=COMPUTE)
+    acc2 = tl.zeros([BLOCK_C, BLOCK_S], dtype=COMPUTE)
     s_end = tl.minimum(sg * s_per + s_per, S)
     for n in range(ng * n_per, tl.minimum(ng * n_per + n_per, N)):
         for s0 in range(sg * s_per, s_end, BLOCK_S):
@@ -79,11 +80,11 @@ def bn_stats_kernel(
             mask = cmask[:, None] & (pos < s_end)[None, :]
             v = tl.load(x_ptr + _offsets(n, chans, pos, sN, sC, sS), mask=mask, other=0.0).to(COMPUTE)
             d = tl.where(mask, v - shift[:, None], 0.0)
-            acc1 += tl.sum(d, axis=1)
-            acc2 += tl.sum(d * d, axis=1)
+            acc1 += d
+            acc2 += d * d
     row = part_ptr + chunk.to(tl.int64) * 2 * C
-    tl.store(row + chans, acc1, mask=cmask)
-    tl.store(row + C + chans, acc2, mask=cmask)
+    tl.store(row + chans, tl.sum(acc1, axis=1), mask=cmask)
+    tl.store(row + C + chans, tl.sum(acc2, axis=1), mask=cmask)
 
 
 @triton.jit
@@ -147,7 +148,7 @@ def bn_finalize_kernel(
     tl.store(vec_ptr + 3 * C + chans, invstd, mask=cmask)
 
 
-@triton.jit(do_not_specialize=["C", "sN", "n_cblocks", "n_sblocks"])
+@triton.jit(do_not_specialize=["sN", "n_cblocks", "n_sblocks"])
 def bn_apply_kernel(
     x_ptr, y_ptr, vec_ptr, C, S, sN, sC, sS, n_cblocks, n_sblocks,
     RELU: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr,
@@ -171,7 +172,7 @@ def _dz(g, x, a, b, RELU: tl.constexpr):
     return g
 
 
-@triton.jit(do_not_specialize=["N", "C", "sN", "n_per", "s_per", "n_sgroups", "n_cblocks"])
+@triton.jit(do_not_specialize=["N", "sN", "n_per", "s_per", "n_sgroups", "n_cblocks"])
 def bn_bwd_reduce_kernel(
     g_ptr, x_ptr, part_ptr, vec_ptr, N, C, S, sN, sC, sS, n_per, s_per, n_sgroups, n_cblocks,
     RELU: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr,
@@ -188,8 +189,8 @@ def bn_bwd_reduce_kernel(
     b = tl.load(vec_ptr + C + chans, mask=cmask, other=0.0)
     mean = tl.load(vec_ptr + 2 * C + chans, mask=cmask, other=0.0)
     invstd = tl.load(vec_ptr + 3 * C + chans, mask=cmask, other=0.0)
-    acc1 = tl.zeros([BLOCK_C], dtype=COMPUTE)
-    acc2 = tl.zeros([BLOCK_C], dtype=COMPUTE)
+    acc1 = tl.zeros([BLOCK_C, BLOCK_S], dtype=COMPUTE)
+    acc2 = tl.zeros([BLOCK_C, BLOCK_S], dtype=COMPUTE)
     s_end = tl.minimum(sg * s_per + s_per, S)
     for n in range(ng * n_per, tl.minimum(ng * n_per + n_per, N)):
         for s0 in range(sg * s_per, s_end, BLOCK_S):
@@ -199,11 +200,11 @@ def bn_bwd_reduce_kernel(
             x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
             g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
             dz = tl.where(mask, _dz(g, x, a, b, RELU), 0.0)
-            acc1 += tl.sum(dz, axis=1)
-            acc2 += tl.sum(dz * ((x - mean[:, None]) * invstd[:, None]), axis=1)
+            acc1 += dz
+            acc2 += dz * ((x - mean[:, None]) * invstd[:, None])
     row = part_ptr + chunk.to(tl.int64) * 2 * C
-    tl.store(row + chans, acc1, mask=cmask)
-    tl.store(row + C + chans, acc2, mask=cmask)
+    tl.store(row + chans, tl.sum(acc1, axis=1), mask=cmask)
+    tl.store(row + C + chans, tl.sum(acc2, axis=1), mask=cmask)
 
 
 @triton.jit(do_not_specialize=["n_chunks", "C"])
@@ -231,7 +232,7 @@ def bn_bwd_finalize_kernel(
     tl.store(vec_ptr + 6 * C + chans, gc, mask=cmask)
 
 
-@triton.jit(do_not_specialize=["C", "sN", "n_cblocks", "n_sblocks"])
+@triton.jit(do_not_specialize=["sN", "n_cblocks", "n_sblocks"])
 def bn_bwd_apply_kernel(
     g_ptr, x_ptr, dx_ptr, vec_ptr, C, S, sN, sC, sS, n_cblocks, n_sblocks,
     RELU: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, COMPUTE: tl.constexpr,

@@ -33,7 +33,7 @@ class BNConfig:
     block_s: int  # positions per tile
     num_warps: int
     programs: int  # about how many programs the reductions should spread over
-    finalize_block: int = 128  # channels per program of the finalize kernels
-    finalize_rows: int = 32  # chunks' partial sums those programs add per step
+    finalize_block: int = 16  # channels per program of the finalize kernels (several programs for C >= 32)
+    finalize_rows: int = 64  # chunks' partial sums those programs add per step
     reduce_block_s: int = 0  # positions per tile of the two reductions (0: block_s)
     reduce_warps: int = 0  # warps of the two reductions (0: num_warps)

@@ -27,12 +27,12 @@ from .config import GemmConfig
 @triton.jit
 def mma(a, b, acc, MMA: tl.constexpr):
     """acc + a @ b: MMA 0 tensor cores with exact products ("ieee": float32 is not rounded to
-    tf32), 1 integer tensor cores (int8 -> int32), 2 FMAs (float64: Triton 3.6 cannot lower a
+    tf32), 1 integer tensor cores (int8 -> int32, no precision argument), 2 FMAs (float64: Triton 3.6 cannot lower a
     float64 tl.dot for sm_90; small tiles keep the broadcast product in registers)."""
     if MMA == 2:
         acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)
     elif MMA == 1:
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)  # Triton 3.6 checks acc against out_dtype (default float32)
     else:
         acc = tl.dot(a, b, acc, input_precision="ieee")
     return acc
