@@ -3,6 +3,7 @@
 # into the image's Python, then run what MODE asks, writing everything under $OUT.
 #
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check   # GPU tests, host profile, full conformance, config sweeps
+#   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # hal bench with torch.compile peers (BENCH_OPS=a,b to pick)
 #
 # Wheels the image lacks (stevedore) travel in .whl/ (carry it). Each step has its own time limit so
@@ -36,7 +37,7 @@ case "$mode" in
   verify)  # after fixes: the full conformance suite again, config sweeps, then hal bench with compile peers
     [ -f .scratch/int8_debug.py ] && step int8-debug 60 python3 .scratch/int8_debug.py
     step probe 100 python3 benchmarks/probe_configs.py "$out/probe.json" --quick-norms
-    OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
+    OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     step bench "${BENCH_LIMIT:-240}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
     ;;
   bench)  # hal bench with the torch.compile peers (bench.json is rewritten after every case)
