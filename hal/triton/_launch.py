@@ -7,12 +7,14 @@ and a conformance run meets hundreds of shapes.
 
 from __future__ import annotations
 
+import os
 import struct
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.driver import driver as _driver
 
 from .config import cdiv, next_pow2  # noqa: F401  (re-exported for the kernel families)
 
@@ -45,8 +47,90 @@ def launch(kernel: Any, grid: Sequence[int], *args: Any, num_warps: int = 4, num
 
     ``fp_fusion=False`` forbids contracting a multiply and an add into one FMA, for kernels whose
     rounding must match a reference bit for bit (quantisation).
+
+    The first launch of a specialisation goes through Triton (``kernel[grid](...)``: binding,
+    specialisation, compilation); later ones with the same :func:`_spec_key` call the compiled
+    kernel's launcher directly (see :class:`_Launched`), which saves most of Triton's per-launch
+    host time. ``HAL_TRITON_FAST_LAUNCH=0`` turns that off.
     """
-    kernel[tuple(grid)](*args, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion, **constexprs)
+    if _FAST_LAUNCH[0]:
+        try:
+            key = (kernel, num_warps, num_stages, fp_fusion, *constexprs.items(), *map(_spec_key, args))
+            hit = _LAUNCHED.get(key)
+        except TypeError:  # an unhashable constexpr: Triton's path only
+            key = hit = None
+        if hit is not None:
+            hit(grid, args)
+            return
+    else:
+        key = None
+    compiled = kernel[tuple(grid)](*args, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion, **constexprs)
+    if key is not None and compiled is not None:
+        launched = _Launched.build(kernel, compiled, len(args), constexprs)
+        if launched is None:
+            _FAST_LAUNCH[0] = False  # this Triton's compiled kernels do not look as expected
+        else:
+            if len(_LAUNCHED) > 8192:
+                _LAUNCHED.clear()
+            _LAUNCHED[key] = launched
+
+
+#: whether launches of compiled specialisations bypass Triton's Python launch path
+_FAST_LAUNCH = [os.environ.get("HAL_TRITON_FAST_LAUNCH", "1") != "0" and not triton.knobs.runtime.interpret]
+_LAUNCHED: dict[tuple, "_Launched"] = {}
+
+
+def _spec_key(a: Any) -> Any:
+    """What of a runtime argument Triton specialises a kernel on, or finer: a tensor's dtype and its
+    address modulo 16; an integer's 32-bit range, whether it is 1 and whether 16 divides it; the
+    value of a bool or None; the type of a float (passed as float32, never specialised)."""
+    t = type(a)
+    if t is int:
+        return (int, a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF)
+    if t is float:
+        return float
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() & 15, a.device.index)
+    return (t, a)
+
+
+class _Launched:
+    """A compiled specialisation and how to call its launcher: the arguments Triton's binder would
+    pass (the runtime ones, then the constexprs in signature order, which the launcher skips)."""
+
+    __slots__ = ("compiled", "tail")
+
+    def __init__(self, compiled: Any, tail: tuple) -> None:
+        self.compiled, self.tail = compiled, tail
+
+    @classmethod
+    def build(cls, kernel: Any, compiled: Any, n_args: int, constexprs: dict[str, Any]) -> "Optional[_Launched]":
+        try:
+            names = list(kernel.arg_names)
+            params = kernel.signature.parameters
+            tail = []
+            for name in names[n_args:]:
+                if name in constexprs:
+                    tail.append(constexprs[name])
+                elif params[name].default is not params[name].empty:
+                    tail.append(params[name].default)
+                else:
+                    return None
+            for attr in ("run", "function", "packed_metadata", "launch_metadata"):
+                getattr(compiled, attr)
+        except (AttributeError, KeyError, TypeError):
+            return None
+        return cls(compiled, tuple(tail))
+
+    def __call__(self, grid: Sequence[int], args: tuple) -> None:
+        c = self.compiled
+        full = args + self.tail
+        device = _driver.active.get_current_device()
+        stream = _driver.active.get_current_stream(device)
+        n = len(grid)
+        hooks = triton.knobs.runtime
+        c.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, c.function, c.packed_metadata,
+              c.launch_metadata(grid, stream, *full), hooks.launch_enter_hook, hooks.launch_exit_hook, *full)
 
 
 _F32 = struct.Struct("f")
