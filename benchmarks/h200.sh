@@ -4,6 +4,7 @@
 #
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check   # GPU tests, host profile, full conformance, config sweeps
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
+#   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, hal bench with compile, sweeps
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # hal bench with torch.compile peers (BENCH_OPS=a,b to pick)
 #
 # Wheels the image lacks (stevedore) travel in .whl/ (carry it). Each step has its own time limit so
@@ -40,9 +41,15 @@ case "$mode" in
     OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     step bench "${BENCH_LIMIT:-240}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
     ;;
+  final)  # the committed results: GPU tests, full conformance, hal bench with compile peers, sweeps
+    step gpu-tests 60 python3 -m pytest -q -p no:cacheprovider tests/cuda/device
+    OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
+    step bench "${BENCH_LIMIT:-380}" python3 -m hal bench --out "$out/bench"
+    step probe 40 python3 benchmarks/probe_configs.py "$out/probe.json" --quick-norms
+    ;;
   bench)  # hal bench with the torch.compile peers (bench.json is rewritten after every case)
     step bench "${BENCH_LIMIT:-540}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
     ;;
-  *) echo "unknown mode $mode (check, bench)"; exit 2 ;;
+  *) echo "unknown mode $mode (check, verify, final, bench)"; exit 2 ;;
 esac
 ls -la "$OUT"

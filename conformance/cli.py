@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerances", metavar="FILE", help="a tolerance override file (lines 'op dtype atol rtol')")
     parser.add_argument("--strict-xpass", action="store_true", help="fail the run when a listed known failure passes")
     parser.add_argument("--no-poison", action="store_true", help="do not poison output allocations (to see whether a failure depends on it)")
-    parser.add_argument("--jobs", metavar="N", type=int, default=1, help="run the cases in N worker processes, whole ops each (default 1: in this process)")
+    parser.add_argument("--jobs", metavar="N", type=int, help="run the cases in N worker processes, whole ops each (default: 1 for a CPU backend, up to 8 for a GPU backend, whose run is bound by kernel compilation on the host)")
     parser.add_argument("--list", action="store_true", help="print the case ids that would run, and exit")
 
 
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         poison=not args.no_poison,
         strict_xpass=args.strict_xpass,
     )
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         print(f"hal conformance: --jobs {args.jobs}: give a number of processes, 1 or more", file=sys.stderr)
         return 2
     try:
@@ -94,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hal conformance: {exc}", file=sys.stderr)
         return 2
     plan = suite.plan()
+    if args.jobs is None:
+        args.jobs = 1 if suite.torch_device.type == "cpu" else max(1, min(8, (os.cpu_count() or 1) // 2))
     if args.list:
         for p in plan:
             print(p.id)

@@ -77,11 +77,11 @@ def _elementwise() -> Iterator[Spec]:
         **_ints("R", "C", "n_col_blocks", "D1", "D2", "ss0", "ss1", "ss2", "ss3", "hs0", "hs1", "hs2", "hs3"),
         ACT=2, BLOCK_R=4, BLOCK_C=256, COMPUTE=F32,
     )
-    yield _spec("elementwise", "affine_act_kernel", "bf16 tensor scale", x_ptr="*bf16", out_ptr="*bf16", scale_ptr="*fp32",
-                shift_ptr="*bf16", scale_val="fp32", shift_val="fp32", SCALE_TENSOR=True, SHIFT_TENSOR=False, **common)
+    yield _spec("elementwise", "affine_act_kernel", "bf16 tensor scale, bias", x_ptr="*bf16", out_ptr="*bf16", scale_ptr="*fp32",
+                shift_ptr="*bf16", scale_val="fp32", shift_val="fp32", SCALE_TENSOR=1, SHIFT_TENSOR=2, **common)
     yield _spec("elementwise", "affine_act_backward_kernel", "fp16 scalars", g_ptr="*fp16", x_ptr="*fp16", gx_ptr="*fp16",
                 dz_ptr="*fp32", part_ptr="*fp32", scale_ptr="*fp16", shift_ptr="*fp16", scale_val="fp32", shift_val="fp32",
-                SCALE_TENSOR=False, SHIFT_TENSOR=False, WRITE_DZ=False, **common)
+                SCALE_TENSOR=0, SHIFT_TENSOR=0, WRITE_DZ=False, **common)
 
 
 def _norm() -> Iterator[Spec]:

@@ -34,8 +34,12 @@ def _row_offsets(rows, D1, D2, s0, s1, s2):
 
 
 @triton.jit
-def _load_param(ptr, val, rows, cols, mask, D1, D2, s0, s1, s2, s3, IS_TENSOR: tl.constexpr, COMPUTE: tl.constexpr):
-    if IS_TENSOR:
+def _load_param(ptr, val, rows, cols, mask, C, D1, D2, s0, s1, s2, s3, MODE: tl.constexpr, COMPUTE: tl.constexpr):
+    """A parameter's values for a tile: MODE 0 the number ``val``, 1 a tensor (any broadcast), 2 a
+    tensor constant along rows (a bias over the last dimension: one vector load for the tile)."""
+    if MODE == 2:
+        p = tl.load(ptr + cols.to(tl.int64) * s3, mask=cols < C, other=0.0).to(COMPUTE)[None, :]
+    elif MODE == 1:
         offs = _row_offsets(rows, D1, D2, s0, s1, s2)[:, None] + cols[None, :].to(tl.int64) * s3
         p = tl.load(ptr + offs, mask=mask, other=0.0).to(COMPUTE)
     else:
@@ -57,8 +61,8 @@ def affine_act_kernel(
     mask = (rows < R)[:, None] & (cols < C)[None, :]
     offs = rows.to(tl.int64)[:, None] * C + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-    s = _load_param(scale_ptr, scale_val, rows, cols, mask, D1, D2, ss0, ss1, ss2, ss3, SCALE_TENSOR, COMPUTE)
-    h = _load_param(shift_ptr, shift_val, rows, cols, mask, D1, D2, hs0, hs1, hs2, hs3, SHIFT_TENSOR, COMPUTE)
+    s = _load_param(scale_ptr, scale_val, rows, cols, mask, C, D1, D2, ss0, ss1, ss2, ss3, SCALE_TENSOR, COMPUTE)
+    h = _load_param(shift_ptr, shift_val, rows, cols, mask, C, D1, D2, hs0, hs1, hs2, hs3, SHIFT_TENSOR, COMPUTE)
     y = act_fwd(x * s + h, ACT)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -81,8 +85,8 @@ def affine_act_backward_kernel(
     offs = rows.to(tl.int64)[:, None] * C + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-    s = _load_param(scale_ptr, scale_val, rows, cols, mask, D1, D2, ss0, ss1, ss2, ss3, SCALE_TENSOR, COMPUTE)
-    h = _load_param(shift_ptr, shift_val, rows, cols, mask, D1, D2, hs0, hs1, hs2, hs3, SHIFT_TENSOR, COMPUTE)
+    s = _load_param(scale_ptr, scale_val, rows, cols, mask, C, D1, D2, ss0, ss1, ss2, ss3, SCALE_TENSOR, COMPUTE)
+    h = _load_param(shift_ptr, shift_val, rows, cols, mask, C, D1, D2, hs0, hs1, hs2, hs3, SHIFT_TENSOR, COMPUTE)
     dz = tl.where(mask, g * act_grad(x * s + h, ACT), 0.0)
     tl.store(gx_ptr + offs, (dz * s).to(gx_ptr.dtype.element_ty), mask=mask)
     if WRITE_DZ:
@@ -155,14 +159,14 @@ def plan_layout(x: torch.Tensor, params: list[Optional[torch.Tensor]]) -> tuple[
     return Layout(perm, dims4, strides4), params  # type: ignore[arg-type]
 
 
-def _param_args(x: torch.Tensor, value: Scalar, strides: Optional[tuple[int, ...]]) -> tuple[Any, Any, tuple[int, ...], bool]:
-    """(pointer, scalar, strides, is_tensor) of one parameter as the kernels take it."""
+def _param_args(x: torch.Tensor, value: Scalar, strides: Optional[tuple[int, ...]]) -> tuple[Any, Any, tuple[int, ...], int]:
+    """(pointer, scalar, strides, mode) of one parameter as the kernels take it (mode: see _load_param)."""
     if isinstance(value, torch.Tensor):
         assert strides is not None
-        return value, 0.0, strides, True
+        return value, 0.0, strides, 2 if strides[:3] == (0, 0, 0) else 1
     if x.dtype == torch.float64:  # Triton passes Python floats as float32: a float64 fill keeps it exact
-        return torch.full((1,), float(value), dtype=torch.float64, device=x.device), 0.0, (0, 0, 0, 0), True
-    return x, float(value), (0, 0, 0, 0), False
+        return torch.full((1,), float(value), dtype=torch.float64, device=x.device), 0.0, (0, 0, 0, 0), 1
+    return x, float(value), (0, 0, 0, 0), 0
 
 
 #: widest column tile when there are several rows: per-column parameters are then loaded once for a
