@@ -59,8 +59,11 @@ class Run:
 def git_commit() -> tuple[Optional[str], Optional[bool]]:
     """(HEAD commit, whether the tree has uncommitted changes) of the checkout hal runs from."""
     where = Path(hal.__file__).resolve().parent.parent
-    # a copy of the tree without .git (a device machine) is told its commit in HAL_COMMIT / HAL_DIRTY
-    told = os.environ.get("HAL_COMMIT") or None, (os.environ["HAL_DIRTY"] == "1") if "HAL_DIRTY" in os.environ else None
+    # a copy of a tree on another machine (a device machine: no .git, or one from another commit) is
+    # told its commit in HAL_COMMIT / HAL_DIRTY, which win over git
+    if os.environ.get("HAL_COMMIT"):
+        return os.environ["HAL_COMMIT"], (os.environ["HAL_DIRTY"] == "1") if "HAL_DIRTY" in os.environ else None
+    told = None, None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:

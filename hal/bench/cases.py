@@ -108,9 +108,12 @@ def backward(fwd_op: str, args: tuple, kwargs: Optional[dict], wrt: tuple[str, .
         canon[i] = canon[i].detach().requires_grad_(True)
         leaves.append(canon[i])
 
+    mutated = set(get_op(fwd_op).mutates)  # running statistics: each graph updates its own copy
+
     def run(f: Callable[..., Any]) -> tuple[torch.Tensor, Any]:
+        call = [c.clone() if n in mutated and isinstance(c, torch.Tensor) else c for n, c in zip(names, canon)]
         with torch.enable_grad():
-            return f(*canon)
+            return f(*call)
 
     out = run(fn)
     grad_out = torch.randn_like(out)

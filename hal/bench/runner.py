@@ -146,7 +146,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         dev.update(name=p.name, arch=f"sm_{p.major}{p.minor}", memory_bytes=int(p.total_memory), multiprocessors=p.multi_processor_count)
     else:
         dev.update(name=platform.processor() or platform.machine())
-    status = _git("status", "--porcelain")
+    told = os.environ.get("HAL_COMMIT")  # a copy of the tree on a device machine: wins over its .git
+    status = None if told else _git("status", "--porcelain")
     try:
         import triton
 
@@ -155,9 +156,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         triton_version = None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        # a copy of the tree without .git (a device machine) gets the commit from HAL_COMMIT
-        "commit": _git("rev-parse", "HEAD") or os.environ.get("HAL_COMMIT"),
-        "dirty": bool(status) if status is not None else (os.environ.get("HAL_DIRTY") == "1" or None),
+        "commit": told or _git("rev-parse", "HEAD"),
+        "dirty": bool(status) if status is not None else ((os.environ["HAL_DIRTY"] == "1") if "HAL_DIRTY" in os.environ else None),
         "hal_version": hal.__version__,
         "torch": torch.__version__,
         "triton": triton_version,
