@@ -255,7 +255,7 @@ def _pre_activation(a: dict[str, Any]) -> torch.Tensor:
     rm, rv = f64(a["running_mean"]), f64(a["running_var"])  # copies: training mode updates them
     with hal.use(backend="cpu_ref"):
         y = hal.ops.conv2d(f64(a["x"]), f64(a["conv_weight"]), f64(a["conv_bias"]), a["stride"], a["padding"], a["dilation"], a["groups"])
-        z = hal.ops.batch_norm(y, rm, rv, f64(a["bn_weight"]), f64(a["bn_bias"]), a["training"], a["momentum"], a["eps"])
+        z = hal.ops.batch_norm(y, rm, rv, f64(a["bn_weight"]), f64(a["bn_bias"]), a["training"], a.get("momentum", 0.1), a["eps"])
     return torch.as_tensor(z)
 
 

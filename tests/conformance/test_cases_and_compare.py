@@ -157,3 +157,19 @@ def test_raising_declining_and_input_writing_kernels(install, seed):
     assert declined.status == "skip" and "needs a 16-aligned row" in declined.reason
     written = by[("in_place", "attention_probs")]
     assert written.status == "fail" and "x: the kernel wrote into this input" in written.reason
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fused_backward_grad_out_vanishes_on_the_relu_kink_band(dtype, seed):
+    """Where the float64 pre-activation is within KINK_BAND of zero, a correct half-precision
+    kernel may put the ReLU's mask either way: the case's grad_out is zero exactly there."""
+    from hal.conformance.cases import find_case
+    from hal.conformance.cases.conv import KINK_BAND, _pre_activation
+
+    spec = find_case("fused_conv_bn_relu_backward", "resnet50_train_3x3_b2")
+    call = draw_call("fused_conv_bn_relu_backward", dtype, spec, seed, "cpu")
+    g = call.args["grad_out"].float()
+    near = _pre_activation(call.args).abs() <= KINK_BAND[dtype] * call.scale
+    assert 0 < int(near.sum()) < g.numel() // 10  # a thin band, but a band
+    assert bool((g[near] == 0).all())
+    assert bool((g[~near] != 0).float().mean() > 0.99)  # elsewhere the drawn values are kept

@@ -207,3 +207,22 @@ def test_a_worker_that_dies_turns_its_cases_into_errors(seed, tmp_path):
     results = run_parallel(suite, settings, plan, 2, progress=seen.append)
     assert [r.id for r in results] == [p.id for p in plan] and len(seen) == len(plan)
     assert all(r.status == "error" and "exited with status 1" in r.reason and "missing.txt" in r.reason for r in results)
+
+
+def test_a_commit_given_in_the_environment_wins_over_git(monkeypatch):
+    """A device machine's copy of the tree may carry the .git of another commit: HAL_COMMIT wins."""
+    from hal.bench.runner import environment
+    from hal.conformance.report import git_commit
+
+    import torch
+
+    head, _ = git_commit()
+    told = "0123456789abcdef0123456789abcdef01234567"
+    assert head != told
+    monkeypatch.setenv("HAL_COMMIT", told)
+    monkeypatch.setenv("HAL_DIRTY", "0")
+    assert git_commit() == (told, False)
+    env = environment(torch.device("cpu"))
+    assert (env["commit"], env["dirty"]) == (told, False)
+    monkeypatch.setenv("HAL_DIRTY", "1")
+    assert git_commit() == (told, True)
