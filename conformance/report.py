@@ -63,15 +63,14 @@ def git_commit() -> tuple[Optional[str], Optional[bool]]:
     # told its commit in HAL_COMMIT / HAL_DIRTY, which win over git
     if os.environ.get("HAL_COMMIT"):
         return os.environ["HAL_COMMIT"], (os.environ["HAL_DIRTY"] == "1") if "HAL_DIRTY" in os.environ else None
-    told = None, None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
-            return told
+            return None, None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where, capture_output=True, text=True, timeout=10)
         return head.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
-        return told
+        return None, None
 
 
 def to_json(run: Run) -> dict[str, Any]:

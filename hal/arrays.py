@@ -6,6 +6,8 @@ bfloat16 travels as ``ml_dtypes.bfloat16`` arrays, viewed without copying.
 
 from __future__ import annotations
 
+import math
+import struct
 from typing import Any
 
 import ml_dtypes
@@ -37,6 +39,21 @@ _TORCH_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
 def is_array(x: Any) -> bool:
     """True for a torch.Tensor or a NumPy array."""
     return isinstance(x, (torch.Tensor, np.ndarray))
+
+
+def float32_value(v: float) -> float:
+    """``v`` rounded to the nearest float32 (out of its range: an infinity), as a Python float.
+
+    For numbers an op takes as float32 (a loss scaler's inv_scale), and for kernels that pass
+    floats to device code in float32. ``struct``, not a tensor: this runs on launch paths.
+    """
+    try:
+        return _F32.unpack(_F32.pack(v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+_F32 = struct.Struct("f")
 
 
 def dtype_name(a: torch.Tensor | np.ndarray) -> str:

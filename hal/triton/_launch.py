@@ -7,14 +7,16 @@ and a conformance run meets hundreds of shapes.
 
 from __future__ import annotations
 
+import math
 import os
-import struct
 from typing import Any, Optional, Sequence
 
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.driver import driver as _driver
+
+from hal.arrays import float32_value
 
 from .config import cdiv, next_pow2  # noqa: F401  (re-exported for the kernel families)
 
@@ -133,14 +135,11 @@ class _Launched:
               c.launch_metadata(grid, stream, *full), hooks.launch_enter_hook, hooks.launch_exit_hook, *full)
 
 
-_F32 = struct.Struct("f")
-
-
 def split_f64(v: float) -> tuple[float, float]:
     """v as two float32 numbers whose sum, in float64, is v to about 48 bits (kernels get Python
     floats as float32, too coarse for float64 statistics and epsilons)."""
-    hi = _F32.unpack(_F32.pack(v))[0]  # round to float32 (struct: no tensor on the hot path)
-    return hi, v - hi
+    hi = float32_value(v)
+    return (hi, v - hi) if math.isfinite(hi) else (v, 0.0)  # beyond float32's range: as Triton passes it
 
 
 def bf16_dot_workaround(dtype: torch.dtype) -> bool:

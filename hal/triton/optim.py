@@ -23,7 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import TL_DTYPES, cdiv, compute_dtype, launch, split_f64
+from hal.arrays import float32_value
+
+from ._launch import TL_DTYPES, cdiv, compute_dtype, launch
 
 Scalar = Union[float, torch.Tensor]
 
@@ -166,7 +168,7 @@ def _scalar_args(v: Optional[Scalar], device: torch.device, default: float) -> t
     value: a tensor is read as float32, a number rounded to float32."""
     if isinstance(v, torch.Tensor):
         return v.reshape(-1).float(), 0.0, True
-    return torch.empty(0, device=device), default if v is None else split_f64(float(v))[0], False
+    return torch.empty(0, device=device), default if v is None else float32_value(float(v)), False
 
 
 def fused_adamw(

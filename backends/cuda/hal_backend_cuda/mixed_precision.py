@@ -5,9 +5,10 @@ non-contiguous tensors)."""
 from __future__ import annotations
 
 import math
-import struct
 
 import torch
+
+from hal.arrays import float32_value
 
 from . import launch
 from ._common import FLOATS, NOT_F64, contiguous_lists, family, kernel
@@ -27,7 +28,7 @@ def amp_unscale_torch(tensors, inv_scale):
     device = tensors[0].device if tensors else "cuda"
     found = torch.zeros((), dtype=torch.float32, device=device)
     # the op takes inv_scale as a float32 value (as GradScaler keeps it)
-    inv = inv_scale.float() if isinstance(inv_scale, torch.Tensor) else struct.unpack("f", struct.pack("f", inv_scale))[0]
+    inv = inv_scale.float() if isinstance(inv_scale, torch.Tensor) else float32_value(inv_scale)
     for t in tensors:
         found = torch.maximum(found, (~torch.isfinite(t)).any().float())
         t.mul_(inv)
