@@ -309,26 +309,28 @@ def _elementwise_grid(view: _View, cfg: BNConfig) -> tuple[tuple[int], int, int]
 
 def affine_params(
     x: torch.Tensor,
+    view: _View,
     weight: Optional[torch.Tensor],
     bias: Optional[torch.Tensor],
     running_mean: Optional[torch.Tensor],
     running_var: Optional[torch.Tensor],
     conv_bias: Optional[torch.Tensor],
     training: bool,
+    update_running: bool,
     momentum: float,
     eps: float,
     cfg: BNConfig,
 ) -> torch.Tensor:
-    """The (8, C) per-channel buffer (rows 0-3 filled) of a batch norm of the dense x; in training
-    with running statistics these are updated in place."""
-    view = _View(x)
+    """The (8, C) per-channel buffer (rows 0-3 filled) of a batch norm of the dense x (``view``:
+    its _View); with ``update_running`` (training, running statistics given) these are updated in
+    place with ``momentum``."""
     cdt = compute_dtype(x.dtype)
     vec = torch.empty((8, view.c), dtype=torch_compute_dtype(x.dtype), device=x.device)
     if training:
         part, n_chunks = _reduce(bn_stats_kernel, (x,), view, None, None, cfg, cdt)
     else:
         part, n_chunks = vec, 0
-    update = training and running_mean is not None
+    update = update_running and training and running_mean is not None
     launch(
         bn_finalize_kernel, (cdiv(view.c, cfg.finalize_block),),
         x, part, vec, _or(weight, vec), _or(bias, vec), _or(running_mean, vec), _or(running_var, vec), _or(conv_bias, vec),
@@ -358,8 +360,8 @@ def batch_norm_forward(
 ) -> torch.Tensor:
     """``act(batch_norm(x + conv_bias))`` with act ReLU or none, in x's layout (x dense: see
     :func:`dense`). conv_bias is the bias of a convolution x came out of without it."""
-    vec = affine_params(x, weight, bias, running_mean, running_var, conv_bias, training, momentum, eps, cfg)
     view = _View(x)
+    vec = affine_params(x, view, weight, bias, running_mean, running_var, conv_bias, training, True, momentum, eps, cfg)
     y = torch.empty_like(x)
     assert y.stride() == x.stride()
     grid, ncb, nsb = _elementwise_grid(view, cfg)
@@ -384,13 +386,13 @@ def batch_norm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad_x, grad_weight, grad_bias) of :func:`batch_norm_forward` (statistics recomputed, running
     ones left alone); the parameter gradients in ``grad_dtypes``."""
-    vec = affine_params(x, weight, bias, running_mean, running_var, conv_bias, training, 0.0, eps, cfg)
+    view = _View(x)  # the statistics are recomputed; the running ones are read, never written
+    vec = affine_params(x, view, weight, bias, running_mean, running_var, conv_bias, training, False, 0.0, eps, cfg)
     if grad_out.stride() != x.stride():
         g = torch.empty_like(x)
         g.copy_(grad_out)
     else:
         g = grad_out
-    view = _View(x)
     cdt = compute_dtype(x.dtype)
     part, n_chunks = _reduce(bn_bwd_reduce_kernel, (g, x), view, vec, relu, cfg, cdt)
     gw = torch.empty(view.c, dtype=grad_dtypes[0], device=x.device)

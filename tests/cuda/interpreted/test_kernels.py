@@ -150,6 +150,17 @@ def test_batch_norm(gen, dtype, training, channels_last):
     check("batch_norm_backward", conv.batch_norm_backward, (g, x, rm, rv, w, training, 1e-5), outputs=3)
 
 
+def test_batch_norm_backward_leaves_running_statistics_alone(gen):
+    """A backward reads the running statistics and never writes them, even where the recomputed
+    batch statistics are not finite (a write of (1 - 0) * r + 0 * inf would leave NaN)."""
+    x = randn(gen, 3, 5, 4, 6, scale=2.0)
+    x[1, 2, 0, 0] = float("inf")
+    rm, rv = randn(gen, 5), torch.rand(5, generator=gen) + 0.5
+    before = rm.clone(), rv.clone()
+    conv.batch_norm_backward(randn(gen, 3, 5, 4, 6), x, rm, rv, randn(gen, 5), True, 1e-5)
+    assert torch.equal(rm, before[0]) and torch.equal(rv, before[1])
+
+
 def test_batch_norm_2d_input_without_affine(gen):
     x = randn(gen, 9, 4, shift=-2.0)
     check("batch_norm", conv.batch_norm, (x, None, None, None, None, True, 0.1, 1e-5))
