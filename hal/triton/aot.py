@@ -115,10 +115,11 @@ def _batchnorm() -> Iterator[Spec]:
     grid = _ints("N", "C", "S", "sN", "sC", "sS", "n_per", "s_per", "n_sgroups", "n_cblocks")
     tile = _ints("C", "S", "sN", "sC", "sS", "n_cblocks", "n_sblocks")
     yield _spec("batchnorm", "bn_stats_kernel", "bf16", x_ptr="*bf16", part_ptr="*fp32", **grid, BLOCK_C=64, BLOCK_S=32, COMPUTE=F32)
-    yield _spec("batchnorm", "bn_finalize_kernel", "training", x_ptr="*bf16", part_ptr="*fp32", vec_ptr="*fp32", w_ptr="*fp32",
-                b_ptr="*fp32", rm_ptr="*fp32", rv_ptr="*fp32", cbias_ptr="*bf16", **_ints("n_chunks", "C", "sC"),
-                count="fp32", momentum_hi="fp32", momentum_lo="fp32", eps_hi="fp32", eps_lo="fp32", TRAINING=True, UPDATE_RUNNING=True, HAS_W=True, HAS_B=True,
-                HAS_CONV_BIAS=True, BLOCK_C=128, BLOCK_R=32, COMPUTE=F32)
+    for update in (True, False):  # the forward updates the running statistics, the backward only reads them
+        yield _spec("batchnorm", "bn_finalize_kernel", "training" + ("" if update else ", backward"), x_ptr="*bf16", part_ptr="*fp32",
+                    vec_ptr="*fp32", w_ptr="*fp32", b_ptr="*fp32", rm_ptr="*fp32", rv_ptr="*fp32", cbias_ptr="*bf16",
+                    **_ints("n_chunks", "C", "sC"), count="fp32", momentum_hi="fp32", momentum_lo="fp32", eps_hi="fp32", eps_lo="fp32",
+                    TRAINING=True, UPDATE_RUNNING=update, HAS_W=True, HAS_B=True, HAS_CONV_BIAS=True, BLOCK_C=128, BLOCK_R=32, COMPUTE=F32)
     yield _spec("batchnorm", "bn_apply_kernel", "bf16 relu", x_ptr="*bf16", y_ptr="*bf16", vec_ptr="*fp32", **tile,
                 RELU=True, BLOCK_C=64, BLOCK_S=32, COMPUTE=F32)
     yield _spec("batchnorm", "bn_bwd_reduce_kernel", "fp16 relu", g_ptr="*fp16", x_ptr="*fp16", part_ptr="*fp32", vec_ptr="*fp32",
