@@ -13,7 +13,7 @@ set -uo pipefail
 mode="${1:-check}"
 out=/tmp/hal-run  # packed into $OUT/run.tgz at the end (the tool returns at most 8 files)
 mkdir -p "$out" "${OUT:=/tmp/out}"
-export PYTHONUNBUFFERED=1 HAL_CUDA_CACHE_DIR="$out/autotune"
+export PYTHONUNBUFFERED=1 HAL_TRITON_CACHE_DIR="$out/autotune"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e backends/cpu_ref -e backends/cuda >"$out/pip.log" 2>&1 || { tail "$out/pip.log"; exit 1; }

@@ -1,7 +1,7 @@
 """Launch-configuration sweeps of the memory-bound Triton kernels on a GPU, at the sizes of issue 5.
 
 Prints one line per (kernel, config): median time and fraction of the measured copy bandwidth,
-so the tables in backends/cuda/hal_backend_cuda/launch.py can be set from measurements
+so the tables in backends/cuda/hal_backend_cuda/launch.py (CudaTables) can be set from measurements
 (see backends/cuda/PERF_NOTES.md). Writes the numbers as JSON to the path given as argv[1].
 """
 
@@ -99,7 +99,9 @@ def kernel_times(title: str, fn, reps: int = 20) -> None:
 
 def gemm_probe(timer: Timer, record) -> None:
     """linear at the issue's first shape through each kernel (the Triton GEMM autotunes first)."""
-    from hal_backend_cuda import gemm
+    from hal_backend_cuda import plugin
+
+    kernels = {k.name: k.fn for k in plugin.kernels if k.op == "linear"}
 
     m, k, n = 8192, 4096, 4096
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -107,7 +109,7 @@ def gemm_probe(timer: Timer, record) -> None:
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     flops = 2.0 * m * n * k
     for act in ("gelu_tanh", "gelu", "none"):
-        for name, fn in (("cublaslt", gemm.linear_cublaslt), ("cublas_triton", gemm.linear_cublas_triton), ("triton", gemm.linear_triton)):
+        for name, fn in kernels.items():
             if name == "cublaslt" and act == "gelu":
                 continue
             us = timer(lambda: fn(x, w, b, act))["median_us"]

@@ -593,8 +593,8 @@ class Dispatcher:
         if mode == "host":
             k_inputs = Inputs(decl, inputs.args, "cpu", torch.device("cpu"), inputs.dtype, "torch", None)
         else:
-            cap = state.capability(inputs.device) if inputs.array_type == "torch" else None
-            k_inputs = Inputs(decl, inputs.args, inputs.device_kind, inputs.device, inputs.dtype, inputs.array_type, cap)
+            arch = state.arch(inputs.device)
+            k_inputs = Inputs(decl, inputs.args, inputs.device_kind, inputs.device, inputs.dtype, inputs.array_type, arch)
         views: dict[str, Inputs] = {}
         for k in kernels:
             if forced is not None and k.name != forced:
@@ -677,7 +677,7 @@ def _inputs_as(inputs: Inputs, api: str, views: dict[str, Inputs]) -> Inputs:
     if api not in views:
         convert = arrays.to_numpy if api == "numpy" else arrays.from_numpy
         args = tuple(_map_arrays(inputs.op, inputs.args, convert))
-        views[api] = Inputs(inputs.op, args, inputs.device_kind, inputs.device, inputs.dtype, api, inputs.capability)
+        views[api] = Inputs(inputs.op, args, inputs.device_kind, inputs.device, inputs.dtype, api, inputs.arch)
     return views[api]
 
 

@@ -43,7 +43,7 @@ class Inputs:
     device: Any  # torch.device, or "cpu" for NumPy inputs
     dtype: Optional[str]  # the op's dtype (dtype of its ``dtype_from`` argument)
     array_type: str  # "numpy" or "torch"
-    capability: Optional[tuple[int, int]] = None  # compute capability on CUDA devices
+    arch: Optional[str] = None  # the device's architecture as its backend names it ("sm_90", "gfx90a")
 
     def __getitem__(self, name: str) -> Any:
         return self.args[self.op.index(name)]
@@ -51,6 +51,24 @@ class Inputs:
     @property
     def named(self) -> dict[str, Any]:
         return self.op.bind(self.args)
+
+
+@dataclasses.dataclass(frozen=True)
+class Archs:
+    """The device architectures a kernel runs on, stated as data: a predicate over the architecture
+    names its backend reports ("sm_90", "gfx942") and the phrase that describes it ("sm_80 or
+    newer"). Backends build these (``hal_backend_cuda.sm(80)``, ``hal_backend_rocm.gfx("gfx90a")``)."""
+
+    accepts: Callable[[str], bool]
+    text: str
+
+    def reason(self, arch: Optional[str]) -> Optional[str]:
+        """Why a device of ``arch`` cannot run the kernel (None when it can)."""
+        if arch is None:
+            return f"device architecture unknown (this kernel needs {self.text})"
+        if not self.accepts(arch):
+            return f"device architecture {arch} not supported (this kernel needs {self.text})"
+        return None
 
 
 @dataclasses.dataclass(eq=False)
@@ -64,7 +82,7 @@ class KernelSpec:
     plugin: str
     priority: int = 0
     dtypes: Optional[frozenset[str]] = None  # None: every dtype the op declares
-    min_capability: Optional[tuple[int, int]] = None
+    archs: Optional[Archs] = None  # None: every architecture of its backend
     check: Optional[Callable[[Inputs], Reasons]] = None
     array_api: Optional[str] = None  # "numpy" or "torch"; None: the backend's
     #: a vendor-fused or hand-written kernel (True) or a simple one (False); shown by `hal info`.
@@ -79,12 +97,10 @@ class KernelSpec:
         reasons: list[str] = []
         if self.dtypes is not None and inputs.dtype not in self.dtypes:
             reasons.append(f"dtype {inputs.dtype} not supported (supports {', '.join(sorted(self.dtypes))})")
-        if self.min_capability is not None:
-            cap = inputs.capability
-            if cap is None or tuple(cap) < tuple(self.min_capability):
-                have = "unknown" if cap is None else f"{cap[0]}.{cap[1]}"
-                need = f"{self.min_capability[0]}.{self.min_capability[1]}"
-                reasons.append(f"compute capability {have} < {need} needed by this kernel")
+        if self.archs is not None:
+            why = self.archs.reason(inputs.arch)
+            if why:
+                reasons.append(why)
         if self.check is not None and not reasons:
             extra = self.check(inputs)
             if isinstance(extra, str):
@@ -106,8 +122,8 @@ class BackendInfo:
     probe: Callable[[], Optional[str]]
     #: lists the devices (called only when available).
     list_devices: Callable[[], list[DeviceInfo]]
-    #: compute capability of a device, where the notion exists.
-    capability: Optional[Callable[[Any], Optional[tuple[int, int]]]] = None
+    #: the architecture name of a device ("sm_90", "gfx90a"), where the backend has the notion.
+    arch: Optional[Callable[[Any], Optional[str]]] = None
     #: the array type its kernels take by default: "numpy" or "torch".
     array_api: str = "torch"
 
@@ -130,7 +146,7 @@ class Plugin:
         device_types: Iterable[str],
         probe: Callable[[], Optional[str]] = lambda: None,
         devices: Callable[[], list[DeviceInfo]] = list,
-        capability: Optional[Callable[[Any], Optional[tuple[int, int]]]] = None,
+        arch: Optional[Callable[[Any], Optional[str]]] = None,
         array_api: str = "torch",
     ) -> BackendInfo:
         """Define the backend named after this plugin."""
@@ -143,7 +159,7 @@ class Plugin:
             device_types=tuple(device_types),
             probe=probe,
             list_devices=devices,
-            capability=capability,
+            arch=arch,
             array_api=array_api,
         )
         return self.backend
@@ -156,7 +172,7 @@ class Plugin:
         backend: Optional[str] = None,
         priority: int = 0,
         dtypes: Optional[Iterable[str]] = None,
-        min_capability: Optional[tuple[int, int]] = None,
+        archs: Optional[Archs] = None,
         check: Optional[Callable[[Inputs], Reasons]] = None,
         array_api: Optional[str] = None,
         fused: bool = True,
@@ -191,7 +207,7 @@ class Plugin:
                     plugin=self.name,
                     priority=int(priority),
                     dtypes=frozenset(dtypes) if dtypes is not None else None,
-                    min_capability=tuple(min_capability) if min_capability else None,
+                    archs=archs,
                     check=check,
                     array_api=array_api,
                     fused=fused,

@@ -79,10 +79,11 @@ class BackendState:
         self._probe()
         return self._devices
 
-    def capability(self, device: Any) -> Optional[tuple[int, int]]:
-        if self.info.capability is None:
+    def arch(self, device: Any) -> Optional[str]:
+        """The architecture name of a device of this backend ("sm_90"), where it has the notion."""
+        if self.info.arch is None:
             return None
-        return self.info.capability(device)
+        return self.info.arch(device)
 
 
 def _api_problem(plugin: Plugin, distribution: Optional[str]) -> Optional[PluginError]:

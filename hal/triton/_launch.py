@@ -44,11 +44,13 @@ def torch_compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def launch(kernel: Any, grid: Sequence[int], *args: Any, num_warps: int = 4, num_stages: int = 2, fp_fusion: bool = True, **constexprs: Any) -> None:
+def launch(kernel: Any, grid: Sequence[int], *args: Any, num_warps: int = 4, num_stages: int = 2, fp_fusion: bool = True,
+           options: Sequence[tuple[str, Any]] = (), **constexprs: Any) -> None:
     """Launch ``kernel`` on ``grid`` with its runtime ``args`` and ``constexprs``.
 
     ``fp_fusion=False`` forbids contracting a multiply and an add into one FMA, for kernels whose
-    rounding must match a reference bit for bit (quantisation).
+    rounding must match a reference bit for bit (quantisation). ``options`` are vendor launch
+    options given to Triton as they are (AMD's ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``).
 
     The first launch of a specialisation goes through Triton (``kernel[grid](...)``: binding,
     specialisation, compilation); later ones with the same :func:`_spec_key` call the compiled
@@ -57,7 +59,7 @@ def launch(kernel: Any, grid: Sequence[int], *args: Any, num_warps: int = 4, num
     """
     if _FAST_LAUNCH[0]:
         try:
-            key = (kernel, num_warps, num_stages, fp_fusion, *constexprs.items(), *map(_spec_key, args))
+            key = (kernel, num_warps, num_stages, fp_fusion, tuple(options), *constexprs.items(), *map(_spec_key, args))
             hit = _LAUNCHED.get(key)
         except TypeError:  # an unhashable constexpr: Triton's path only
             key = hit = None
@@ -66,7 +68,7 @@ def launch(kernel: Any, grid: Sequence[int], *args: Any, num_warps: int = 4, num
             return
     else:
         key = None
-    compiled = kernel[tuple(grid)](*args, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion, **constexprs)
+    compiled = kernel[tuple(grid)](*args, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion, **dict(options), **constexprs)
     if key is not None and compiled is not None:
         launched = _Launched.build(kernel, compiled, len(args), constexprs)
         if launched is None:

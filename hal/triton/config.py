@@ -16,13 +16,24 @@ def next_pow2(n: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
-    """Tile shape and pipelining of a GEMM-like kernel (block_k is the reduction tile)."""
+    """Tile shape and pipelining of a GEMM-like kernel (block_k is the reduction tile).
+
+    ``options`` holds vendor launch options passed to the kernel as they are (AMD:
+    ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``), as sorted (name, value) pairs so
+    that configurations stay hashable and serialisable.
+    """
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
+    options: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GemmConfig":
+        """A configuration from its ``dataclasses.asdict`` form (a JSON cache entry)."""
+        return cls(**{**d, "options": tuple(tuple(o) for o in d.get("options", ()))})
 
 
 @dataclasses.dataclass(frozen=True)

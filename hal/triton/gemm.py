@@ -101,7 +101,7 @@ def _run(a: torch.Tensor, b_nk: torch.Tensor, out: torch.Tensor, bias: Optional[
         xs if xs_tensor else out, ws if ws_mode else out,
         0.0 if xs_tensor else float(xs), 0.0 if ws_mode else float(ws),
         m, n, k, a.stride(0), a.stride(1), b_nk.stride(1), b_nk.stride(0), out.stride(0), out.stride(1), ACT_CODES[act],
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, options=cfg.options,
         HAS_BIAS=bias is not None, INT8=int8, XS_TENSOR=xs_tensor, WS_MODE=ws_mode,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=GROUP_M, EVEN_K=k % cfg.block_k == 0,
         MMA=mma_mode(a.dtype), ACC=tl.int32 if int8 else compute_dtype(a.dtype),

@@ -171,7 +171,7 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, w_strides: tuple[int, int, 
     launch(
         gg_forward_kernel, grid,
         x, w, y, meta, stride, g, k, n, n_tiles_n, x.stride(0), x.stride(1), *w_strides, y.stride(0), y.stride(1),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, options=cfg.options,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
         MMA=mma_mode(x.dtype), ACC=compute_dtype(x.dtype), DOT_F32=bf16_dot_workaround(x.dtype),
     )
@@ -197,7 +197,7 @@ def grouped_gemm_backward(
         gg_weight_grad_kernel, (g * n_tiles_k * n_tiles_n,),
         x, grad_out, grad_w, meta, stride, k, n, n_tiles_k, n_tiles_n,
         x.stride(0), x.stride(1), grad_out.stride(0), grad_out.stride(1), *grad_w.stride(),
-        num_warps=cfg_w.num_warps, num_stages=cfg_w.num_stages,
+        num_warps=cfg_w.num_warps, num_stages=cfg_w.num_stages, options=cfg_w.options,
         BLOCK_K=cfg_w.block_m, BLOCK_N=cfg_w.block_n, BLOCK_R=cfg_w.block_k, MMA=mma_mode(x.dtype),
         ACC=compute_dtype(x.dtype), DOT_F32=bf16_dot_workaround(x.dtype),
     )

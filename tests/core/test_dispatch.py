@@ -17,7 +17,7 @@ from hal.errors import (
     PluginError,
     UnsupportedError,
 )
-from hal.plugin import Plugin
+from hal.plugin import Archs, Plugin
 
 
 def softmax_plugin(name: str, priority: int, kernels: dict, **backend) -> Plugin:
@@ -89,11 +89,12 @@ def test_rejection_reasons_are_sentences_and_next_kernel_runs(install_plugins):
     assert hal.explain("softmax", x.float(), dim=0).kernel == "f32"
 
 
-def test_min_capability_reason(install_plugins):
-    install_plugins([softmax_plugin("gpu_like", 10, {"hopper": {"priority": 5, "min_capability": (9, 0)}, "any": {}}, capability=lambda d: (8, 0))])
+def test_architecture_predicate_reason(install_plugins):
+    newer = Archs(lambda a: a >= "v9", "v9 or newer")
+    install_plugins([softmax_plugin("gpu_like", 10, {"hopper": {"priority": 5, "archs": newer}, "any": {}}, arch=lambda d: "v8")])
     d = hal.explain("softmax", torch.randn(2, 3))
     assert d.kernel == "any"
-    assert "compute capability 8.0 < 9.0 needed by this kernel" in str(d)
+    assert "device architecture v8 not supported (this kernel needs v9 or newer)" in str(d)
 
 
 def test_unavailable_backend_is_skipped_with_its_reason(install_plugins):

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 from hal_backend_cuda import plugin
-from hal_backend_cuda._device import MIN_CAPABILITY, probe, probe_reason
+from hal_backend_cuda._device import MIN_CAPABILITY, SM80, probe, probe_reason, sm
 
 import hal
 
@@ -42,12 +42,20 @@ def test_probe_reasons() -> None:
     assert probe_reason("13.0", None, 1, [MIN_CAPABILITY]) is None
 
 
-def test_every_op_has_a_cuda_kernel_with_capability_data() -> None:
+def test_every_op_has_a_cuda_kernel_with_architecture_data() -> None:
     ops = {d.name for d in hal.list_ops()}
     kernels = [k for k in plugin.kernels if k.backend == "cuda"]
     assert {k.op for k in kernels} == ops
     for k in kernels:
-        assert k.min_capability is not None and k.min_capability >= MIN_CAPABILITY, k.qualname
+        assert k.archs is not None and not k.archs.accepts("sm_75") and k.archs.accepts("sm_90"), k.qualname
+
+
+def test_architecture_predicates() -> None:
+    assert SM80.accepts("sm_80") and SM80.accepts("sm_100") and not SM80.accepts("sm_75")
+    assert not SM80.accepts("gfx90a") and SM80.text == "sm_80 or newer"
+    assert sm(90).reason("sm_80") == "device architecture sm_80 not supported (this kernel needs sm_90 or newer)"
+    assert sm(90).reason(None) == "device architecture unknown (this kernel needs sm_90 or newer)"
+    assert MIN_CAPABILITY == (8, 0)
 
 
 def _kernel(op: str, name: str):
@@ -61,9 +69,11 @@ def test_kernels_state_what_they_reject_as_sentences() -> None:
     decl = get_op("int8_linear")
     xq, wq = torch.zeros(8, 30, dtype=torch.int8), torch.zeros(16, 30, dtype=torch.int8)
     args = (xq, wq, 1.0, 1.0, None, "float16")
-    on_volta = Inputs(decl, args, "cuda", torch.device("cuda", 0), "int8", "torch", (7, 0))
-    assert _kernel("int8_linear", "cublaslt").not_supported_reasons(on_volta) == ["compute capability 7.0 < 8.0 needed by this kernel"]
-    on_hopper = Inputs(decl, args, "cuda", torch.device("cuda", 0), "int8", "torch", (9, 0))
+    on_volta = Inputs(decl, args, "cuda", torch.device("cuda", 0), "int8", "torch", "sm_70")
+    assert _kernel("int8_linear", "cublaslt").not_supported_reasons(on_volta) == [
+        "device architecture sm_70 not supported (this kernel needs sm_80 or newer)"
+    ]
+    on_hopper = Inputs(decl, args, "cuda", torch.device("cuda", 0), "int8", "torch", "sm_90")
     assert _kernel("int8_linear", "cublaslt").not_supported_reasons(on_hopper) == [
         "8 rows; torch._int_mm needs more than 16",
         "K=30, N=16; torch._int_mm needs both multiples of 8",
@@ -80,7 +90,7 @@ def test_importing_the_plugin_imports_no_triton() -> None:
 def test_autotune_cache_persists_and_seeds(tmp_path) -> None:
     import json
 
-    from hal_backend_cuda.autotune import Cache
+    from hal.triton.autotune import Cache
 
     seed = tmp_path / "seed.json"
     seed.write_text(json.dumps({"choices": {"a": {"config": {"x": 1}}, "b": {"config": {"x": 2}}}}))
@@ -94,8 +104,10 @@ def test_autotune_cache_persists_and_seeds(tmp_path) -> None:
 
 
 def test_shipped_h200_choices_are_readable() -> None:
-    from hal_backend_cuda.autotune import SEED_DIR, Cache
+    from hal.triton.autotune import Cache
+    from hal_backend_cuda.launch import TABLES
 
-    cache = Cache(SEED_DIR / "unused.json", SEED_DIR / "autotune-nvidia-h200-sm90.json")
+    seed_dir = TABLES.seed_dir
+    cache = Cache(seed_dir / "unused.json", seed_dir / "autotune-nvidia-h200-sm90.json")
     hit = cache.get("grouped_gemm/torch.bfloat16/m16384/g128/k4096/n1408")
     assert hit is not None and set(hit["config"]) == {"block_m", "block_n", "block_k", "num_warps", "num_stages"}

@@ -2,10 +2,10 @@
 
 Vendor libraries through torch where they are the best tool (cuDNN convolution and its fused
 conv + bias + ReLU, cuBLAS/cuBLASLt GEMMs with epilogues, ``torch._int_mm``, the SDPA backends);
-Triton kernels from :mod:`hal.triton` for the fusions (batch norm + ReLU, scale_shift_act, norms,
-softmax, grouped GEMM, multi-tensor AdamW, quantisation), launched with this plugin's NVIDIA
-configurations (:mod:`hal_backend_cuda.launch`) and autotuned tiles cached per device
-(:mod:`hal_backend_cuda.autotune`).
+the shared Triton kernels of :mod:`hal.triton` for the fusions (batch norm + ReLU, scale_shift_act,
+norms, softmax, grouped GEMM, multi-tensor AdamW, quantisation), registered by
+:func:`hal.triton.kernels.register` with this plugin's NVIDIA launch tables
+(:mod:`hal_backend_cuda.launch`); autotuned tiles are cached per device model.
 
 Importing the plugin registers kernels only: Triton is imported, and kernels are compiled, on first
 use. Every kernel keeps the device asynchronous (nothing is read back to the host), so sequences of
@@ -20,9 +20,17 @@ __version__ = "0.1.0"
 
 plugin = Plugin(name="cuda", version=__version__, summary="NVIDIA GPUs: cuDNN/cuBLAS through torch, Triton fusions")
 
-from ._device import capability, devices, probe  # noqa: E402
+from hal.triton.kernels import VendorLibs, register  # noqa: E402
 
-plugin.define_backend(priority=100, device_types=("cuda",), probe=probe, devices=devices, capability=capability, array_api="torch")
+from ._device import SM80, arch, devices, probe  # noqa: E402
+from .launch import TABLES  # noqa: E402
 
-# Importing the families registers their kernels on `plugin`.
-from . import attention, conv, elementwise, gemm, mixed_precision, norm, quant  # noqa: E402,F401
+plugin.define_backend(priority=100, device_types=("cuda",), probe=probe, devices=devices, arch=arch, array_api="torch")
+
+# The vendor-library kernels register themselves on `plugin` when their modules are imported; the
+# shared Triton kernels are registered by the kit with this plugin's tables and libraries.
+from . import attention, conv, gemm, mixed_precision, norm  # noqa: E402,F401
+
+TRITON_KERNELS = register(plugin, TABLES, archs=SM80, vendor=VendorLibs("cudnn", conv.conv, conv.conv_grads, "cublas", gemm.blas_linear))
+
+from . import quant  # noqa: E402,F401  (builds on the Triton int8 GEMM)

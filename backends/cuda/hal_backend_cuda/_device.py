@@ -1,4 +1,5 @@
-"""Is a usable NVIDIA GPU here, and what is it: the backend's probe, device list and capability."""
+"""Is a usable NVIDIA GPU here, and what is it: the backend's probe, device list, architecture
+names ("sm_90") and the architecture predicates kernels state their support with."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from hal.plugin import DeviceInfo
+from hal.plugin import Archs, DeviceInfo
 
 #: The oldest architecture the kernels are built and tested for (Ampere): bf16 tensor cores,
 #: cp.async, and the cuDNN/cuBLASLt paths torch uses.
@@ -55,15 +56,32 @@ def devices() -> list[DeviceInfo]:
     return out
 
 
-def capability(device: Any) -> Optional[tuple[int, int]]:
+def arch(device: Any) -> Optional[str]:
+    """The architecture name of a CUDA device, "sm_<major><minor>" (None for other devices)."""
     if not isinstance(device, torch.device) or device.type != "cuda":
         return None
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+    return _arch(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
+def _arch(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
+
+
+def sm_number(name: str) -> int:
+    """90 for "sm_90", 100 for "sm_100"; -1 for a name that is not an NVIDIA architecture."""
+    digits = name[3:] if name.startswith("sm_") else ""
+    return int(digits) if digits.isdigit() else -1
+
+
+def sm(minimum: int) -> Archs:
+    """Kernels for compute capability ``minimum`` (80: sm_80, Ampere) and newer."""
+    return Archs(lambda name: sm_number(name) >= minimum, f"sm_{minimum} or newer")
+
+
+#: what every kernel of this backend needs (MIN_CAPABILITY as an architecture predicate)
+SM80 = sm(MIN_CAPABILITY[0] * 10 + MIN_CAPABILITY[1])
 
 
 @functools.lru_cache(maxsize=None)

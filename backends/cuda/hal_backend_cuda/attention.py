@@ -1,4 +1,5 @@
-"""softmax (Triton, torch fallback) and scaled_dot_product_attention (torch's SDPA backends).
+"""softmax through torch (the fallback of the Triton kernel) and scaled_dot_product_attention
+(torch's SDPA backends).
 
 SDPA runs through ``F.scaled_dot_product_attention`` with one backend forced per kernel, so each
 backend is its own kernel with its own capability data: cuDNN and FlashAttention-2 for half
@@ -21,25 +22,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hal.plugin import Inputs
 
-from . import launch
-from ._common import FLOATS, HALF, NOT_F64, Check, family, kernel
+from ._common import FLOATS, HALF, NOT_F64, Check, kernel
+from ._device import sm
 
 # --- softmax -------------------------------------------------------------------------------------
-
-
-def _softmax_cfg(x: torch.Tensor, dim: int) -> dict[str, int]:
-    cfg = launch.rows(x, int(x.shape[dim]))
-    return {**cfg, "block_i": launch.columns(x)}
-
-
-@kernel("softmax", name="triton", priority=20, dtypes=FLOATS, triton=True)
-def softmax(x, dim):
-    return family("softmax").softmax(x, dim, **_softmax_cfg(x, dim))
-
-
-@kernel("softmax_backward", name="triton", priority=20, dtypes=FLOATS, triton=True)
-def softmax_backward(grad_out, out, dim):
-    return family("softmax").softmax_backward(grad_out, out, dim, **_softmax_cfg(out, dim))
 
 
 @kernel("softmax", name="torch", priority=10, dtypes=FLOATS)
@@ -90,7 +76,7 @@ def _backend_backward(backend: SDPBackend, grad_out, q, k, v, is_causal: bool, s
         return torch.autograd.grad(out, (qg, kg, vg), grad_out)
 
 
-def _register_backend(name: str, backend: SDPBackend, priority: int, dtypes, check, min_capability=(8, 0)) -> None:
+def _register_backend(name: str, backend: SDPBackend, priority: int, dtypes, check, archs=None) -> None:
     def forward(q, k, v, attn_mask, is_causal, scale):
         return _run_backend(backend, q, k, v, is_causal, scale)
 
@@ -98,11 +84,12 @@ def _register_backend(name: str, backend: SDPBackend, priority: int, dtypes, che
         return _backend_backward(backend, grad_out, q, k, v, is_causal, scale)
 
     forward.__name__, backward.__name__ = f"sdpa_{name}", f"sdpa_{name}_backward"
-    kernel("scaled_dot_product_attention", name=name, priority=priority, dtypes=dtypes, checks=[check], min_capability=min_capability)(forward)
-    kernel("scaled_dot_product_attention_backward", name=name, priority=priority, dtypes=dtypes, checks=[check], min_capability=min_capability)(backward)
+    extra = {"archs": archs} if archs is not None else {}
+    kernel("scaled_dot_product_attention", name=name, priority=priority, dtypes=dtypes, checks=[check], **extra)(forward)
+    kernel("scaled_dot_product_attention_backward", name=name, priority=priority, dtypes=dtypes, checks=[check], **extra)(backward)
 
 
-_register_backend("cudnn", SDPBackend.CUDNN_ATTENTION, 40, HALF, _flash_like(128, 8), min_capability=(9, 0))
+_register_backend("cudnn", SDPBackend.CUDNN_ATTENTION, 40, HALF, _flash_like(128, 8), archs=sm(90))
 _register_backend("flash", SDPBackend.FLASH_ATTENTION, 30, HALF, _flash_like(256, 8))
 _register_backend("efficient", SDPBackend.EFFICIENT_ATTENTION, 20, NOT_F64, _flash_like(256, 8))
 

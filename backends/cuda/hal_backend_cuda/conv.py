@@ -1,20 +1,14 @@
-"""conv2d (cuDNN), batch_norm (Triton, or cuDNN through torch) and conv -> BN -> ReLU.
+"""conv2d (cuDNN), batch_norm through cuDNN, and eval-mode conv -> BN -> ReLU as one cuDNN call.
 
 float32 convolutions run with TensorFloat-32 off (``ieee_fp32``): hal's float32 is IEEE float32.
 
-fused_conv_bn_relu has two paths:
-
-- eval, ``cudnn_fused``: the batch norm folds into the convolution (w * gamma / sqrt(var + eps),
-  bias (b - mean) * gamma / sqrt(var + eps) + beta) and ``torch.cudnn_convolution_relu`` runs
-  conv + bias + ReLU as one cuDNN call. Folded weights are cached per parameter set and rebuilt
-  when any parameter changes (tensor identity and version counter).
-- training (and eval where the fused call cannot run), ``cudnn_triton``: cuDNN convolution without
-  its bias (the bias cancels in the normalisation and goes into the running mean), then the Triton
-  batch-norm kernels: statistics in one read, normalise + ReLU in one read and one write.
-
-The backward recomputes the convolution output, runs the Triton batch-norm backward with the ReLU
-mask, and cuDNN's convolution backward (in training the convolution bias gets an exact zero
-gradient: a sum of rounded values that cancel would only add noise).
+fused_conv_bn_relu has two paths: in eval, ``cudnn_fused`` here: the batch norm folds into the
+convolution (w * gamma / sqrt(var + eps), bias (b - mean) * gamma / sqrt(var + eps) + beta) and
+``torch.cudnn_convolution_relu`` runs conv + bias + ReLU as one cuDNN call; folded weights are
+cached per parameter set and rebuilt when any parameter changes (tensor identity and version
+counter). In training (and eval where the fused call cannot run) ``cudnn_triton`` from
+hal.triton.kernels: cuDNN convolution (:func:`conv`), then the Triton batch-norm kernels. The
+Triton batch_norm kernels are registered there too.
 """
 
 from __future__ import annotations
@@ -29,8 +23,7 @@ import torch.nn.functional as F
 
 from hal.plugin import Inputs
 
-from . import launch
-from ._common import FLOATS, NOT_F64, contiguous_vectors, family, ieee_fp32, kernel
+from ._common import FLOATS, NOT_F64, ieee_fp32, kernel
 
 Pair = tuple[int, int]
 Pads = tuple[int, int, int, int]
@@ -75,35 +68,12 @@ def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
     return conv_grads(grad_out, x, weight, stride, padding, dilation, groups)
 
 
-# --- batch_norm --------------------------------------------------------------------------------
-
-_bn_vectors = contiguous_vectors("running_mean", "running_var", "weight", "bias")
-
-
-@kernel("batch_norm", name="triton", priority=20, dtypes=FLOATS, triton=True, checks=[_bn_vectors])
-def batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
-    bn = family("batchnorm")
-    xd = bn.dense(x)
-    return bn.batch_norm_forward(xd, weight, bias, running_mean, running_var, training, momentum, eps, False, launch.batch_norm(xd))
+# --- batch_norm ---------------------------------------------------------------------------------
 
 
 @kernel("batch_norm", name="cudnn", priority=10, dtypes=FLOATS)
 def batch_norm_cudnn(x, running_mean, running_var, weight, bias, training, momentum, eps):
     return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-
-
-def _grad_dtype(param: Optional[torch.Tensor], x: torch.Tensor) -> torch.dtype:
-    return (param if param is not None else x).dtype
-
-
-@kernel("batch_norm_backward", name="triton", priority=20, dtypes=FLOATS, triton=True,
-        checks=[contiguous_vectors("running_mean", "running_var", "weight")])
-def batch_norm_backward(grad_out, x, running_mean, running_var, weight, training, eps):
-    bn = family("batchnorm")
-    xd = bn.dense(x)
-    dt = _grad_dtype(weight, x)
-    return bn.batch_norm_backward(grad_out, xd, weight, None, running_mean, running_var, training, eps, False,
-                                  launch.batch_norm(xd), (dt, dt))
 
 
 # --- fused_conv_bn_relu --------------------------------------------------------------------------
@@ -173,27 +143,3 @@ def fused_conv_bn_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, runn
     w, b = FOLDED.get(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
     with ieee_fp32(x.dtype):
         return torch.cudnn_convolution_relu(x, w, b, stride, (padding[0], padding[2]), dilation, groups)
-
-
-_fused_vectors = contiguous_vectors("running_mean", "running_var", "bn_weight", "bn_bias", "conv_bias")
-
-
-@kernel("fused_conv_bn_relu", name="cudnn_triton", priority=20, dtypes=FLOATS, triton=True, checks=[_fused_vectors])
-def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
-    bn = family("batchnorm")
-    y = bn.dense(conv(x, conv_weight, None, stride, padding, dilation, groups))
-    return bn.batch_norm_forward(y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, True,
-                                 launch.batch_norm(y), conv_bias=conv_bias)
-
-
-@kernel("fused_conv_bn_relu_backward", name="cudnn_triton", priority=20, dtypes=FLOATS, triton=True, checks=[_fused_vectors])
-def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
-    bn = family("batchnorm")
-    y = bn.dense(conv(x, conv_weight, None, stride, padding, dilation, groups))
-    dtypes = (_grad_dtype(bn_weight, x), _grad_dtype(bn_bias, x))
-    dy, g_gamma, g_beta = bn.batch_norm_backward(grad_out, y, bn_weight, bn_bias, running_mean, running_var, training, eps, True,
-                                                 launch.batch_norm(y), dtypes, conv_bias=conv_bias)
-    gx, gw, gb = conv_grads(dy, x, conv_weight, stride, padding, dilation, groups)
-    if training:  # the batch mean absorbs the convolution bias: its gradient is exactly zero
-        gb = torch.zeros_like(gb)
-    return gx, gw, gb, g_gamma, g_beta

@@ -1,6 +1,6 @@
-"""amp_unscale_ and fused_adamw_: multi-tensor Triton kernels (one launch per call, no host
-synchronisation), with per-tensor torch fallbacks for what they do not take (float64 parameters,
-non-contiguous tensors)."""
+"""amp_unscale_ and fused_adamw_ with torch ops, tensor by tensor: the fallbacks of the
+multi-tensor Triton kernels (hal.triton.kernels) for what they do not take (float64 parameters,
+non-contiguous tensors). Nothing is read back to the host."""
 
 from __future__ import annotations
 
@@ -10,16 +10,7 @@ import torch
 
 from hal.arrays import float32_value
 
-from . import launch
-from ._common import FLOATS, NOT_F64, contiguous_lists, family, kernel
-
-
-@kernel("amp_unscale_", name="triton", priority=20, dtypes=FLOATS, triton=True, checks=[contiguous_lists("tensors")])
-def amp_unscale_(tensors, inv_scale):
-    if not tensors:
-        return torch.zeros((), dtype=torch.float32, device=inv_scale.device if isinstance(inv_scale, torch.Tensor) else "cuda")
-    t0 = tensors[0]
-    return family("optim").amp_unscale(tensors, inv_scale, device=t0.device, **launch.multi_tensor(t0))
+from ._common import FLOATS, kernel
 
 
 @kernel("amp_unscale_", name="torch", priority=10, dtypes=FLOATS)
@@ -34,20 +25,6 @@ def amp_unscale_torch(tensors, inv_scale):
         t.mul_(inv)
         found = torch.maximum(found, (~torch.isfinite(t)).any().float())
     return found
-
-
-_adamw_lists = contiguous_lists("params", "grads", "exp_avgs", "exp_avg_sqs", "master_params")
-
-
-@kernel("fused_adamw_", name="triton", priority=20, dtypes=NOT_F64, triton=True, checks=[_adamw_lists])
-def fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf):
-    if not params:
-        return None
-    family("optim").fused_adamw(
-        params, grads, exp_avgs, exp_avg_sqs, master_params, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-        weight_decay=weight_decay, step=step, inv_scale=inv_scale, found_inf=found_inf, **launch.multi_tensor(params[0]),
-    )
-    return None
 
 
 @kernel("fused_adamw_", name="torch", priority=10, dtypes=FLOATS)

@@ -1,43 +1,12 @@
-"""layer_norm and rms_norm, forward and backward: Triton row kernels (see hal.triton.norm), with
-torch's own kernels as the fallback where Triton is missing."""
+"""layer_norm and rms_norm through torch's own CUDA kernels: the fallback of the Triton row
+kernels (registered by hal.triton.kernels) where Triton is missing."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from . import launch
-from ._common import FLOATS, family, kernel, numel
-
-
-def _forward(x, n, weight, bias, eps, rms):
-    return family("norm").norm_forward(x, n, weight, bias, eps, rms, **launch.rows(x, n))
-
-
-def _backward(grad_out, x, n, weight, eps, rms):
-    return family("norm").norm_backward(grad_out, x, n, weight, eps, rms, programs=launch.persistent_programs(x), **launch.rows(x, n))
-
-
-@kernel("layer_norm", name="triton", priority=20, dtypes=FLOATS, triton=True)
-def layer_norm(x, normalized_shape, weight, bias, eps):
-    return _forward(x, numel(normalized_shape), weight, bias, eps, False)
-
-
-@kernel("layer_norm_backward", name="triton", priority=20, dtypes=FLOATS, triton=True)
-def layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
-    dx, dw, db = _backward(grad_out, x, numel(normalized_shape), weight, eps, False)
-    return dx, dw.view(normalized_shape), db.view(normalized_shape)
-
-
-@kernel("rms_norm", name="triton", priority=20, dtypes=FLOATS, triton=True)
-def rms_norm(x, normalized_shape, weight, eps):
-    return _forward(x, numel(normalized_shape), weight, None, eps, True)
-
-
-@kernel("rms_norm_backward", name="triton", priority=20, dtypes=FLOATS, triton=True)
-def rms_norm_backward(grad_out, x, normalized_shape, weight, eps):
-    dx, dw, _ = _backward(grad_out, x, numel(normalized_shape), weight, eps, True)
-    return dx, dw.view(normalized_shape)
+from ._common import FLOATS, kernel
 
 
 @kernel("layer_norm", name="torch", priority=10, dtypes=FLOATS)

@@ -1,7 +1,7 @@
-"""quantize, dequantize, fake_quantize (+ backward): Triton elementwise kernels in float32
-arithmetic (see hal.triton.quant); int8_linear: cuBLASLt int8 GEMM (torch._int_mm, operands in the
-TN layout it runs fast in) + a Triton dequantising epilogue, or one Triton int8 GEMM with the
-epilogue fused; ``tuned`` times both once per device and shape bucket and keeps the faster."""
+"""int8_linear through cuBLASLt: its int8 GEMM (torch._int_mm, operands in the TN layout it runs
+fast in) + a Triton dequantising epilogue; ``tuned`` times it against the one-kernel Triton int8
+GEMM of hal.triton.kernels once per device and shape bucket and keeps the faster. (quantize,
+dequantize and fake_quantize are Triton's alone, registered by hal.triton.kernels.)"""
 
 from __future__ import annotations
 
@@ -10,35 +10,13 @@ import dataclasses
 import torch
 
 from hal.plugin import Inputs
+from hal.triton import autotune
+from hal.triton.checks import triton_check
+from hal.triton.kernels import int32_dequant
 
-from . import autotune, launch
-from ._common import FLOATS, family, kernel
-
-QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
-QDTYPES = {"int8": torch.int8, "uint8": torch.uint8}
-OUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-@kernel("quantize", name="triton", priority=20, dtypes=FLOATS, triton=True)
-def quantize(x, scale, zero_point, axis, dtype):
-    qmin, qmax = QRANGE[dtype]
-    return family("quant").quantize(x, scale, zero_point, axis, QDTYPES[dtype], qmin, qmax, **launch.elementwise(x))
-
-
-@kernel("dequantize", name="triton", priority=20, dtypes=("int8", "uint8"), triton=True)
-def dequantize(q, scale, zero_point, axis):
-    out = scale.dtype if isinstance(scale, torch.Tensor) else torch.float32
-    return family("quant").dequantize(q, scale, zero_point, axis, out, **launch.elementwise(q))
-
-
-@kernel("fake_quantize", name="triton", priority=20, dtypes=FLOATS, triton=True)
-def fake_quantize(x, scale, zero_point, quant_min, quant_max, axis):
-    return family("quant").fake_quantize(x, scale, zero_point, quant_min, quant_max, axis, **launch.elementwise(x))
-
-
-@kernel("fake_quantize_backward", name="triton", priority=20, dtypes=FLOATS, triton=True)
-def fake_quantize_backward(grad_out, x, scale, zero_point, quant_min, quant_max, axis):
-    return family("quant").fake_quantize_backward(grad_out, x, scale, zero_point, quant_min, quant_max, axis, **launch.elementwise(x))
+from . import TRITON_KERNELS
+from ._common import kernel
+from .launch import TABLES
 
 
 def _int_mm_shapes(inputs: Inputs) -> list[str]:
@@ -53,28 +31,12 @@ def _int_mm_shapes(inputs: Inputs) -> list[str]:
     return reasons
 
 
-@kernel("int8_linear", name="cublaslt", priority=30, triton=True, checks=[_int_mm_shapes])
+@kernel("int8_linear", name="cublaslt", priority=30, checks=[triton_check, _int_mm_shapes])
 def int8_linear_cublaslt(x_q, w_q, x_scale, w_scale, bias, out_dtype):
     k = x_q.shape[-1]
     acc = torch._int_mm(x_q.reshape(-1, k).contiguous(), w_q.contiguous().t())  # A row-major, B column-major
-    out = family("quant").int32_dequant(acc, x_scale, w_scale, bias, OUT_DTYPES[out_dtype], **launch.elementwise(acc))
+    out = int32_dequant(TABLES, acc, x_scale, w_scale, bias, out_dtype)
     return out.view(*x_q.shape[:-1], w_q.shape[0])
-
-
-@kernel("int8_linear", name="triton", priority=20, triton=True)
-def int8_linear_triton(x_q, w_q, x_scale, w_scale, bias, out_dtype):
-    gemm = family("gemm")
-    x2 = x_q.reshape(-1, x_q.shape[-1])
-    m, k = x2.shape
-    n = w_q.shape[0]
-    out = OUT_DTYPES[out_dtype]
-    if x_q.device.type == "cuda":
-        key = f"int8_linear/m{autotune.bucket(m)}/k{k}/n{n}"
-        cfg = autotune.choose(x_q.device, key, launch.INT8_CANDIDATES,
-                              lambda c: gemm.int8_linear(x2, w_q, x_scale, w_scale, bias, out, c), 2.0 * m * n * k)
-    else:
-        cfg = launch.CPU_INT8_GEMM
-    return gemm.int8_linear(x2, w_q, x_scale, w_scale, bias, out, cfg).view(*x_q.shape[:-1], n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,12 +49,12 @@ class Path:
 _INT8_PATHS = (Path("cublaslt"), Path("triton"))
 
 
-@kernel("int8_linear", name="tuned", priority=40, triton=True, checks=[_int_mm_shapes])
+@kernel("int8_linear", name="tuned", priority=40, checks=[triton_check, _int_mm_shapes])
 def int8_linear_tuned(x_q, w_q, x_scale, w_scale, bias, out_dtype):
     args = (x_q, w_q, x_scale, w_scale, bias, out_dtype)
-    paths = {"cublaslt": int8_linear_cublaslt, "triton": int8_linear_triton}
+    paths = {"cublaslt": int8_linear_cublaslt, "triton": TRITON_KERNELS[("int8_linear", "triton")]}
     m = x_q.numel() // x_q.shape[-1]
     k, n = x_q.shape[-1], w_q.shape[0]
     key = f"int8_linear_path/m{autotune.bucket(m)}/k{k}/n{n}/{out_dtype}"
-    path = autotune.choose(x_q.device, key, _INT8_PATHS, lambda p: paths[p.name](*args), 2.0 * m * n * k)
+    path = autotune.choose(TABLES, x_q.device, key, _INT8_PATHS, lambda p: paths[p.name](*args), 2.0 * m * n * k)
     return paths[path.name](*args)

@@ -1,14 +1,15 @@
-"""Autotuned launch configurations, cached per device model in a JSON file.
+"""Autotuned launch configurations, cached per device model in a JSON file (any GPU vendor).
 
 A tunable kernel names its problem by a key (kernel name, shape bucket, dtype) and offers candidate
 configurations. On the first call with a new key the candidates are timed on the call's own inputs
-(CUDA events, median of a few runs after a warm-up that also compiles them) and the fastest is
-kept, in memory and in ``$HAL_CUDA_CACHE_DIR/autotune-<device>.json`` (default
-``~/.cache/hal/cuda``), so later processes on the same model reuse it. Choices measured on the
-project's own machines ship with the plugin (``tuned/autotune-<device>.json``) and seed the cache.
+(device events through ``torch.cuda``, which drives ROCm builds of torch too; median of a few runs
+after a warm-up that also compiles them) and the fastest is kept, in memory and in
+``$HAL_TRITON_CACHE_DIR/autotune-<device>.json`` (default ``~/.cache/hal/triton``), so later
+processes on the same model reuse it. A plugin may ship choices measured on the project's machines
+(its :attr:`LaunchTables.seed_dir`); they seed the cache.
 
-Tuning never happens where it would be wrong or wasteful: during CUDA graph capture, with
-``HAL_CUDA_AUTOTUNE=0``, on CPU tensors, or for problems too small to matter; the first candidate
+Tuning never happens where it would be wrong or wasteful: during graph capture, with
+``HAL_TRITON_AUTOTUNE=0``, on CPU tensors, or for problems too small to matter; the first candidate
 is used then.
 """
 
@@ -26,23 +27,21 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 
-from hal.triton.config import GemmConfig
-
-from ._device import slug
+from .tables import LaunchTables
 
 log = logging.getLogger("hal")
-C = TypeVar("C", bound=GemmConfig)
+C = TypeVar("C")  # a launch configuration (GemmConfig) or any hashable choice
 
 #: problems below this many floating-point (or integer) operations use the default configuration
 MIN_TUNED_FLOPS = 2e9
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("HAL_CUDA_CACHE_DIR") or Path.home() / ".cache" / "hal" / "cuda")
+    return Path(os.environ.get("HAL_TRITON_CACHE_DIR") or Path.home() / ".cache" / "hal" / "triton")
 
 
 def enabled() -> bool:
-    return os.environ.get("HAL_CUDA_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get("HAL_TRITON_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class Cache:
@@ -85,17 +84,17 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
     return {}
 
 
-SEED_DIR = Path(__file__).parent / "tuned"
-
 _caches: dict[str, Cache] = {}
 _caches_lock = threading.Lock()
 
 
-def cache_for(device: torch.device) -> Cache:
-    name = slug(device)
+def cache_for(tables: LaunchTables, device: torch.device) -> Cache:
+    """The cache of a device model (its plugin's slug), seeded from the plugin's shipped choices."""
+    name = tables.slug(device)
     with _caches_lock:
         if name not in _caches:
-            _caches[name] = Cache(cache_dir() / f"autotune-{name}.json", SEED_DIR / f"autotune-{name}.json")
+            seed = tables.seed_dir / f"autotune-{name}.json" if tables.seed_dir is not None else None
+            _caches[name] = Cache(cache_dir() / f"autotune-{name}.json", seed)
         return _caches[name]
 
 
@@ -113,17 +112,17 @@ def _time_ms(fn: Callable[[], Any], reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def choose(device: torch.device, key: str, candidates: Sequence[C], run: Callable[[C], Any], flops: float) -> C:
+def choose(tables: LaunchTables, device: torch.device, key: str, candidates: Sequence[C], run: Callable[[C], Any], flops: float) -> C:
     """The configuration for problem ``key``: cached, else tuned now by calling ``run(candidate)``
     (which launches the kernel on the real inputs), else the first candidate."""
     if device.type != "cuda" or flops < MIN_TUNED_FLOPS:
         return candidates[0]
-    cache = cache_for(device)
+    cache = cache_for(tables, device)
     hit = cache.get(key)
     if hit is not None:
         try:
-            return type(candidates[0])(**hit["config"])
-        except (TypeError, KeyError):
+            return _from_record(type(candidates[0]), hit["config"])
+        except (TypeError, KeyError, ValueError):
             pass
     if not enabled() or torch.cuda.is_current_stream_capturing():
         return candidates[0]
@@ -139,6 +138,12 @@ def choose(device: torch.device, key: str, candidates: Sequence[C], run: Callabl
     cache.put(key, {"config": dataclasses.asdict(best), "ms": round(ms, 4), "candidates": len(timings)})
     log.info("hal: autotune %s -> %s (%.3f ms)", key, best, ms)
     return best
+
+
+def _from_record(cls: type, record: dict[str, Any]) -> Any:
+    """A candidate from its cached ``dataclasses.asdict`` form."""
+    from_dict = getattr(cls, "from_dict", None)
+    return from_dict(record) if from_dict is not None else cls(**record)
 
 
 def bucket(n: int) -> int:

@@ -1,0 +1,103 @@
+"""The launch-table protocol: what a GPU plugin tells the Triton kit about launching its kernels.
+
+The kernel sources of :mod:`hal.triton` are vendor-neutral; their host functions take launch
+configurations (block sizes, warps, pipelining) as arguments. A GPU plugin supplies those numbers
+by subclassing :class:`LaunchTables`: NVIDIA's tables speak ``num_warps`` / ``num_stages`` for
+32-thread warps, AMD's pick tiles for 64-lane wavefronts and add ``waves_per_eu``,
+``matrix_instr_nonkdim`` and ``kpack`` through :attr:`GemmConfig.options`. The plugin also names
+its devices for the autotune cache (:meth:`slug`) and may ship measured choices (:attr:`seed_dir`).
+
+Tensors on the CPU run under the Triton interpreter (the CI tests); every table answers them with
+the small :data:`INTERPRETER` configurations so that multi-program paths run on tiny inputs.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .config import BNConfig, GemmConfig, next_pow2
+
+
+class Interpreter:
+    """Configurations for CPU tensors (``TRITON_INTERPRET=1``): small blocks, several programs."""
+
+    elementwise = {"block_elems": 64, "num_warps": 4}
+    batch_norm = BNConfig(block_c=4, block_s=8, num_warps=4, programs=6, finalize_block=4, finalize_rows=4, reduce_block_s=16)
+    multi_tensor = {"block": 32, "iters": 2, "num_warps": 4}
+    persistent_programs = 3
+    columns = 4
+    gemm = GemmConfig(16, 16, 16, 4, 2)
+    int8_gemm = GemmConfig(16, 16, 32, 4, 2)
+
+    @staticmethod
+    def rows(n: int) -> dict[str, int]:
+        block_n = min(next_pow2(n), 32)
+        return {"block_m": 2 if block_n >= n else 1, "block_n": block_n, "num_warps": 4}
+
+
+INTERPRETER = Interpreter()
+
+
+def interpreted(t: torch.Tensor) -> bool:
+    """Whether a kernel on ``t`` runs under the Triton interpreter (CPU tensors)."""
+    return t.device.type == "cpu"
+
+
+class LaunchTables(abc.ABC):
+    """A GPU vendor's launch configurations of the hal.triton kernels, per call.
+
+    Every method receives the call's tensor, so that tables can depend on the device (its
+    multiprocessor count) and the problem size. Methods answer CPU tensors with
+    :data:`INTERPRETER`'s configurations (see :func:`interpreted`).
+    """
+
+    #: where measured autotune choices shipped with the plugin live (``autotune-<slug>.json``).
+    seed_dir: Optional[Path] = None
+
+    @abc.abstractmethod
+    def slug(self, device: torch.device) -> str:
+        """A file-name-safe identity of the device model ("nvidia-h200-sm90", "amd-mi250x-gfx90a")."""
+
+    @abc.abstractmethod
+    def elementwise(self, x: torch.Tensor) -> dict[str, int]:
+        """``block_elems`` and ``num_warps`` of the elementwise kernels (affine/activation, quantisation)."""
+
+    @abc.abstractmethod
+    def rows(self, x: torch.Tensor, n: int) -> dict[str, int]:
+        """``block_m``, ``block_n``, ``num_warps`` of the row kernels (norms, softmax) for rows of length n."""
+
+    @abc.abstractmethod
+    def persistent_programs(self, x: torch.Tensor) -> int:
+        """Programs of the persistent backward kernels (each keeps partial parameter gradients)."""
+
+    @abc.abstractmethod
+    def columns(self, x: torch.Tensor) -> int:
+        """Neighbouring columns per program of the softmax kernels that reduce a non-last dim."""
+
+    @abc.abstractmethod
+    def batch_norm(self, x: torch.Tensor) -> BNConfig:
+        """Tiles of the batch-norm kernels for an (N, C, ...) input in its memory layout."""
+
+    @abc.abstractmethod
+    def multi_tensor(self, t: torch.Tensor) -> dict[str, int]:
+        """``block``, ``iters``, ``num_warps`` of the multi-tensor optimizer kernels."""
+
+    @abc.abstractmethod
+    def gemm_candidates(self, x: torch.Tensor) -> tuple[GemmConfig, ...]:
+        """Tiles of the floating-point GEMMs (linear epilogue, grouped GEMM), the default first."""
+
+    @abc.abstractmethod
+    def wgrad_candidates(self, x: torch.Tensor) -> tuple[GemmConfig, ...]:
+        """Tiles of the grouped GEMM's weight gradient (block_m is the K tile, block_k the rows per step)."""
+
+    @abc.abstractmethod
+    def int8_candidates(self, x: torch.Tensor) -> tuple[GemmConfig, ...]:
+        """Tiles of the int8 GEMM."""
+
+    @abc.abstractmethod
+    def fma_gemm(self, x: torch.Tensor) -> GemmConfig:
+        """The tile of float64 GEMMs, which multiply with FMAs (no float64 tl.dot)."""
