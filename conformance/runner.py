@@ -48,6 +48,8 @@ from .cases import Call, CaseSpec, all_cases, case_id, cases_for, draw_call, fin
 from .poison import Poisoner
 
 REFERENCE_BACKEND = "cpu_ref"
+#: what cpu_ref itself is checked against: PyTorch's CPU kernels (the eager backend) in float64.
+REFERENCE_OF_REFERENCE = "eager"
 STATUSES = ("pass", "fail", "xfail", "xpass", "skip", "error")
 PLACEHOLDER_KERNEL = "*"
 
@@ -229,14 +231,14 @@ class Suite:
             raise BackendUnavailableError(f"backend {self.backend!r} has {len(state.devices)} device(s); --device {device} does not exist")
         self.device_info = state.devices[device] if state.devices else None
         self.torch_device = torch.device("cpu" if "cpu" in state.info.device_types else f"cuda:{device}")
-        self.reference = "torch" if self.backend == REFERENCE_BACKEND else REFERENCE_BACKEND
-        if self.reference == REFERENCE_BACKEND:
-            ref = rt.backends.get(REFERENCE_BACKEND)
-            if ref is None or not ref.available:
-                raise BackendUnavailableError(
-                    f"the reference backend cpu_ref is {'not installed' if ref is None else 'unusable: ' + str(ref.reason)}; "
-                    "install it with `pip install hal-backend-cpu-ref` (./backends/cpu_ref from a checkout)"
-                )
+        self.reference = REFERENCE_OF_REFERENCE if self.backend == REFERENCE_BACKEND else REFERENCE_BACKEND
+        ref = rt.backends.get(self.reference)
+        if ref is None or not ref.available:
+            fix = ("install it with `pip install hal-backend-cpu-ref` (./backends/cpu_ref from a checkout)"
+                   if self.reference == REFERENCE_BACKEND else "reinstall hal (the core ships it)")
+            raise BackendUnavailableError(
+                f"the reference backend {self.reference} is {'not installed' if ref is None else 'unusable: ' + str(ref.reason)}; {fix}"
+            )
         self.seed = seed
         self.quick = quick
         self.ops = list(ops) if ops else None
@@ -253,7 +255,7 @@ class Suite:
 
     @property
     def reference_label(self) -> str:
-        return "PyTorch CPU (hal.eager) in float64" if self.reference == "torch" else "cpu_ref in float64"
+        return "PyTorch CPU (the eager backend) in float64" if self.reference == REFERENCE_OF_REFERENCE else "cpu_ref in float64"
 
     # --- planning -------------------------------------------------------------------------------
 
@@ -270,7 +272,7 @@ class Suite:
     def kernels(self, decl: OpDecl) -> list[str]:
         """The kernels of ``decl`` on the backend, each forced in turn, then "composite" if declared."""
         names = [k.name for k in DISPATCHER.runtime().kernels(decl.name, self.backend)]
-        return names + (["composite"] if decl.composite is not None else [])
+        return names + (["composite"] if decl.fallback_composite is not None else [])
 
     def plan(self, quick: Optional[bool] = None, filtered: bool = True) -> list[Planned]:
         """Every case to run, grouped by (op, dtype, case) so that kernels share the reference."""
@@ -442,24 +444,12 @@ class Suite:
             ref_args[decl.index(name)] = v
         try:
             with _quiet():
-                if self.reference == "torch":
-                    out = self._eager(decl, ref_args)
-                else:
-                    with hal.use(backend=REFERENCE_BACKEND):
-                        out = decl.entry(**dict(zip(decl.param_names, ref_args)))
+                with hal.use(backend=self.reference):
+                    out = decl.entry(**dict(zip(decl.param_names, ref_args)))
             comps = self._components(decl, out, dict(zip(decl.param_names, ref_args)))
         except Exception as exc:
             return _Reference([], k, f"the reference ({self.reference_label}) raised {_describe(exc)}")
         return _Reference(comps, k)
-
-    @staticmethod
-    def _eager(decl: OpDecl, ref_args: list[Any]) -> Any:
-        from hal.eager import eager
-
-        fn = eager(decl.name)
-        canon, _, unbatched = canonical_call(decl, ref_args)
-        out = fn(*canon)
-        return out[0] if unbatched is not None else out
 
     @staticmethod
     def _components(decl: OpDecl, out: Any, args: dict[str, Any]) -> list[tuple[str, Optional[torch.Tensor]]]:

@@ -14,18 +14,15 @@ import dataclasses
 import importlib
 from typing import Any, Optional
 
-from hal.config import configure_logging, use
+from hal.config import configure_logging
 from hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, PluginError, UnsupportedError
 from hal.plugin import DeviceInfo
 from hal.version import API_VERSION, __version__
 
-from hal import ops  # noqa: E402  (declares every op; must follow the core modules)
-from hal.dispatch import explain, list_ops, reset_stats, stats  # noqa: E402
-from hal import torch_library as _torch_library  # noqa: E402
-
-# torch.ops.hal.* must exist before torch.compile traces a model calling hal.ops (Dynamo cannot trace
-# the registration itself); registering every op costs about 30 ms.
-_torch_library.register()
+from hal.dispatch import explain, list_ops, reset_stats, stats  # noqa: E402  (the dispatcher builds hal.ops.*)
+from hal.overrides import use  # noqa: E402
+from hal import autograd as _autograd, torch_library as _torch_library  # noqa: E402,F401  (the torch integration plugs into the route)
+from hal import ops  # noqa: E402  (declares every op: must follow the dispatcher and the torch integration)
 
 configure_logging()
 

@@ -1,20 +1,27 @@
-"""Run-time choices a user makes: `hal.use(...)` scopes (per thread) and HAL_* environment variables.
+"""Run-time choices a user makes: the state of `hal.use(...)` scopes (per thread) and HAL_* variables.
 
 Environment variables are read when a dispatch decision is made (the first call with a given input
 signature) and cached with it; call :func:`hal.dispatch.reset` after changing them in a running
-process. ``hal.use`` scopes are part of the decision cache key and take effect immediately.
+process. ``hal.use`` scopes (:mod:`hal.overrides`) are part of the decision cache key and take
+effect immediately. A value hal cannot read (``HAL_STRICT=maybe``, ``HAL_KERNEL_SOFTMAXX``) is an
+error at the first decision, never silently ignored.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
 import threading
-from typing import Iterator, Mapping, Optional, Union
+from typing import Optional
+
+from hal.errors import InvalidArgumentError
+from hal.registry import OPS
 
 log = logging.getLogger("hal")
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +34,9 @@ class Overrides:
     #: a kernel name forced for every op that has a kernel of that name.
     kernel_any: Optional[str] = None
     strict: Optional[bool] = None
+    #: set by ``hal.explain`` while it follows a decomposition: ops record their decision and
+    #: return results of the right shape without running (never set by ``hal.use``).
+    explaining: bool = False
 
 
 class _Local(threading.local):
@@ -49,41 +59,20 @@ def current() -> Optional[Overrides]:
     return _local.overrides
 
 
-@contextlib.contextmanager
-def use(
-    backend: Optional[str] = None,
-    kernel: Union[None, str, Mapping[str, str]] = None,
-    strict: Optional[bool] = None,
-) -> Iterator[Overrides]:
-    """Force a backend and/or kernel, or strict mode, for calls made in this thread inside the scope.
-
-    ``kernel`` is either a mapping ``{op: kernel}`` (the op must then run that kernel or raise) or a
-    kernel name, forced for every op that has a kernel of that name ("composite" forces the op's
-    decomposition). Scopes nest; an inner scope keeps what it does not set.
-    """
-    saved = current()
-    outer = saved or Overrides()
-    kernels = dict(outer.kernels)
-    kernel_any = outer.kernel_any
-    if isinstance(kernel, str):
-        kernel_any = kernel
-    elif kernel is not None:
-        kernels.update({str(op): str(k) for op, k in dict(kernel).items()})
-    inner = Overrides(
-        backend=backend if backend is not None else outer.backend,
-        kernels=tuple(sorted(kernels.items())),
-        kernel_any=kernel_any,
-        strict=strict if strict is not None else outer.strict,
-    )
+def enter(overrides: Optional[Overrides]) -> Optional[Overrides]:
+    """Make ``overrides`` this thread's scope; returns the one it replaces (give it to :func:`leave`)."""
+    saved = _local.overrides
     with _scopes_lock:
         ACTIVE_SCOPES[0] += 1
-    _local.overrides = inner
-    try:
-        yield inner
-    finally:
-        _local.overrides = saved
-        with _scopes_lock:
-            ACTIVE_SCOPES[0] -= 1
+    _local.overrides = overrides
+    return saved
+
+
+def leave(saved: Optional[Overrides]) -> None:
+    """Close the scope opened by :func:`enter`, restoring ``saved``."""
+    _local.overrides = saved
+    with _scopes_lock:
+        ACTIVE_SCOPES[0] -= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,23 +88,42 @@ class Choice:
     strict: bool
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+def env_flag(name: str) -> bool:
+    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (unset: false)."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise InvalidArgumentError("hal", name, f"one of {', '.join(_TRUE)} or {', '.join(v for v in _FALSE if v)} (or unset)", repr(raw))
+
+
+def check_environment() -> None:
+    """Raise for HAL_KERNEL_<OP> variables that name no declared op (a misspelling would silently
+    force nothing)."""
+    known = {f"HAL_KERNEL_{name.upper()}" for name in OPS}
+    for var in os.environ:
+        if var.startswith("HAL_KERNEL_") and var not in known:
+            raise InvalidArgumentError(
+                "hal", var, "HAL_KERNEL_<OP> for a declared op (see hal.list_ops())",
+                f"{var}, which names no op; unset it or correct the name",
+            )
 
 
 def choice_for(op: str, overrides: Optional[Overrides]) -> Choice:
     """Combine a ``hal.use`` scope with HAL_BACKEND, HAL_KERNEL_<OP> and HAL_STRICT for ``op``."""
     o = overrides or Overrides()
     backend, backend_source = o.backend, "hal.use(backend=...)"
-    if backend is None and os.environ.get("HAL_BACKEND"):
+    if backend is None and os.environ.get("HAL_BACKEND", "").strip():
         backend, backend_source = os.environ["HAL_BACKEND"].strip(), "HAL_BACKEND"
     kernel, source, required = dict(o.kernels).get(op), "hal.use(kernel=...)", True
     env_name = f"HAL_KERNEL_{op.upper()}"
-    if kernel is None and os.environ.get(env_name):
+    if kernel is None and os.environ.get(env_name, "").strip():
         kernel, source = os.environ[env_name].strip(), env_name
     if kernel is None and o.kernel_any is not None:
         kernel, source, required = o.kernel_any, "hal.use(kernel=...)", False
-    strict = o.strict if o.strict is not None else _env_flag("HAL_STRICT")
+    strict = o.strict if o.strict is not None else env_flag("HAL_STRICT")
     return Choice(backend, backend_source, kernel, source, required, strict)
 
 

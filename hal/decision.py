@@ -1,4 +1,18 @@
-"""The answer to "which kernel runs this call, and why": what `hal.explain` returns."""
+"""The answer to "what runs for this call, and why": what `hal.explain` returns.
+
+A call takes one of three routes:
+
+- ``kernel``: the chosen kernel runs directly (no autograd is needed);
+- ``autograd``: the chosen kernel runs as the forward of an autograd node whose backward runs the
+  op's backward op (its own decision is :attr:`Decision.backward`);
+- ``decomposition``: the op runs as other ops (:attr:`Decision.steps`, each with its own decision),
+  either because no kernel can run the inputs (a fallback) or because a call needing autograd is
+  better served by ops that each save what their backward needs (the op's training decomposition).
+
+Under ``torch.compile`` a call becomes one ``torch.ops.hal.<op>`` node (or the decomposition's
+nodes); when the compiled code runs, that node runs the kernel the ``kernel`` route names, and
+AOTAutograd's backward node the backward op's kernel.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +26,8 @@ FALLBACK_WORDS = {
     "backend": "a lower-priority backend",
     "host": "a CPU backend, copying data through the host",
 }
+
+ROUTES = ("kernel", "autograd", "decomposition")
 
 
 @dataclasses.dataclass
@@ -31,7 +47,7 @@ class Candidate:
 
 @dataclasses.dataclass
 class Decision:
-    """The chosen backend and kernel of a call, with every candidate and its rejection reasons."""
+    """The route of a call, its chosen backend and kernel, and every candidate with its reasons."""
 
     op: str
     inputs: list[str]  # one line per array argument
@@ -45,29 +61,61 @@ class Decision:
     candidates: list[Candidate] = dataclasses.field(default_factory=list)
     #: the error a call with these inputs raises (no kernel, strict mode, missing backend).
     error: Optional[HalError] = None
+    #: "kernel", "autograd" or "decomposition" (see the module docstring).
+    route: str = "kernel"
+    #: why this route ("inputs require grad", "training decomposition", ...).
+    route_reason: str = ""
+    #: the decisions of the ops a decomposition runs, in order.
+    steps: list["Decision"] = dataclasses.field(default_factory=list)
+    #: the decision of the backward op an autograd node runs.
+    backward: Optional["Decision"] = None
 
     @property
     def chosen(self) -> Optional[Candidate]:
         return next((c for c in self.candidates if c.chosen), None)
 
+    def kernels_run(self) -> list[tuple[str, str, str]]:
+        """Every (op, backend, kernel) this call runs, forward and backward, in order: what
+        ``hal.stats()`` counts for one forward and, on the autograd route, one backward."""
+        if self.backend is None or self.kernel is None:
+            return []
+        out = [(self.op, self.backend, self.kernel)]
+        for step in self.steps:
+            out += step.kernels_run()
+        if self.backward is not None:
+            out += self.backward.kernels_run()
+        return out
+
     def __str__(self) -> str:
-        lines = [f"hal.explain: {self.op} on {self.device}"]
+        return "\n".join(self._lines(""))
+
+    def _lines(self, pad: str) -> list[str]:
+        lines = [f"{pad}hal.explain: {self.op} on {self.device}"]
         for line in self.inputs:
-            lines.append(f"  {line}")
+            lines.append(f"{pad}  {line}")
         if self.forced:
-            lines.append("forced: " + "; ".join(self.forced))
+            lines.append(f"{pad}forced: " + "; ".join(self.forced))
         if self.strict:
-            lines.append("strict mode: fallbacks raise")
+            lines.append(f"{pad}strict mode: fallbacks raise")
+        why = f" ({self.route_reason})" if self.route_reason else ""
+        lines.append(f"{pad}route: {self.route}{why}")
         if self.backend is not None:
             how = f"  (fallback to {FALLBACK_WORDS[self.fallback]})" if self.fallback else ""
-            lines.append(f"chosen: {self.backend}/{self.kernel}{how}")
+            lines.append(f"{pad}chosen: {self.backend}/{self.kernel}{how}")
         if self.error is not None:
-            lines.append(f"error: {type(self.error).__name__}: {self.error}")
-        lines.append("candidates:")
+            lines.append(f"{pad}error: {type(self.error).__name__}: {self.error}")
+        if self.candidates:
+            lines.append(f"{pad}candidates:")
         for c in self.candidates:
             mark = "->" if c.chosen else ("ok" if c.supported else "no")
             note = f" [{c.note}]" if c.note else ""
-            lines.append(f"  {mark} {c.backend}/{c.kernel}{note}")
+            lines.append(f"{pad}  {mark} {c.backend}/{c.kernel}{note}")
             for r in c.reasons:
-                lines.append(f"       - {r}")
-        return "\n".join(lines)
+                lines.append(f"{pad}       - {r}")
+        for i, step in enumerate(self.steps):
+            lines.append(f"{pad}step {i + 1} of the decomposition:")
+            lines += step._lines(pad + "    ")
+        if self.backward is not None:
+            lines.append(f"{pad}backward (run by autograd):")
+            lines += self.backward._lines(pad + "    ")
+        return lines

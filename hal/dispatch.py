@@ -1,38 +1,47 @@
-"""The dispatcher: from an op call to a kernel, with the decision cached and explainable.
+"""The dispatcher: from an op call to its route and kernel, decided once per input signature.
 
 A call's cache key holds, for every argument, what can change the decision: for arrays their type,
-dtype, device, shape, strides and requires_grad; for other values their type and value; plus the
-``hal.use`` scope and grad mode. On a hit the call is a dictionary lookup followed by the cached
-plan (count the call, run the kernel). On a miss the dispatcher validates the arguments (generic
-type checks from the schema, then the op's checker), picks a backend and kernel, builds the plan and
-caches it:
+dtype, device, shape, strides and requires_grad (and, for NumPy arrays an op writes, whether they
+are writeable); for other values their type and value; plus the ``hal.use`` scope and grad mode. On
+a hit the call is a dictionary lookup followed by the cached plan. On a miss :meth:`Dispatcher.plan`
+validates the arguments (generic checks from the schema, then the op's checker), decides the route
+(:mod:`hal.decision`) and the kernel, builds the plan and caches it:
 
 1. the device decides the backends: the highest-priority available backend serving it, unless
    ``HAL_BACKEND`` / ``hal.use(backend=)`` forces one;
 2. in that backend, the highest-priority kernel whose ``not_supported_reasons`` is empty, unless a
-   kernel is forced (``HAL_KERNEL_<OP>`` / ``hal.use(kernel=)``);
+   kernel is forced (``HAL_KERNEL_<OP>`` / ``hal.use(kernel=)``); inputs with a zero-size dimension
+   are answered by the op's ``empty`` rule instead;
 3. failing that, a fallback: the op's composite decomposition, then lower-priority backends of the
    same device, then a CPU backend through host copies. A fallback is counted in ``hal.stats()``,
-   logged once per (op, kernel) at WARNING, and raises instead in strict mode.
+   logged once per (op, kernel) at WARNING, and raises instead in strict mode;
+4. the route: a call of a trainable op that needs autograd runs the op's training decomposition
+   where it declares one, else the chosen kernel inside an autograd node (installed by the torch
+   integration, :mod:`hal.autograd`, through :data:`HOOKS`: this module does not import it).
+
+:meth:`Dispatcher.explain` runs the same decision without running anything; a decomposition is
+followed op by op with results of the right shape from the ops' fake rules.
 """
 
 from __future__ import annotations
 
 import inspect
 import itertools
+import linecache
 import logging
 import threading
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from hal import arrays, config
-from hal.config import Choice, choice_for
+from hal import arrays, config, registry
+from hal.config import Choice, Overrides, choice_for
 from hal.decision import FALLBACK_WORDS, Candidate, Decision
 from hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, UnsupportedError
+from hal.gradients import gradients_of
 from hal.plugin import Inputs, KernelSpec
-from hal.registry import OPS, OpDecl, Param, attach_decorators, get_op
+from hal.registry import OPS, OpDecl, Param, get_op
 from hal.runtime import BackendState, Runtime
 from hal.types import ARRAY_KINDS, Kind
 
@@ -43,10 +52,34 @@ _Parameter = torch.nn.Parameter
 _ndarray = np.ndarray
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
+_increment_version = torch._C._increment_version
 _local = config._local
 
 #: Decisions kept at most; the cache is cleared when it grows past this (a key per input signature).
 MAX_CACHE_ENTRIES = 8192
+
+#: The backends of this project, which ``pip install hal-backend-<name>`` installs.
+KNOWN_BACKENDS = ("cpu_ref", "cpu", "cuda", "rocm")
+#: which distribution serves a device kind when none is installed.
+DEVICE_DISTRIBUTIONS = {"cpu": "hal-backend-cpu", "cuda": "hal-backend-cuda", "rocm": "hal-backend-rocm"}
+
+
+class Hooks:
+    """What the torch integration plugs into the route (set by :mod:`hal.autograd` and
+    :mod:`hal.torch_library` when ``import hal`` loads them)."""
+
+    #: ``autograd(decl, run, canonical_args) -> result``: run the kernel runner ``run`` (called with
+    #: the canonical arguments) as the forward of an autograd node whose backward runs the op's
+    #: backward op.
+    autograd: Optional[Callable[[OpDecl, Callable[..., Any], tuple], Any]] = None
+    #: ``traced(decl, args) -> result``: the call under torch.compile (a ``torch.ops.hal`` node).
+    traced: Optional[Callable[[OpDecl, tuple], Any]] = None
+
+
+HOOKS = Hooks()
+
+
+# --- cache keys -------------------------------------------------------------------------------
 
 
 def _tensor_key(a: torch.Tensor) -> Any:
@@ -92,7 +125,17 @@ def _argkey(a: Any) -> Any:
     return _plain_key(a)
 
 
-#: A cached decision: (count one call, run the kernel on the call's positional arguments).
+def _written_key(a: Any) -> Any:
+    """The key of an argument an op writes: NumPy arrays also by whether they are writeable (so a
+    read-only array is refused before anything is written, never half way)."""
+    if isinstance(a, (list, tuple)):
+        return (type(a), tuple(map(_written_key, a)))
+    if type(a) is _ndarray:
+        return (a.dtype, a.shape, a.strides, a.flags.writeable)
+    return _argkey(a)
+
+
+#: A cached decision: (count one call, run the call's positional arguments).
 Plan = tuple[Callable[[], Any], Callable[..., Any]]
 
 #: a C-level callable doing nothing, for plans that count inside their runner (or not at all).
@@ -128,6 +171,35 @@ def _expect(decl: OpDecl, name: str, ok: bool, expected: str, value: Any) -> Non
         raise InvalidArgumentError(decl.name, name, expected, arrays.describe(value))
 
 
+def _check_array(decl: OpDecl, name: str, a: Any) -> None:
+    """An array hal can hand to kernels: a strided, non-nested torch tensor or a NumPy array."""
+    if isinstance(a, _Tensor) and (a.is_nested or a.layout != torch.strided):
+        what = "a nested tensor" if a.is_nested else f"a tensor of layout {a.layout}"
+        raise InvalidArgumentError(
+            decl.name, name, "a dense (strided) torch.Tensor or numpy.ndarray", f"{what}; convert it with .to_dense() first"
+        )
+
+
+def _check_written(decl: OpDecl, name: str, a: Any, grad: bool) -> None:
+    """An array an op writes in place: writeable, without internal overlap, and (with grad mode on)
+    not requiring grad, as torch's own in-place ops demand."""
+    if isinstance(a, _ndarray):
+        if not a.flags.writeable:
+            raise InvalidArgumentError(decl.name, name, "a writeable array (the op updates it in place)", f"a read-only {arrays.describe(a)}")
+        if 0 in a.strides and a.size > 1:
+            raise InvalidArgumentError(decl.name, name, "an array without repeated elements (it is written in place)", f"a broadcast view {arrays.describe(a)}")
+        return
+    if grad and a.requires_grad:
+        raise InvalidArgumentError(
+            decl.name, name,
+            "a tensor that does not require grad while grad mode is on (hal's in-place ops are not differentiable); "
+            "call it under torch.no_grad() or on .detach()ed tensors",
+            arrays.describe(a) + " requiring grad",
+        )
+    if torch._debug_has_internal_overlap(a) == 1:
+        raise InvalidArgumentError(decl.name, name, "a tensor without overlapping elements (it is written in place)", f"an expanded view {arrays.describe(a)}")
+
+
 def _validate_generic(decl: OpDecl, args: Sequence[Any]) -> tuple[str, str, Any, Optional[str]]:
     """Check argument types against the schema and that all arrays are of one kind on one device.
 
@@ -156,6 +228,8 @@ def _validate_generic(decl: OpDecl, args: Sequence[Any]) -> tuple[str, str, Any,
             _expect(decl, p.name, _is_number(a) or arrays.is_array(a), "a Python number or an array", a)
             if arrays.is_array(a):
                 found.append((p.name, a))
+    for name, a in found:
+        _check_array(decl, name, a)
     if not found:
         array_type, kind, device = "numpy", "cpu", "cpu"
     else:
@@ -182,6 +256,44 @@ def _validate_generic(decl: OpDecl, args: Sequence[Any]) -> tuple[str, str, Any,
     return array_type, kind, device, dtype
 
 
+def _written(decl: OpDecl, args: Sequence[Any]) -> list[tuple[str, Any]]:
+    """The arrays a call writes, by argument name (given its canonical arguments)."""
+    if not decl.writes(decl.bind(args)):
+        return []
+    out = []
+    for name in decl.mutates:
+        a = args[decl.index(name)]
+        if isinstance(a, (list, tuple)):
+            out += [(f"{name}[{i}]", x) for i, x in enumerate(a) if arrays.is_array(x)]
+        elif arrays.is_array(a):
+            out.append((name, a))
+    return out
+
+
+def _has_zero_size(decl: OpDecl, args: Sequence[Any]) -> bool:
+    """Whether an array argument has a zero-size dimension (the op's ``empty`` rule answers)."""
+    for p, a in zip(decl.params, args):
+        if p.kind not in ARRAY_KINDS:
+            continue
+        items = a if isinstance(a, (list, tuple)) else (a,)
+        for x in items:
+            if arrays.is_array(x) and x.ndim and 0 in tuple(x.shape):
+                return True
+    return False
+
+
+def needs_autograd(args: Sequence[Any]) -> bool:
+    """Whether grad mode is on and an array argument requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) and x.requires_grad for x in a):
+            return True
+    return False
+
+
 # --- moving arguments between array types and devices -----------------------------------------
 
 
@@ -199,9 +311,10 @@ def _map_arrays(decl: OpDecl, args: Sequence[Any], fn: Callable[[Any], Any]) -> 
     return out
 
 
-def _map_outputs(out: Any, fn: Callable[[Any], Any]) -> Any:
+def map_outputs(out: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn`` to every array of a result (tuples and lists too)."""
     if isinstance(out, (tuple, list)):
-        return type(out)(_map_outputs(o, fn) for o in out)
+        return type(out)(map_outputs(o, fn) for o in out)
     if isinstance(out, (np.ndarray, np.generic, torch.Tensor)):
         return fn(out)
     return out
@@ -243,7 +356,7 @@ def adapt_array_api(decl: OpDecl, fn: Callable[..., Any], kernel_api: str, input
 
             def run_numpy(*args: Any) -> Any:
                 out = fn(*args)
-                return out if type(out) is np.ndarray else _map_outputs(out, _as_0d)
+                return out if type(out) is np.ndarray else map_outputs(out, _as_0d)
 
             return run_numpy
         return fn
@@ -253,7 +366,7 @@ def adapt_array_api(decl: OpDecl, fn: Callable[..., Any], kernel_api: str, input
             conv = _map_arrays(decl, args, arrays.to_numpy)
             out = fn(*conv)
             _copy_back(decl, args, conv, _torch_into)
-            return _map_outputs(out, arrays.from_numpy)
+            return map_outputs(out, arrays.from_numpy)
 
         return run
 
@@ -261,7 +374,7 @@ def adapt_array_api(decl: OpDecl, fn: Callable[..., Any], kernel_api: str, input
         conv = _map_arrays(decl, args, arrays.from_numpy)
         out = fn(*conv)
         _copy_back(decl, args, conv, _numpy_into)
-        return _map_outputs(out, arrays.to_numpy)
+        return map_outputs(out, arrays.to_numpy)
 
     return run_torch
 
@@ -273,20 +386,25 @@ def via_host(decl: OpDecl, fn: Callable[..., Any], device: Any) -> Callable[...,
         conv = _map_arrays(decl, args, lambda t: t.detach().cpu())
         out = fn(*conv)
         _copy_back(decl, args, conv, lambda d, s: d.copy_(s))
-        return _map_outputs(out, lambda t: t.to(device))
+        return map_outputs(out, lambda t: t.to(device))
 
     return run
 
 
+def _as_torch(value: Any) -> Any:
+    return arrays.from_numpy(value) if isinstance(value, (np.ndarray, np.generic)) else value
+
+
+def fake_results(decl: OpDecl, args: Sequence[Any], array_type: str) -> Any:
+    """Results of the right shape, dtype and device from the op's fake rule, nothing computed."""
+    if decl.fake is None:
+        raise UnsupportedError(f"{decl.name} declares no fake rule: hal.explain cannot follow a decomposition through it")
+    named = decl.bind(_map_arrays(decl, args, _as_torch) if array_type == "numpy" else args)
+    out = decl.fake(named)
+    return map_outputs(out, lambda t: t.numpy()) if array_type == "numpy" else out
+
+
 # --- the dispatcher ------------------------------------------------------------------------------
-
-
-def _autograd_call(decl: OpDecl, args: Sequence[Any]) -> Any:
-    """Eager calls with grad-requiring tensors: through torch.ops.hal.<name> and its autograd
-    formula (hal.torch_library, which ``import hal`` loads; imported here to avoid a cycle)."""
-    from hal import torch_library
-
-    return torch_library.autograd_call(decl, args)
 
 
 class Dispatcher:
@@ -298,8 +416,7 @@ class Dispatcher:
         self._lock = threading.RLock()
         self._counters: dict[tuple[str, str, str], _Counter] = {}
         self._warned: set[tuple[str, str, str]] = set()
-        #: runs a call that needs autograd through torch.ops.hal.* (hal.torch_library); None: never.
-        self.autograd_call: Optional[Callable[[OpDecl, Sequence[Any]], Any]] = _autograd_call
+        self._explaining = threading.local()
 
     # --- state ------------------------------------------------------------------------------
 
@@ -339,35 +456,7 @@ class Dispatcher:
         with self._lock:
             return self._counters.setdefault((op, backend, kernel), _Counter())
 
-    # --- the hot path -----------------------------------------------------------------------
-
-    def call(self, decl: OpDecl, args: tuple) -> Any:
-        """Run ``decl`` on ``args`` (positional, complete, in schema order)."""
-        try:
-            keyed = _mask_volatile(decl, args) if decl.volatile else args
-            key = (decl, _local.overrides, _grad_enabled(), *map(_argkey, keyed))
-            plan = self._cache.get(key)
-        except TypeError:  # an unhashable static argument: decide without caching
-            key, plan = None, None
-        if plan is None:
-            plan = self._plan(decl, args, key)
-        plan[0]()
-        return plan[1](*args)
-
-    def call_direct(self, decl: OpDecl, args: tuple) -> Any:
-        """Run ``decl`` without routing through autograd (the body of torch.ops.hal.* kernels)."""
-        try:
-            keyed = _mask_volatile(decl, args) if decl.volatile else args
-            key = (decl, _local.overrides, None, *map(_argkey, keyed))
-            plan = self._cache.get(key)
-        except TypeError:
-            key, plan = None, None
-        if plan is None:
-            plan = self._plan(decl, args, key, direct=True)
-        plan[0]()
-        return plan[1](*args)
-
-    # --- planning ---------------------------------------------------------------------------
+    # --- validation ---------------------------------------------------------------------------
 
     def prepare(self, decl: OpDecl, args: Sequence[Any]) -> tuple[Inputs, list[tuple[int, Any]], Optional[int]]:
         """Validate a call; return what kernels see (canonical arguments), the static substitutions
@@ -388,6 +477,10 @@ class Dispatcher:
                 i = decl.index(name)
                 canon[i] = value
                 subs.append((i, value))
+        if decl.mutates:
+            grad = _grad_enabled()
+            for name, a in _written(decl, canon):
+                _check_written(decl, name, a, grad)
         unbatched = None
         if decl.unbatched is not None:
             name, rank = decl.unbatched
@@ -398,106 +491,35 @@ class Dispatcher:
         inputs = Inputs(decl, tuple(canon), kind, device, dtype, array_type)
         return inputs, subs, unbatched
 
-    def _plan(self, decl: OpDecl, args: Sequence[Any], key: Any, direct: bool = False) -> Plan:
-        """Validate a call, decide, build its plan and cache it under ``key`` (None: do not cache)."""
-        inputs, subs, unbatched = self.prepare(decl, args)
-        overrides = config.current()
-        decision, target = self.decide(decl, inputs, choice_for(decl.name, overrides))
-        if decision.error is not None:
-            raise decision.error
-        assert target is not None and decision.backend is not None and decision.kernel is not None
-        if not direct and self.autograd_call is not None and decl.trainable and _needs_autograd(args):
-            autograd_call = self.autograd_call
-            plan: Plan = (_NO_COUNT, lambda *a: autograd_call(decl, a))  # counted by the direct call inside
-        else:
-            plan = self._build_plan(decl, decision, target, inputs, subs, unbatched)
-        if key is not None:
-            with self._lock:
-                if len(self._cache) >= MAX_CACHE_ENTRIES:
-                    self._cache.clear()
-                self._cache[key] = plan
-        return plan
+    # --- the route ----------------------------------------------------------------------------
 
-    def _build_plan(
-        self,
-        decl: OpDecl,
-        decision: Decision,
-        target: Callable[..., Any],
-        inputs: Inputs,
-        subs: list[tuple[int, Any]],
-        unbatched: Optional[int],
-    ) -> Plan:
-        """The cached plan of a decision: (count the call, run the kernel on the call's arguments)."""
-        counter = self._counter(decl.name, decision.backend or "", decision.kernel or "")
-        count_call = counter.calls.__next__
-        if decision.fallback:
-            self._warn_fallback(decl, decision)
-            count_fallback = counter.fallbacks.__next__
-        else:
-            count_fallback = None
-        fn = target
-        if decl.mutates and inputs.array_type == "torch":
-            inner = fn
+    def decide_route(self, decl: OpDecl, inputs: Inputs, args: Sequence[Any], choice: Choice) -> tuple[Decision, Optional[Callable[..., Any]]]:
+        """The whole decision of a validated call: its route, backend and kernel (errors go in the
+        Decision). Returns the decision and the callable of the chosen kernel or decomposition."""
+        named = decl.bind(inputs.args)
+        if decl.trainable and needs_autograd(args):
+            kernel_forced = choice.kernel_required and choice.kernel not in (None, "composite")
+            composite = None if kernel_forced else decl.training_composite(named)
+            if composite is not None:
+                decision = self._decision(decl, inputs, choice)
+                plan = self._backend_order(decl, inputs, choice, self.runtime(), decision)
+                if plan is not None:
+                    decision.backend, decision.kernel = plan[0][0].name, "composite"
+                    decision.candidates.append(Candidate(plan[0][0].name, "composite", [], chosen=True, note="training decomposition"))
+                decision.route, decision.route_reason = "decomposition", "inputs require grad: the op's training decomposition"
+                return decision, composite
+            decision, target = self.decide(decl, inputs, choice)
+            if decision.kernel == "composite":
+                decision.route, decision.route_reason = "decomposition", "no kernel runs these inputs; the composite's ops each take autograd"
+            else:
+                decision.route, decision.route_reason = "autograd", "inputs require grad: the kernel runs inside an autograd node"
+            return decision, target
+        decision, target = self.decide(decl, inputs, choice)
+        if decision.kernel == "composite":
+            decision.route, decision.route_reason = "decomposition", FALLBACK_WORDS["composite"]
+        return decision, target
 
-            def fn(*a: Any) -> Any:  # torch.no_grad() without its Python-level context manager
-                enabled = _grad_enabled()
-                _set_grad_enabled(False)
-                try:
-                    return inner(*a)
-                finally:
-                    _set_grad_enabled(enabled)
-
-        checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
-        if unbatched is None and count_fallback is None and not checks:
-            if not subs:
-                return count_call, fn
-
-            def run_canonical(*args: Any) -> Any:
-                a = list(args)
-                for i, v in subs:
-                    a[i] = v
-                return fn(*a)
-
-            return count_call, run_canonical
-
-        def run_general(*args: Any) -> Any:
-            a = list(args)
-            for i, v in subs:
-                a[i] = v
-            for i, name, check in checks:
-                a[i] = check(decl.name, name, a[i])
-            count_call()
-            if count_fallback is not None:
-                count_fallback()
-            if unbatched is None:
-                return fn(*a)
-            a[unbatched] = a[unbatched][None]
-            return fn(*a)[0]
-
-        return _NO_COUNT, run_general
-
-    def _warn_fallback(self, decl: OpDecl, decision: Decision) -> None:
-        key = (decl.name, decision.backend or "", decision.kernel or "")
-        with self._lock:
-            if key in self._warned:
-                return
-            self._warned.add(key)
-        rejected = [f"{c.backend}/{c.kernel}: {'; '.join(c.reasons)}" for c in decision.candidates if c.reasons]
-        log.warning(
-            "hal: %s fell back to %s (%s/%s) on %s; rejected: %s. Set HAL_STRICT=1 to make this an error.",
-            decl.name,
-            FALLBACK_WORDS[decision.fallback or "composite"],
-            decision.backend,
-            decision.kernel,
-            decision.device,
-            " | ".join(rejected) or "none",
-        )
-
-    # --- the decision -----------------------------------------------------------------------
-
-    def decide(self, decl: OpDecl, inputs: Inputs, choice: Choice) -> tuple[Decision, Optional[Callable[..., Any]]]:
-        """Choose a backend and kernel for validated inputs; never raises (errors go in the Decision)."""
-        rt = self.runtime()
+    def _decision(self, decl: OpDecl, inputs: Inputs, choice: Choice) -> Decision:
         decision = Decision(
             op=decl.name,
             inputs=_describe_inputs(decl, inputs),
@@ -508,10 +530,20 @@ class Dispatcher:
             decision.forced.append(f"backend {choice.backend} ({choice.backend_source})")
         if choice.kernel:
             decision.forced.append(f"kernel {choice.kernel} ({choice.kernel_source})")
+        return decision
 
+    def decide(self, decl: OpDecl, inputs: Inputs, choice: Choice) -> tuple[Decision, Optional[Callable[..., Any]]]:
+        """Choose a backend and kernel for validated inputs; never raises (errors go in the Decision)."""
+        rt = self.runtime()
+        decision = self._decision(decl, inputs, choice)
         plan = self._backend_order(decl, inputs, choice, rt, decision)
         if plan is None:
             return decision, None
+        if decl.empty is not None and _has_zero_size(decl, inputs.args):
+            state = plan[0][0]
+            decision.backend, decision.kernel = state.name, "empty"
+            decision.candidates.append(Candidate(state.name, "empty", [], chosen=True, note="a zero-size dimension: the op's empty rule"))
+            return decision, _empty_runner(decl)
         for position, (state, mode) in enumerate(plan):
             target = self._try_backend(decl, inputs, choice, state, mode, position, decision)
             if decision.error is not None or target is not None:
@@ -529,9 +561,8 @@ class Dispatcher:
             if state is None:
                 decision.error = BackendUnavailableError(
                     f"backend {choice.backend!r} (forced by {choice.backend_source}) is not installed; installed "
-                    f"backends: {', '.join(sorted(rt.backends)) or 'none'}. Install it with "
-                    f"`pip install hal-backend-{choice.backend.replace('_', '-')}` (or ./backends/{choice.backend} "
-                    f"from a checkout) or unset the override.{_plugin_problems(rt)}"
+                    f"backends: {', '.join(sorted(rt.backends)) or 'none'}. {_install_hint(choice.backend)}"
+                    f"{_plugin_problems(rt)}"
                 )
                 return None
             if not state.available:
@@ -556,10 +587,12 @@ class Dispatcher:
         usable = [(s, "native") for s in native if s.available]
         if not usable:
             names = ", ".join(s.name for s in native) or "none installed"
-            hint = {"cpu": "hal-backend-cpu-ref", "cuda": "hal-backend-cuda", "rocm": "hal-backend-rocm"}.get(kind)
+            disabled = [lp.name for lp in rt.plugins if lp.disabled]
+            hint = DEVICE_DISTRIBUTIONS.get(kind)
             install = f"Install one (pip install {hint}) or move" if hint else "Move"
+            off = f" ({', '.join(disabled)} disabled by HAL_DISABLE_PLUGINS)" if disabled else ""
             decision.error = BackendUnavailableError(
-                f"no usable backend for {kind} inputs ({decision.device}); backends for {kind}: {names}. "
+                f"no usable backend for {kind} inputs ({decision.device}); backends for {kind}: {names}{off}. "
                 f"{install} the inputs to a supported device.{_candidate_lines(decision)}{_plugin_problems(rt)}"
             )
             return None
@@ -580,11 +613,13 @@ class Dispatcher:
         """Pick a kernel of one backend (or its composite) for the inputs; record every candidate."""
         kernels = self.runtime().kernels(decl.name, state.name)
         names = [k.name for k in kernels]
-        forced = choice.kernel if (choice.kernel in names or choice.kernel == "composite") else None
+        composite = decl.fallback_composite
+        wants_composite = choice.kernel == "composite" and (composite is not None or choice.kernel_required)
+        forced = choice.kernel if (choice.kernel in names or wants_composite) else None
         if choice.kernel and forced is None and choice.kernel_required:
             decision.error = UnsupportedError(
                 f"{choice.kernel_source} forces kernel {choice.kernel!r} for {decl.name}, but backend "
-                f"{state.name} has no such kernel; its kernels: {', '.join(names + ['composite'])}"
+                f"{state.name} has no such kernel; its kernels: {', '.join(names + (['composite'] if composite else []))}"
             )
             return None
         note = "host fallback" if mode == "host" else ""
@@ -593,13 +628,12 @@ class Dispatcher:
         if mode == "host":
             k_inputs = Inputs(decl, inputs.args, "cpu", torch.device("cpu"), inputs.dtype, "torch", None)
         else:
-            arch = state.arch(inputs.device)
-            k_inputs = Inputs(decl, inputs.args, inputs.device_kind, inputs.device, inputs.dtype, inputs.array_type, arch)
+            k_inputs = Inputs(decl, inputs.args, inputs.device_kind, inputs.device, inputs.dtype, inputs.array_type, _arch(state, inputs.device))
         views: dict[str, Inputs] = {}
         for k in kernels:
             if forced is not None and k.name != forced:
                 continue
-            reasons = k.not_supported_reasons(_inputs_as(k_inputs, k.array_api or state.info.array_api, views))
+            reasons = _reasons(k, _inputs_as(k_inputs, k.array_api or state.info.array_api, views))
             cand = Candidate(state.name, k.name, reasons, note=note or ("forced" if forced else ""))
             decision.candidates.append(cand)
             if reasons:
@@ -613,13 +647,12 @@ class Dispatcher:
                 f"inputs:{_candidate_lines(decision)}\ninputs:\n  " + "\n  ".join(decision.inputs)
             )
             return None
-        if decl.composite is None:
+        if composite is None:
             if forced == "composite":
-                decision.error = UnsupportedError(f"{decl.name} has no composite decomposition to force")
+                decision.error = UnsupportedError(f"{decl.name} has no composite decomposition to force ({choice.kernel_source})")
             return None
         cand = Candidate(state.name, "composite", [], chosen=True, note="forced" if forced else "decomposition into other ops")
         decision.candidates.append(cand)
-        composite = decl.composite
         return self._choose(decl, decision, state, "composite", None if forced else "composite", composite)
 
     def _choose(
@@ -651,22 +684,263 @@ class Dispatcher:
             + _plugin_problems(rt)
         )
 
+    # --- plans --------------------------------------------------------------------------------
+
+    def plan(self, decl: OpDecl, args: tuple, key: Any) -> Plan:
+        """Validate a call, decide its route, build its plan and cache it under ``key`` (None: do
+        not cache). Called by the public functions on a cache miss."""
+        config.check_environment()
+        overrides = config.current()
+        if overrides is not None and overrides.explaining:
+            plan = self._explain_plan(decl, args)
+        else:
+            inputs, subs, unbatched = self.prepare(decl, args)
+            decision, target = self.decide_route(decl, inputs, args, choice_for(decl.name, overrides))
+            if decision.error is not None:
+                raise decision.error
+            assert target is not None and decision.backend is not None and decision.kernel is not None
+            plan = self._build_plan(decl, decision, target, inputs, subs, unbatched)
+        if key is not None:
+            with self._lock:
+                if len(self._cache) >= MAX_CACHE_ENTRIES:
+                    self._cache.clear()
+                self._cache[key] = plan
+        return plan
+
+    def _build_plan(
+        self,
+        decl: OpDecl,
+        decision: Decision,
+        target: Callable[..., Any],
+        inputs: Inputs,
+        subs: list[tuple[int, Any]],
+        unbatched: Optional[int],
+    ) -> Plan:
+        """The cached plan of a decision: (count the call, run the call's arguments)."""
+        counter = self._counter(decl.name, decision.backend or "", decision.kernel or "")
+        count_call = counter.calls.__next__
+        count_fallback = None
+        if decision.fallback:
+            self._warn_fallback(decl, decision)
+            count_fallback = counter.fallbacks.__next__
+        checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
+        if decision.route == "decomposition":
+            run = _canonical(decl.name, target, subs, checks)
+            if count_fallback is None:
+                return count_call, run
+
+            def run_fallback(*args: Any) -> Any:
+                count_fallback()
+                return run(*args)
+
+            return count_call, run_fallback
+        fn = _writing(decl, target, inputs) if (decl.mutates and inputs.array_type == "torch") else target
+        if unbatched is not None:
+            fn = _rebatching(fn, unbatched)
+        if decision.route == "autograd":
+            autograd = HOOKS.autograd
+            if autograd is None:
+                raise RuntimeError("hal's torch integration is not loaded (import hal, not hal.dispatch alone)")
+
+            def forward(*canon: Any) -> Any:
+                count_call()
+                if count_fallback is not None:
+                    count_fallback()
+                return fn(*canon)
+
+            canon = _canonical(decl.name, lambda *a: a, subs, checks)
+            return _NO_COUNT, lambda *args: autograd(decl, forward, canon(*args))
+        if count_fallback is None and not checks:
+            return count_call, _canonical(decl.name, fn, subs, ())
+
+        def run_general(*args: Any) -> Any:
+            a = list(args)
+            for i, v in subs:
+                a[i] = v
+            for i, name, check in checks:
+                a[i] = check(decl.name, name, a[i])
+            count_call()
+            if count_fallback is not None:
+                count_fallback()
+            return fn(*a)
+
+        return _NO_COUNT, run_general
+
+    def _warn_fallback(self, decl: OpDecl, decision: Decision) -> None:
+        key = (decl.name, decision.backend or "", decision.kernel or "")
+        with self._lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        rejected = [f"{c.backend}/{c.kernel}: {'; '.join(c.reasons)}" for c in decision.candidates if c.reasons]
+        log.warning(
+            "hal: %s fell back to %s (%s/%s) on %s; rejected: %s. Set HAL_STRICT=1 to make this an error.",
+            decl.name,
+            FALLBACK_WORDS[decision.fallback or "composite"],
+            decision.backend,
+            decision.kernel,
+            decision.device,
+            " | ".join(rejected) or "none",
+        )
+
     # --- explain ------------------------------------------------------------------------------
 
     def explain(self, decl: OpDecl, args: Sequence[Any]) -> Decision:
-        """The decision for a call, without running it or caching it."""
+        """The decision for a call, without running it or caching it: the route, and the decisions
+        of a decomposition's ops or of the backward op an autograd node would run."""
+        args = tuple(args)
         inputs, _, _ = self.prepare(decl, args)
-        decision, _ = self.decide(decl, inputs, choice_for(decl.name, config.current()))
+        decision, target = self.decide_route(decl, inputs, args, choice_for(decl.name, config.current()))
+        if decision.error is not None:
+            return decision
+        if decision.route == "decomposition" and target is not None:
+            decision.steps = self._follow(target, inputs.args)
+        elif decision.route == "autograd":
+            decision.backward = self._backward_decision(decl, inputs, args)
         return decision
 
+    def _follow(self, composite: Callable[..., Any], canon: tuple) -> list[Decision]:
+        """The decisions of the ops a decomposition calls, in order (nothing runs)."""
+        outer = config.current() or Overrides()
+        saved = config.enter(Overrides(outer.backend, outer.kernels, outer.kernel_any, outer.strict, explaining=True))
+        recorder: list[Decision] = []
+        previous = getattr(self._explaining, "steps", None)
+        self._explaining.steps = recorder
+        try:
+            composite(*canon)
+        finally:
+            self._explaining.steps = previous
+            config.leave(saved)
+        return recorder
 
-def _mask_volatile(decl: OpDecl, args: tuple) -> list[Any]:
-    """``args`` with the values of volatile parameters replaced by their type, for the cache key."""
-    keyed = list(args)
-    for i, p in enumerate(decl.params):
-        if p.name in decl.volatile and not arrays.is_array(keyed[i]):
-            keyed[i] = type(keyed[i])
-    return keyed
+    def _explain_plan(self, decl: OpDecl, args: tuple) -> Plan:
+        """A plan used while explain follows a decomposition: record the decision, return fake
+        results (which require grad where the real ones would)."""
+
+        def run(*a: Any) -> Any:
+            outer = config.current()
+            saved = config.enter(Overrides(outer.backend, outer.kernels, outer.kernel_any, outer.strict) if outer else None)
+            try:
+                decision = self.explain(decl, a)
+                inputs, _, _ = self.prepare(decl, a)
+            finally:
+                config.leave(saved)
+            steps = getattr(self._explaining, "steps", None)
+            if steps is not None:
+                steps.append(decision)
+            out = fake_results(decl, inputs.args, inputs.array_type)
+            if decision.route != "kernel":
+                out = map_outputs(out, lambda t: t.requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)
+            return out
+
+        return _NO_COUNT, run
+
+    def _backward_decision(self, decl: OpDecl, inputs: Inputs, args: tuple) -> Decision:
+        """The decision of the backward op for the autograd node of a forward call."""
+        spec = gradients_of(decl)
+        named = decl.bind(_original_batch(decl, inputs, args))
+        out = fake_results(decl, tuple(named.values()), inputs.array_type)
+        grad_out = out[0] if isinstance(out, tuple) else out
+        bargs, _ = spec.call(grad_out, spec.saved(named, out))
+        with torch.no_grad():
+            return self.explain(spec.bwd, _detached(bargs))
+
+
+def _original_batch(decl: OpDecl, inputs: Inputs, args: tuple) -> tuple:
+    """Canonical arguments with an unbatched input as the caller gave it."""
+    canon = list(inputs.args)
+    if decl.unbatched is not None:
+        i = decl.index(decl.unbatched[0])
+        canon[i] = args[i]
+    return tuple(canon)
+
+
+def _detached(args: Sequence[Any]) -> tuple:
+    return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _canonical(op: str, fn: Callable[..., Any], subs: list[tuple[int, Any]], checks: Sequence[tuple[int, str, Any]]) -> Callable[..., Any]:
+    """``fn`` called with the checker's canonical static values substituted into the arguments (and
+    the volatile ones validated)."""
+    if not subs and not checks:
+        return fn
+
+    def run(*args: Any) -> Any:
+        a = list(args)
+        for i, v in subs:
+            a[i] = v
+        for i, name, check in checks:
+            a[i] = check(op, name, a[i])
+        return fn(*a)
+
+    return run
+
+
+def _rebatching(fn: Callable[..., Any], i: int) -> Callable[..., Any]:
+    """``fn`` on a batch of one for an unbatched input at slot ``i``, its result unbatched again."""
+
+    def run(*args: Any) -> Any:
+        a = list(args)
+        a[i] = a[i][None]
+        return fn(*a)[0]
+
+    return run
+
+
+def _writing(decl: OpDecl, fn: Callable[..., Any], inputs: Inputs) -> Callable[..., Any]:
+    """An in-place kernel on torch tensors: run without grad recording, then bump the version
+    counter of every tensor it wrote (kernels that write through pointers or NumPy views do not),
+    so that autograd notices a saved tensor that changed, as with torch's own in-place ops."""
+    slots = [decl.index(n) for n in decl.mutates]
+    when = decl.index(decl.mutates_when) if decl.mutates_when else None
+
+    def run(*a: Any) -> Any:
+        enabled = _grad_enabled()
+        _set_grad_enabled(False)
+        try:
+            out = fn(*a)
+        finally:
+            _set_grad_enabled(enabled)
+        if when is None or a[when]:
+            written = []
+            for i in slots:
+                v = a[i]
+                if isinstance(v, (list, tuple)):
+                    written.extend(v)
+                elif v is not None:
+                    written.append(v)
+            _increment_version(written)
+        return out
+
+    return run
+
+
+def _empty_runner(decl: OpDecl) -> Callable[..., Any]:
+    """The op's empty rule as a kernel: canonical arguments in, results out."""
+    rule = decl.empty
+    assert rule is not None
+    names = decl.param_names
+
+    def run(*args: Any) -> Any:
+        return rule(dict(zip(names, args)))
+
+    return run
+
+
+def _arch(state: BackendState, device: Any) -> Optional[str]:
+    try:
+        return state.arch(device)
+    except Exception as exc:  # a backend's architecture query must not break dispatch
+        log.warning("hal: backend %s could not name the architecture of %s: %s", state.name, device, exc)
+        return None
+
+
+def _reasons(k: KernelSpec, inputs: Inputs) -> list[str]:
+    """A kernel's rejection reasons; a check that raises rejects the kernel with the error."""
+    try:
+        return k.not_supported_reasons(inputs)
+    except Exception as exc:
+        return [f"its capability check raised {type(exc).__name__}: {exc}"]
 
 
 def _inputs_as(inputs: Inputs, api: str, views: dict[str, Inputs]) -> Inputs:
@@ -679,17 +953,6 @@ def _inputs_as(inputs: Inputs, api: str, views: dict[str, Inputs]) -> Inputs:
         args = tuple(_map_arrays(inputs.op, inputs.args, convert))
         views[api] = Inputs(inputs.op, args, inputs.device_kind, inputs.device, inputs.dtype, api, inputs.arch)
     return views[api]
-
-
-def _needs_autograd(args: Sequence[Any]) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.requires_grad:
-            return True
-        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) and x.requires_grad for x in a):
-            return True
-    return False
 
 
 def _describe_inputs(decl: OpDecl, inputs: Inputs) -> list[str]:
@@ -710,6 +973,13 @@ def _candidate_lines(decision: Decision) -> str:
         reasons = "; ".join(c.reasons) if c.reasons else "supported"
         out.append(f"\n  {c.backend}/{c.kernel}{note}: {reasons}")
     return "".join(out)
+
+
+def _install_hint(backend: str) -> str:
+    if backend in KNOWN_BACKENDS:
+        return (f"Install it with `pip install hal-backend-{backend.replace('_', '-')}` (or ./backends/{backend} "
+                "from a checkout) or unset the override.")
+    return f"No hal backend of that name is known ({', '.join(KNOWN_BACKENDS)} are this project's); check the name."
 
 
 def _plugin_problems(rt: Runtime) -> str:
@@ -739,12 +1009,14 @@ _is_compiling = torch.compiler.is_compiling
 _SIMPLE_ANNOTATIONS = (int, float, str, bool)
 
 
-def _key_source(p: Param, i: int, volatile: Mapping[str, Any]) -> list[str]:
+def _key_source(p: Param, i: int, decl: OpDecl) -> list[str]:
     """Source lines computing ``k{i}``, parameter ``p``'s part of the cache key (as ``_argkey`` would,
     inlined for the common types: the hot path of an op call is these lines and one dict lookup)."""
     v = p.name
-    if p.name in volatile:
+    if p.name in decl.volatile:
         return [f"    k{i} = _argkey({v}) if _is_array({v}) else type({v})"]
+    if p.name in decl.mutates:
+        return [f"    k{i} = _written_key({v})"]
     if p.kind in (Kind.TENSOR, Kind.OPTIONAL_TENSOR, Kind.SCALAR_OR_TENSOR, Kind.OPTIONAL_SCALAR_OR_TENSOR):
         return [
             f"    t{i} = type({v})",
@@ -770,11 +1042,11 @@ def _key_source(p: Param, i: int, volatile: Mapping[str, Any]) -> list[str]:
 def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Build ``hal.ops.<name>``: a function with the declaration's exact signature that dispatches.
 
-    The function is generated from the declaration: Python itself binds the arguments, and the cache
-    key is computed inline (no ``inspect.Signature.bind``, no per-argument function calls on the hot
-    path). On a cache hit a call costs the key, one dictionary lookup and the cached plan. Under
-    ``torch.compile`` the call is routed to ``torch.ops.hal.<name>`` (hal.torch_library) so that
-    Dynamo sees one custom op.
+    Why generated: the function is the hot path of every op call, and generating it from the
+    declaration lets Python itself bind the arguments and computes the cache key inline (no
+    ``inspect.Signature.bind``, no per-argument function calls). On a cache hit a call costs the
+    key, one dictionary lookup and the cached plan. Its source is registered with ``linecache`` so
+    tracebacks show it. Under ``torch.compile`` the call becomes a ``torch.ops.hal.<name>`` node.
     """
     sig = inspect.signature(fn)
     params, names, defaults = [], [], {}
@@ -791,11 +1063,13 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
         names.append(p.name)
     arg_list = ", ".join(names)
     arg_tuple = "(" + "".join(f"{n}, " for n in names) + ")"
-    key_lines = [line for i, p in enumerate(decl.params) for line in _key_source(p, i, decl.volatile)]
+    key_lines = [line for i, p in enumerate(decl.params) for line in _key_source(p, i, decl)]
     keys = "".join(f", k{i}" for i in range(len(decl.params)))
+    doc = f'    """hal.ops.{decl.name}, generated from its declaration by hal.dispatch.make_entry."""'
     src = "\n".join(
         [
             f"def {decl.name}({', '.join(params)}):",
+            doc,
             "    if _is_compiling():  # under torch.compile: one torch.ops.hal.<name> node",
             f"        return _traced(_decl, {arg_tuple})",
             *key_lines,
@@ -811,8 +1085,9 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
             "",
         ]
     )
+    filename = f"<hal.ops.{decl.name}>"
     namespace: dict[str, Any] = {
-        "_plan": DISPATCHER._plan,
+        "_plan": DISPATCHER.plan,
         "_cache_get": DISPATCHER._cache.get,
         "_decl": decl,
         "_is_compiling": _is_compiling,
@@ -823,10 +1098,12 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
         "_Tensor": _Tensor,
         "_ndarray": _ndarray,
         "_argkey": _argkey,
+        "_written_key": _written_key,
         "_is_array": arrays.is_array,
         **defaults,
     }
-    exec(compile(src, f"<hal.ops.{decl.name}>", "exec"), namespace)
+    exec(compile(src, filename, "exec"), namespace)
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     entry = namespace[decl.name]
     entry.__doc__ = fn.__doc__
     entry.__module__ = "hal.ops"
@@ -834,15 +1111,34 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
     entry.__signature__ = sig
     entry.__annotations__ = dict(getattr(fn, "__annotations__", {}))
     entry.__hal_source__ = src
-    attach_decorators(entry, decl)
     return entry
 
 
-def _traced_call(decl: OpDecl, args: tuple) -> Any:
-    """Under torch.compile: call torch.ops.hal.<name> (registered by hal.torch_library)."""
-    from hal import torch_library
+registry.set_entry_factory(make_entry)
 
-    return torch_library.traced_call(decl, args)
+
+def _traced_call(decl: OpDecl, args: tuple) -> Any:
+    """Under torch.compile: the torch integration's graph node(s) for the call."""
+    traced = HOOKS.traced
+    if traced is None:
+        raise RuntimeError("hal's torch integration is not loaded (import hal, not hal.dispatch alone)")
+    return traced(decl, args)
+
+
+def direct(decl: OpDecl, args: tuple) -> Any:
+    """Run ``decl`` on the kernel route (no autograd node), through its public function: the body of
+    the ``torch.ops.hal`` operators, which run below autograd."""
+    assert decl.entry is not None
+    keywords = [p.name for p in decl.params if p.keyword_only]
+    n = len(decl.params) - len(keywords)
+    enabled = _grad_enabled()
+    _set_grad_enabled(False)
+    try:
+        if keywords:
+            return decl.entry(*args[:n], **dict(zip(keywords, args[n:])))
+        return decl.entry(*args)
+    finally:
+        _set_grad_enabled(enabled)
 
 
 def explain(op_name: str, *args: Any, **kwargs: Any) -> Decision:
@@ -852,15 +1148,26 @@ def explain(op_name: str, *args: Any, **kwargs: Any) -> Decision:
     explainer = EXPLAINERS.get(op_name)
     if explainer is not None:
         return explainer(*args, **kwargs)
+    if not isinstance(op_name, str) or op_name not in OPS:
+        raise InvalidArgumentError(
+            "hal.explain", "op_name", "the name of a declared op (hal.list_ops()) or a collective of hal.dist",
+            repr(op_name),
+        )
     decl = get_op(op_name)
     assert decl.entry is not None
-    bound = inspect.signature(decl.entry).bind(*args, **kwargs)
+    try:
+        bound = inspect.signature(decl.entry).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidArgumentError(op_name, "(arguments)", f"arguments matching {op_name}{decl.signature}", str(exc)) from None
     bound.apply_defaults()
     return DISPATCHER.explain(decl, tuple(bound.arguments[n] for n in decl.param_names))
 
 
 #: Explainers for names that are not registry ops (hal.dist registers its collectives here).
 EXPLAINERS: dict[str, Callable[..., Any]] = {}
+#: Names beyond the registry's ops that ``hal.use(kernel={name: ...})`` may force, with the names
+#: they accept (hal.dist registers its collectives and their algorithms here).
+FORCEABLE: dict[str, Callable[[], set[str]]] = {}
 
 
 def stats() -> dict[tuple[str, str, str], dict[str, int]]:
@@ -875,3 +1182,24 @@ def reset_stats() -> None:
 def list_ops() -> list[OpDecl]:
     """Every declared op (forward and backward), in declaration order."""
     return list(OPS.values())
+
+
+def kernel_names(op: str) -> set[str]:
+    """The names of every kernel of ``op`` on every installed backend (plus "composite" where the
+    op has one), or of a collective's algorithms: what ``hal.use(kernel=...)`` may force."""
+    if op not in OPS:
+        if op not in FORCEABLE:
+            import hal.dist  # noqa: F401  (registers the collectives' algorithms)
+        return FORCEABLE[op]() if op in FORCEABLE else set()
+    rt = DISPATCHER.runtime()
+    names = {k.name for state in rt.backends.values() for k in rt.kernels(op, state.name)}
+    decl = OPS.get(op)
+    if decl is not None and decl.fallback_composite is not None:
+        names.add("composite")
+    if decl is not None and decl.empty is not None:
+        names.add("empty")
+    return names
+
+
+__all__ = ["DISPATCHER", "Dispatcher", "HOOKS", "explain", "stats", "reset_stats", "list_ops", "install", "reset", "direct",
+           "needs_autograd", "map_outputs", "kernel_names"]

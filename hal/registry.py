@@ -1,15 +1,26 @@
-"""Op declarations: the single source of truth for every op's name, schema, dtypes and tolerances.
+"""Op declarations: the single home of everything hal knows about an op.
 
 An op is declared once, in ``ops/``, as a typed Python function whose signature is its schema::
 
-    @declare(dtypes=FLOATS, tolerances=MATMUL_TOLERANCES, backward="matmul_backward")
+    @declare(dtypes=FLOATS, tolerances=MATMUL_TOLERANCES, backward="matmul_backward", gradients=("a", "b"))
     def matmul(a: Tensor, b: Tensor) -> Tensor:
         \"\"\"Matrix product with broadcasting, as torch.matmul.\"\"\"
 
 ``declare`` records an :class:`OpDecl` and returns the public, dispatching function that users
-call as ``hal.ops.matmul``. The returned function carries decorators to attach the op's argument
-checker (``@matmul.checker``) and, where useful, a composite decomposition into other ops
-(``@matmul.composite``).
+call as ``hal.ops.matmul``. That function carries decorators for the rest of the declaration:
+
+- ``@matmul.checker``: validates a call and returns canonical static values;
+- ``@matmul.fake``: the shapes, dtypes and devices of the results (the meta rule torch.compile
+  traces with, and what ``hal.explain`` follows a decomposition with);
+- ``@matmul.composite(...)``: a decomposition into other ops, used where no kernel runs the inputs
+  (``fallback=True``) and/or where a call needs autograd (``training=True``, optionally ``when`` a
+  predicate of the canonical arguments holds);
+- ``@matmul.empty``: the results for inputs with a zero-size dimension (kernels never see those).
+
+The core reads these fields and nothing else about an op: it holds no table keyed by op names and
+never imports ``hal.ops``. Modules that need to know about every declaration (the dispatcher builds
+the public function, the torch integration registers ``torch.ops.hal.<name>``) subscribe with
+:func:`on_declare` and :func:`set_entry_factory`; this module imports neither.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from hal.types import Kind, kind_of
 
@@ -59,6 +70,28 @@ class Param:
         return self.default is inspect.Parameter.empty
 
 
+#: canonical arguments by parameter name, as rules and predicates of a declaration receive them.
+Named = Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Decomposition:
+    """One decomposition of an op into other ops (called with canonical arguments, positionally).
+
+    ``fallback``: runs where no kernel of a backend can run the inputs. ``training``: runs instead
+    of the op's own kernel when a call needs autograd (each op inside then saves what its own
+    backward needs), where ``when`` (a predicate of the canonical arguments) holds or is None.
+    """
+
+    fn: Callable[..., Any]
+    fallback: bool = True
+    training: bool = False
+    when: Optional[Callable[[Named], bool]] = None
+
+    def for_training(self, named: Named) -> bool:
+        return self.training and (self.when is None or bool(self.when(named)))
+
+
 @dataclasses.dataclass(eq=False)
 class OpDecl:
     """The declaration of one op (fields ``name``, ``signature``, ``dtypes``, ``tolerances``, ``doc``
@@ -72,25 +105,36 @@ class OpDecl:
     params: tuple[Param, ...]
     #: name of the backward op of a trainable op, None otherwise.
     backward: Optional[str] = None
+    #: for a trainable op: the parameters its backward op returns gradients for, in the order of the
+    #: backward's results; ``single_gradient`` when the backward returns one tensor, not a tuple.
+    gradients: tuple[str, ...] = ()
+    single_gradient: bool = False
     #: for a backward op, the name of its forward op.
     forward: Optional[str] = None
     #: parameters written in place by the op.
     mutates: tuple[str, ...] = ()
+    #: a static parameter: the op writes its ``mutates`` only when this argument is true (batch
+    #: norm's running statistics, written in training). None: whenever it runs.
+    mutates_when: Optional[str] = None
     #: the parameter whose dtype is "the op's dtype" (kernels declare supported dtypes against it).
     dtype_from: str = ""
     #: a rank at which the input named by ``unbatched[0]`` is unbatched: it gets a batch dimension
     #: before the kernel runs and the output loses it again (conv2d's CHW inputs).
     unbatched: Optional[tuple[str, int]] = None
     #: reduction length K of a call (canonical arguments by name), used to widen tolerances.
-    reduction: Optional[Callable[[Mapping[str, Any]], int]] = None
+    reduction: Optional[Callable[[Named], int]] = None
     #: parameters whose values change from call to call (a learning rate, a step count): the decision
     #: cache keys them by type only, and these validators (op, name, value) -> canonical value check
     #: them on every call instead of once per input signature.
     volatile: Mapping[str, Callable[[str, str, Any], Any]] = dataclasses.field(default_factory=dict)
     #: validates a call and returns canonical values for static parameters (see ``checker``).
     check: Optional[Callable[..., Optional[Mapping[str, Any]]]] = None
-    #: a decomposition into other ops, used when a backend has no kernel that runs the inputs.
-    composite: Optional[Callable[..., Any]] = None
+    #: the results' shapes, dtypes and devices from canonical arguments (see ``fake``).
+    fake: Optional[Callable[[Named], Any]] = None
+    #: the results for inputs with a zero-size dimension (see ``empty``).
+    empty: Optional[Callable[[Named], Any]] = None
+    #: decompositions into other ops (see ``composite``).
+    decompositions: tuple[Decomposition, ...] = ()
     #: the public function (set by ``declare``).
     entry: Optional[Callable[..., Any]] = None
 
@@ -102,6 +146,15 @@ class OpDecl:
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 
+    @property
+    def fallback_composite(self) -> Optional[Callable[..., Any]]:
+        """The decomposition used where no kernel can run the inputs (None: the op has none)."""
+        return next((d.fn for d in self.decompositions if d.fallback), None)
+
+    def training_composite(self, named: Named) -> Optional[Callable[..., Any]]:
+        """The decomposition a call needing autograd runs instead of the op (None: the op itself)."""
+        return next((d.fn for d in self.decompositions if d.for_training(named)), None)
+
     def index(self, name: str) -> int:
         """Position of a parameter in the canonical argument tuple."""
         return self.param_names.index(name)
@@ -110,12 +163,21 @@ class OpDecl:
         """Arguments by parameter name."""
         return dict(zip(self.param_names, args))
 
+    def writes(self, named: Named) -> bool:
+        """Whether a call with these canonical arguments writes the ``mutates`` parameters."""
+        return bool(self.mutates) and (self.mutates_when is None or bool(named[self.mutates_when]))
+
     def __repr__(self) -> str:
         return f"<op {self.name}{self.signature}>"
 
 
 #: Every declared op, by name, in declaration order.
 OPS: dict[str, OpDecl] = {}
+
+#: called with each new declaration, after its public function exists (see :func:`on_declare`).
+_LISTENERS: list[Callable[[OpDecl], None]] = []
+#: builds the public function of a declaration (the dispatcher's; see :func:`set_entry_factory`).
+_ENTRY_FACTORY: list[Callable[[OpDecl, Callable[..., Any]], Callable[..., Any]]] = []
 
 
 def get_op(name: str) -> OpDecl:
@@ -124,6 +186,19 @@ def get_op(name: str) -> OpDecl:
         return OPS[name]
     except KeyError:
         raise KeyError(f"no op named {name!r}; declared ops: {', '.join(sorted(OPS))}") from None
+
+
+def on_declare(listener: Callable[[OpDecl], None]) -> None:
+    """Call ``listener(decl)`` for every op declared from now on, and now for every op declared so
+    far. Decorators (checker, fake, ...) may still be attached after the call: read them lazily."""
+    _LISTENERS.append(listener)
+    for decl in list(OPS.values()):
+        listener(decl)
+
+
+def set_entry_factory(factory: Callable[[OpDecl, Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Install the function that builds an op's public function (the dispatcher does, on import)."""
+    _ENTRY_FACTORY[:] = [factory]
 
 
 def _params_of(fn: Callable[..., Any]) -> tuple[Param, ...]:
@@ -154,17 +229,21 @@ def declare(
     dtypes: Sequence[str],
     tolerances: Mapping[str, Tolerance],
     backward: Optional[str] = None,
+    gradients: Union[str, Sequence[str], None] = None,
     forward: Optional[str] = None,
     mutates: Sequence[str] = (),
+    mutates_when: Optional[str] = None,
     dtype_from: Optional[str] = None,
     unbatched: Optional[tuple[str, int]] = None,
-    reduction: Optional[Callable[[Mapping[str, Any]], int]] = None,
+    reduction: Optional[Callable[[Named], int]] = None,
     volatile: Optional[Mapping[str, Callable[[str, str, Any], Any]]] = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare an op from a typed function (its signature is the schema, its docstring the doc).
 
-    Returns the public dispatching function. ``dtype_from`` names the parameter whose dtype is the
-    op's dtype (default: the first tensor parameter).
+    Returns the public dispatching function. A trainable op names its ``backward`` op and the
+    ``gradients`` that op returns (a tuple of parameter names, or one name when it returns a single
+    tensor). ``dtype_from`` names the parameter whose dtype is the op's dtype (default: the first
+    tensor parameter).
     """
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -172,9 +251,13 @@ def declare(
         if name in OPS:
             raise ValueError(f"op {name!r} is declared twice")
         params = _params_of(fn)
-        for m in list(mutates) + list(volatile or {}):
-            if m not in {p.name for p in params}:
-                raise ValueError(f"op {name!r}: mutates or volatile names an unknown parameter {m!r}")
+        names = {p.name for p in params}
+        grads = (gradients,) if isinstance(gradients, str) else tuple(gradients or ())
+        for m in [*mutates, *(volatile or {}), *grads, *([mutates_when] if mutates_when else [])]:
+            if m not in names:
+                raise ValueError(f"op {name!r}: a field of its declaration names an unknown parameter {m!r}")
+        if (backward is None) != (not grads):
+            raise ValueError(f"op {name!r}: a trainable op names both its backward op and the gradients it returns")
         first_tensor = next((p.name for p in params if p.kind in (Kind.TENSOR, Kind.TENSOR_LIST)), "")
         decl = OpDecl(
             name=name,
@@ -184,25 +267,31 @@ def declare(
             doc=inspect.cleandoc(fn.__doc__ or ""),
             params=params,
             backward=backward,
+            gradients=grads,
+            single_gradient=isinstance(gradients, str),
             forward=forward,
             mutates=tuple(mutates),
+            mutates_when=mutates_when,
             dtype_from=dtype_from or first_tensor,
             unbatched=unbatched,
             reduction=reduction,
             volatile=dict(volatile or {}),
         )
-        OPS[name] = decl
-        from hal.dispatch import make_entry  # the dispatcher imports this module
-
-        entry = make_entry(decl, fn)
+        if not _ENTRY_FACTORY:
+            raise RuntimeError("hal.registry.declare needs the dispatcher: import hal first")
+        entry = _ENTRY_FACTORY[0](decl, fn)
+        attach_decorators(entry, decl)
         decl.entry = entry
+        OPS[name] = decl
+        for listener in list(_LISTENERS):
+            listener(decl)
         return entry
 
     return wrap
 
 
 def attach_decorators(entry: Any, decl: OpDecl) -> None:
-    """Give an op's public function the ``checker`` and ``composite`` decorators and its ``op``."""
+    """Give an op's public function its ``op`` and the decorators that complete its declaration."""
 
     def checker(fn: Callable[..., Optional[Mapping[str, Any]]]) -> Callable[..., Any]:
         """Register the op's argument checker.
@@ -216,14 +305,38 @@ def attach_decorators(entry: Any, decl: OpDecl) -> None:
         decl.check = fn
         return fn
 
-    def composite(fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Register a decomposition of the op into other ops (called with canonical arguments)."""
-        _check_same_parameters(decl, fn, "composite")
-        decl.composite = fn
+    def fake(fn: Callable[[Named], Any]) -> Callable[[Named], Any]:
+        """Register the op's fake (meta) rule: from the canonical arguments by name, results with
+        the shapes, dtypes and devices the kernels return (``x.new_empty(...)``), computing nothing.
+        It must work on meta and fake tensors with symbolic sizes as well as on real tensors."""
+        decl.fake = fn
         return fn
+
+    def empty(fn: Callable[[Named], Any]) -> Callable[[Named], Any]:
+        """Register the op's results for inputs with a zero-size dimension (canonical arguments by
+        name); the dispatcher calls it instead of a kernel (API.md: what torch gives)."""
+        decl.empty = fn
+        return fn
+
+    def composite(fn: Optional[Callable[..., Any]] = None, *, fallback: bool = True, training: bool = False,
+                  when: Optional[Callable[[Named], bool]] = None) -> Any:
+        """Register a decomposition of the op into other ops (called with canonical arguments).
+
+        ``@op.composite`` is the fallback where no kernel runs the inputs; ``@op.composite(training=True,
+        fallback=False, when=...)`` a decomposition that calls needing autograd run instead of the op.
+        """
+
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            _check_same_parameters(decl, f, "composite")
+            decl.decompositions = (*decl.decompositions, Decomposition(f, fallback, training, when))
+            return f
+
+        return register(fn) if fn is not None else register
 
     entry.op = decl
     entry.checker = checker
+    entry.fake = fake
+    entry.empty = empty
     entry.composite = composite
 
 

@@ -104,6 +104,56 @@ def _api_problem(plugin: Plugin, distribution: Optional[str]) -> Optional[Plugin
     )
 
 
+def _dist_name(ep: Any) -> Optional[str]:
+    dist = getattr(ep, "dist", None)
+    return dist.name if dist is not None else None
+
+
+def _load(ep: Any) -> tuple[Any, Optional[BaseException]]:
+    """The object an entry point names, or the exception importing it raised (any BaseException but
+    a KeyboardInterrupt: a plugin calling sys.exit() at import must not end the user's program)."""
+    from stevedore import NamedExtensionManager
+
+    failures: list[BaseException] = []
+    try:
+        manager = NamedExtensionManager(
+            ENTRY_POINT_GROUP, names=[ep.name], invoke_on_load=False,
+            on_load_failure_callback=lambda _m, _ep, exc: failures.append(exc),
+        )
+        for ext in manager.extensions:
+            if ext.entry_point.value == ep.value:
+                return ext.plugin, None
+        if failures:
+            return None, failures[0]
+        return ep.load(), None  # several entry points share the name: load this one directly
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - see the docstring
+        return None, exc
+
+
+def _resolve_name_clashes(loaded: list[LoadedPlugin]) -> list[LoadedPlugin]:
+    """Keep one plugin per backend name; the others fail with a PluginError saying who has it."""
+    owners: dict[str, LoadedPlugin] = {}
+    for lp in loaded:
+        if lp.plugin is None or lp.plugin.backend is None:
+            continue
+        name = lp.plugin.backend.name
+        rival = owners.get(name)
+        if rival is None:
+            owners[name] = lp
+            continue
+        canonical = f"hal-backend-{name.replace('_', '-')}"
+        keep, drop = (lp, rival) if lp.distribution == canonical else (rival, lp)
+        owners[name] = keep
+        drop.error = PluginError(
+            f"plugin {drop.name!r} ({drop.distribution or 'unknown distribution'}) defines backend {name!r}, which "
+            f"{keep.distribution or keep.name} already provides; it was not loaded. Rename its backend or uninstall one of them."
+        )
+        drop.plugin = None
+    return loaded
+
+
 def disabled_names() -> set[str]:
     """Plugin names listed in HAL_DISABLE_PLUGINS (comma separated)."""
     return {n.strip() for n in os.environ.get("HAL_DISABLE_PLUGINS", "").split(",") if n.strip()}
@@ -144,40 +194,28 @@ class Runtime:
 
     @classmethod
     def discover(cls) -> "Runtime":
-        """Load every plugin of the ``hal.backends`` entry-point group, keeping failures."""
-        from stevedore import NamedExtensionManager
+        """Load every plugin of the ``hal.backends`` entry-point group, keeping failures.
 
+        Each entry point is loaded on its own (through stevedore), so a plugin that raises anything
+        at import, ``SystemExit`` and ``AssertionError`` included, fails alone. Two entry points that
+        define the same backend name do not hide each other: the project's own distribution
+        (``hal-backend-<name>``) keeps the name and the other fails with a PluginError naming both.
+        """
         disabled = disabled_names()
-        eps = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-        failures: dict[str, BaseException] = {}
-
-        def on_failure(_manager: Any, ep: Any, exc: BaseException) -> None:
-            failures[ep.name] = exc
-
-        wanted = [n for n in eps if n not in disabled]
-        manager = NamedExtensionManager(
-            ENTRY_POINT_GROUP,
-            names=wanted,
-            invoke_on_load=False,
-            on_load_failure_callback=on_failure,
-            name_order=True,
-        )
-        loaded_objs = {ext.name: ext.plugin for ext in manager.extensions}
         out = []
-        for name, ep in sorted(eps.items()):
+        for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name, _dist_name(e) or "")):
             dist = getattr(ep, "dist", None)
-            lp = LoadedPlugin(name, dist.name if dist else None, dist.version if dist else None)
-            if name in disabled:
+            lp = LoadedPlugin(ep.name, dist.name if dist else None, dist.version if dist else None)
+            if ep.name in disabled:
                 lp.disabled = True
-            elif name in failures:
-                exc = failures[name]
-                where = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-                lp.error = exc if isinstance(exc, PluginError) else PluginError(f"plugin {name!r} failed to load: {where}")
             else:
-                obj = loaded_objs.get(name)
-                if not isinstance(obj, Plugin):
+                obj, exc = _load(ep)
+                if exc is not None:
+                    where = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                    lp.error = exc if isinstance(exc, PluginError) else PluginError(f"plugin {ep.name!r} failed to load: {where}")
+                elif not isinstance(obj, Plugin):
                     lp.error = PluginError(
-                        f"plugin {name!r}: entry point {ep.value} is a {type(obj).__name__}, not a hal.plugin.Plugin"
+                        f"plugin {ep.name!r}: entry point {ep.value} is a {type(obj).__name__}, not a hal.plugin.Plugin"
                     )
                 else:
                     lp.error = _api_problem(obj, lp.distribution)
@@ -185,7 +223,7 @@ class Runtime:
                         lp.plugin = obj
                         lp.version = obj.version
             out.append(lp)
-        return cls(out)
+        return cls(_resolve_name_clashes(out))
 
     # --- queries ------------------------------------------------------------------------------
 

@@ -1,12 +1,17 @@
 """Every hal op as ``torch.ops.hal.<name>``: torch.library operators with fake kernels and autograd.
 
-Why: a model that calls ``hal.ops.*`` must train (autograd) and compile (``torch.compile`` with
-``fullgraph=True``). Dynamo cannot trace into the dispatcher and its NumPy kernels, so under
-compile every ``hal.ops.<name>`` call becomes one opaque ``torch.ops.hal.<name>`` node whose fake
-kernel (:mod:`hal._torch_fake`) gives output shapes and dtypes; eager calls with grad-requiring
-tensors take the same operator so that its registered autograd formula (the registry's
-``<op>_backward`` op, itself ``torch.ops.hal.<op>_backward``) builds the graph. Eager calls without
-autograd never come here: they keep the dispatcher's direct path.
+Why: a model that calls ``hal.ops.*`` must compile (``torch.compile`` with ``fullgraph=True``).
+Dynamo cannot trace into the dispatcher and its NumPy kernels, so under compile every
+``hal.ops.<name>`` call becomes one opaque ``torch.ops.hal.<name>`` node (or, for a call needing
+autograd, the nodes of the op's training decomposition). The node's fake kernel is the op's fake
+rule (``@op.fake`` in its declaration); its autograd formula calls the backward op, itself a
+``torch.ops.hal`` node, with the arguments :mod:`hal.gradients` reads off the declarations. When the
+compiled code runs, a node runs the op's kernel route (:func:`hal.dispatch.direct`). Eager calls
+never come here: they take the dispatcher's direct path or :mod:`hal.autograd`.
+
+Operators are registered as ops are declared (:func:`hal.registry.on_declare`), so an op declared
+in any module, after ``import hal``, is a torch operator at once; a forward's autograd formula is
+attached as soon as both it and its backward op exist.
 
 How a hal signature becomes a torch schema (each parameter keeps its name):
 
@@ -19,31 +24,19 @@ How a hal signature becomes a torch schema (each parameter keeps its name):
   ``[v]``), a conv padding as ``int[] padding, str? padding_mode`` ("same"/"valid" in the mode).
   These forms are equivalent for the op's checker, which runs on the decoded values.
 
-Trainable ops that mutate (``batch_norm``, ``fused_conv_bn_relu`` update running statistics)
+Trainable ops that mutate (batch norm's running statistics, written when ``mutates_when`` holds)
 cannot carry an autograd formula themselves (torch requires functional operators for that), so each
 has a functional twin ``<name>_functional`` returning the output and the updated statistics; the
 mutating operator is a ``CompositeImplicitAutograd`` kernel calling the twin and copying the
 statistics back in place. Autograd and torch.compile's functionalisation both see the twin.
 
-Training decompositions: where the fused forward is the wrong trade for training, a call that needs
-autograd runs a decomposition into differentiable hal ops instead (:data:`TRAINING_DECOMPOSITIONS`):
+With dynamic shapes the fake kernels run the op's checker on meta tensors of the sizes' hints (it
+reads sizes as ints, which would specialise every dimension), while the fake rules compute with the
+symbolic sizes; the kernels validate the real sizes when they run.
 
-- ``linear`` with an activation: ``linear_backward`` recomputes the pre-activation GEMM; as
-  ``linear(act="none")`` then ``scale_shift_act`` the backward reuses the saved pre-activation, which
-  costs one elementwise pass instead of a GEMM.
-- ``fused_conv_bn_relu``: its backward recomputes the convolution (one extra convolution per step);
-  as ``conv2d`` -> ``batch_norm`` -> ``scale_shift_act(relu)`` the convolution output is saved instead
-  (more activation memory, one convolution less). Without autograd the fused kernel runs.
-
-Remove a name from :data:`TRAINING_DECOMPOSITIONS` to train through the fused op and its backward.
-
-``import hal`` registers every op (about 30 ms): Dynamo cannot trace the registration, so it must
-be done before a model is compiled. An op declared later is registered on its first autograd call
-or by :func:`register`.
-
-Limits: results are contiguous (a kernel's output is made so on this path, as the fake kernels
-say); backward ops have no autograd formula of their own (no double backward); hal ops are not
-autocast ops (``hal.nn`` modules cast their inputs under autocast).
+Limits: results are contiguous (a kernel's output is made so on this path, as the fake rules say);
+backward ops have no autograd formula of their own (no double backward); hal ops are not autocast
+ops (``hal.nn`` modules cast their inputs under autocast).
 """
 
 from __future__ import annotations
@@ -51,42 +44,22 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from hal import _torch_fake
-from hal.dispatch import DISPATCHER, _needs_autograd
-from hal.ops import batch_norm, conv2d, linear, scale_shift_act
-from hal.registry import OPS, OpDecl, Param
+try:  # the size hint of a symbolic int; older torch versions name it hint_int
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+except ImportError:  # pragma: no cover - depends on the torch version
+    from torch.fx.experimental.symbolic_shapes import hint_int as optimization_hint
+
+from hal import dispatch
+from hal.gradients import OUT, gradients_of
+from hal.registry import OPS, OpDecl, Param, on_declare
 from hal.types import IntPair, Kind, Padding, ShapeLike
 
 NAMESPACE = "hal"
-
-#: Trainable ops whose result is computed by a decomposition into hal ops when autograd is needed
-#: (see the module docstring for why). Edit this set to change the trade.
-TRAINING_DECOMPOSITIONS: set[str] = {"linear", "fused_conv_bn_relu"}
-
-#: For each trainable op: the forward parameters that its backward op returns gradients for, in the
-#: order of the backward's results (a plain string: the backward returns a single tensor).
-GRADIENTS: dict[str, Union[str, tuple[str, ...]]] = {
-    "conv2d": ("x", "weight", "bias"),
-    "batch_norm": ("x", "weight", "bias"),
-    "fused_conv_bn_relu": ("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias"),
-    "scale_shift_act": ("x", "scale", "shift"),
-    "linear": ("x", "weight", "bias"),
-    "matmul": ("a", "b"),
-    "grouped_gemm": ("x", "weight"),
-    "layer_norm": ("x", "weight", "bias"),
-    "rms_norm": ("x", "weight"),
-    "softmax": "x",
-    "scaled_dot_product_attention": ("q", "k", "v"),
-    "fake_quantize": "x",
-}
-
-#: Mutating trainable ops write their mutated arguments only when this static option is true.
-MUTATES_WHEN = {"batch_norm": "training", "fused_conv_bn_relu": "training"}
 
 
 # --- from hal parameters to schema slots ------------------------------------------------------
@@ -174,15 +147,17 @@ def _codec(decl: OpDecl, p: Param, alias: Optional[str]) -> Codec:
         return Codec(p, form, (f"int[] {p.name}",))
     raise TypeError(
         f"hal.torch_library has no torch schema encoding for parameter {p.name!r} of op {decl.name} "
-        f"(annotation {p.annotation!r}); add one to hal/torch_library.py (_PLAIN_STATIC or _SHAPED_STATIC)"
+        f"(annotation {p.annotation!r}); use one of the types of hal.types for static options"
     )
 
 
 def _returns(decl: OpDecl) -> str:
     """The schema's return type of an op."""
     if decl.forward is not None:  # a backward op: one gradient per differentiable forward input
-        grads = GRADIENTS[decl.forward]
-        return "Tensor" if isinstance(grads, str) else "(" + ", ".join(["Tensor"] * len(grads)) + ")"
+        fwd = OPS[decl.forward] if decl.forward in OPS else None
+        if fwd is None:
+            raise TypeError(f"backward op {decl.name} is declared before its forward op {decl.forward}")
+        return "Tensor" if fwd.single_gradient else "(" + ", ".join(["Tensor"] * len(fwd.gradients)) + ")"
     ret = getattr(decl.entry, "__annotations__", {}).get("return")
     return "()" if ret in (None, "None") else "Tensor"
 
@@ -200,6 +175,9 @@ class TorchOp:
     overload: Any = None
     #: the mutating operator ``torch.ops.hal.<name>`` of an op with a functional twin.
     mutating: Any = None
+    #: the qualified name autograd is registered on (None: not trainable), and whether it is.
+    autograd_name: Optional[str] = None
+    has_autograd: bool = False
     #: slot index of each parameter's first slot, by name.
     offsets: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -239,14 +217,14 @@ class TorchOp:
 
 
 _LIB: Optional[torch.library.Library] = None
-#: The registered operators by hal op name (filled by :func:`register`).
+#: The registered operators by hal op name.
 TORCH_OPS: dict[str, TorchOp] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 
 
 def _distinct(out: Any, slots: Sequence[Any]) -> Any:
     """A torch operator must not return its inputs or views of them: copy such outputs, and make
-    outputs contiguous as the fake kernels describe them."""
+    outputs contiguous as the fake rules describe them."""
     if isinstance(out, (tuple, list)):
         return tuple(_distinct(o, slots) for o in out)
     if not isinstance(out, torch.Tensor):
@@ -258,8 +236,77 @@ def _distinct(out: Any, slots: Sequence[Any]) -> Any:
     return out.contiguous()
 
 
-def _define(lib: torch.library.Library, decl: OpDecl, table: dict[str, TorchOp]) -> TorchOp:
-    """Define ``hal::<name>`` (and its functional twin where needed), its kernel, fake and autograd."""
+# --- fake kernels -------------------------------------------------------------------------------
+
+
+def _symbolic(v: Any) -> bool:
+    if isinstance(v, (list, tuple)):
+        return any(map(_symbolic, v))
+    return isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape)
+
+
+def _probe(v: Any) -> Any:
+    """A tensor with symbolic sizes as a meta tensor of their hints (lists too); others as they are."""
+    if isinstance(v, (list, tuple)):
+        return type(v)(map(_probe, v))
+    if isinstance(v, torch.Tensor) and _symbolic(v):
+        return torch.empty([optimization_hint(s) for s in v.shape], dtype=v.dtype, device="meta")
+    return v
+
+
+def canonical(decl: OpDecl, args: tuple) -> dict[str, Any]:
+    """A traced call's arguments by name, validated and with the checker's canonical static values
+    (on fake tensors: the same hal error as in eager, at compile time)."""
+    named = decl.bind(args)
+    if decl.check is not None:
+        probe = tuple(map(_probe, args)) if _symbolic(args) else args
+        named.update(decl.check(*probe) or {})
+    return named
+
+
+def _fake_rule(decl: OpDecl) -> Callable[[dict[str, Any]], Any]:
+    if decl.fake is None:
+        raise NotImplementedError(f"op {decl.name} declares no fake rule (@{decl.name}.fake); it cannot run under torch.compile")
+    return decl.fake
+
+
+def _fake_kernel(top: TorchOp) -> Callable[..., Any]:
+    decl = top.decl
+
+    def fake(*slots: Any) -> Any:
+        return _fake_rule(decl)(canonical(decl, top.decode(slots)))
+
+    return fake
+
+
+def _fake_twin_kernel(top: TorchOp, mutated: list[str]) -> Callable[..., Any]:
+    """The fake kernel of a functional twin: the result, then each mutated array's new value
+    (empty when the op does not write it)."""
+    decl = top.decl
+
+    def fake(*slots: Any) -> Any:
+        a = canonical(decl, top.decode(slots))
+        out = _fake_rule(decl)(a)
+        writes = decl.writes(a)
+        fresh = [a[n].new_empty(a[n].shape) if (writes and a[n] is not None) else out.new_empty(0) for n in mutated]
+        return (out, *fresh)
+
+    return fake
+
+
+# --- registration -------------------------------------------------------------------------------
+
+
+def _library() -> torch.library.Library:
+    global _LIB
+    if _LIB is None:
+        _LIB = torch.library.Library(NAMESPACE, "DEF")
+    return _LIB
+
+
+def _define(decl: OpDecl) -> TorchOp:
+    """Define ``hal::<name>`` (and its functional twin where needed), its kernel and fake kernel."""
+    lib = _library()
     letters = {name: "abcdefgh"[i] for i, name in enumerate(decl.mutates)}
     top = TorchOp(decl, tuple(_codec(decl, p, letters.get(p.name)) for p in decl.params))
     packet = getattr(torch.ops, NAMESPACE)
@@ -268,40 +315,38 @@ def _define(lib: torch.library.Library, decl: OpDecl, table: dict[str, TorchOp])
     if not (decl.trainable and decl.mutates):
 
         def impl(*slots: Any) -> Any:
-            return _distinct(DISPATCHER.call_direct(decl, top.decode(slots)), slots)
+            return _distinct(dispatch.direct(decl, top.decode(slots)), slots)
 
         lib.impl(decl.name, impl, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{NAMESPACE}::{decl.name}", _torch_fake.fake_kernel(top), lib=lib)
+        torch.library.register_fake(f"{NAMESPACE}::{decl.name}", _fake_kernel(top), lib=lib)
         top.overload = getattr(packet, decl.name).default
-        if decl.trainable:
-            _register_autograd(lib, top, table[decl.backward], f"{NAMESPACE}::{decl.name}")
+        top.autograd_name = f"{NAMESPACE}::{decl.name}" if decl.trainable else None
         return top
 
     twin = f"{decl.name}_functional"
     mutated = [n for n in decl.param_names if n in decl.mutates]
-    flag = MUTATES_WHEN[decl.name]
     lib.define(f"{twin}({top.schema_args(functional=True)}) -> (Tensor{', Tensor' * len(mutated)})")
 
     def twin_impl(*slots: Any) -> Any:
         args = list(top.decode(slots))
-        writes = bool(args[decl.index(flag)])
+        writes = decl.writes(decl.bind(args))
         fresh = []
         for name in mutated:
             i = decl.index(name)
             if writes and args[i] is not None:
                 args[i] = args[i].clone()
             fresh.append(args[i] if writes else None)
-        out = _distinct(DISPATCHER.call_direct(decl, tuple(args)), slots)
+        out = _distinct(dispatch.direct(decl, tuple(args)), slots)
         return (out, *(f if f is not None else out.new_empty(0) for f in fresh))
 
     lib.impl(twin, twin_impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{NAMESPACE}::{twin}", _torch_fake.fake_twin_kernel(top, mutated, flag), lib=lib)
+    torch.library.register_fake(f"{NAMESPACE}::{twin}", _fake_twin_kernel(top, mutated), lib=lib)
     top.overload = getattr(packet, twin).default
-    _register_autograd(lib, top, table[decl.backward], f"{NAMESPACE}::{twin}")
+    top.autograd_name = f"{NAMESPACE}::{twin}"
 
     def mutating_impl(*slots: Any) -> Any:
         results = top.overload(*slots)
-        if slots[top.offsets[flag]]:
+        if decl.writes(decl.bind(top.decode(slots))):
             for name, new in zip(mutated, results[1:]):
                 target = top.slot(slots, name)
                 if target is not None:
@@ -313,83 +358,64 @@ def _define(lib: torch.library.Library, decl: OpDecl, table: dict[str, TorchOp])
     return top
 
 
-# --- autograd ---------------------------------------------------------------------------------
-
-
-def _register_autograd(lib: torch.library.Library, top: TorchOp, bwd: TorchOp, qualname: str) -> None:
-    """Autograd of ``top`` through the registry's backward op ``bwd`` (called as a torch operator).
-
-    The forward saves what the backward op takes besides ``grad_out``: forward inputs by name (a
-    mutated one only when it is not written, as the backward never reads written statistics) and,
-    for ``out``, the forward's result. The backward's results go to the slots of the inputs named
-    in :data:`GRADIENTS`; an input that was None or a number gets no gradient.
-    """
+def _register_autograd(top: TorchOp, bwd: TorchOp) -> None:
+    """Autograd of ``top`` through its backward op ``bwd`` (called as a torch operator), with the
+    arguments :class:`hal.gradients.Gradients` reads off the declarations."""
     decl = top.decl
-    grads = GRADIENTS[decl.name]
-    grad_names = (grads,) if isinstance(grads, str) else grads
-    needs = [c for c in bwd.codecs if c.param.name != "grad_out"]
-    flag = MUTATES_WHEN.get(decl.name)
-    twin = flag is not None
-    batch_rank = decl.unbatched[1] if decl.unbatched else None  # conv2d: its backward needs batched x
-    arrays = ("array", "number_or_array")
+    spec = gradients_of(decl)
+    twin = top.mutating is not None
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-        writes = twin and bool(inputs[top.offsets[flag]])
-        saved, statics = [], []
-        for c in needs:
-            name = c.param.name
-            if name == "out":
-                saved.append(output[0] if twin else output)
-                statics.append(())
-                continue
-            at = top.offsets[name]
-            values = inputs[at : at + c.width]
-            if writes and name in decl.mutates:
-                values = (None,)
-            saved.append(values[0] if c.form in arrays else None)
-            statics.append(values[1:] if c.form in arrays else values)
+        args = top.decode(inputs)
+        out = output[0] if twin else output
+        values = spec.saved(decl.bind(args), out)
+        where = [j for j, v in enumerate(values) if isinstance(v, torch.Tensor)]
         if twin:
             ctx.mark_non_differentiable(*output[1:])
-        ctx.save_for_backward(*saved)
-        ctx.hal_statics = statics
-        ctx.hal_given = [inputs[top.offsets[n]] is not None for n in grad_names]
+        ctx.save_for_backward(*(values[j] for j in where))
+        ctx.hal = (values, where, [isinstance(args[decl.index(n)], torch.Tensor) for n in decl.gradients])
 
     def backward(ctx: Any, grad_out: torch.Tensor, *_: Any) -> tuple:
-        batched = False
-        slots: list = [grad_out]
-        for c, tensor, rest in zip(needs, ctx.saved_tensors, ctx.hal_statics):
-            if c.param.name == "x" and batch_rank is not None and tensor.ndim == batch_rank:
-                tensor, slots[0], batched = tensor.unsqueeze(0), grad_out.unsqueeze(0), True
-            if c.form in arrays:
-                slots.append(tensor)
-            slots.extend(rest)
-        results = bwd.overload(*slots)
-        if isinstance(grads, str):
-            results = (results,)
+        values, where, given = ctx.hal
+        values = list(values)
+        for j, t in zip(where, ctx.saved_tensors):
+            values[j] = t
+        bargs, batched = spec.call(grad_out, values)
+        grads = spec.results(bwd.overload(*bwd.encode(bargs)), batched)
         out: list = [None] * len(top.slot_names)
-        for name, given, g in zip(grad_names, ctx.hal_given, results):
-            if given:
-                out[top.offsets[name]] = g.squeeze(0) if (batched and name == "x") else g
+        for name, ok in zip(decl.gradients, given):
+            if ok:
+                out[top.offsets[name]] = grads.get(name)
         return tuple(out)
 
-    torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=lib)
+    torch.library.register_autograd(top.autograd_name, backward, setup_context=setup_context, lib=_library())
+    top.has_autograd = True
 
 
-# --- registration and routing -----------------------------------------------------------------
+def _link_autograd(decl: OpDecl) -> None:
+    """Attach the autograd formulas that have become possible with ``decl`` registered."""
+    top = TORCH_OPS[decl.name]
+    if decl.trainable and not top.has_autograd and decl.backward in TORCH_OPS:
+        _register_autograd(top, TORCH_OPS[decl.backward])
+    if decl.forward is not None:
+        fwd = TORCH_OPS.get(decl.forward)
+        if fwd is not None and fwd.autograd_name and not fwd.has_autograd:
+            _register_autograd(fwd, top)
 
 
-def register() -> dict[str, TorchOp]:
-    """Register every op of the registry as ``torch.ops.hal.<name>`` (``import hal`` does; an op
-    declared later is registered by the next call). Backward ops come first: the forward ops'
-    autograd calls them."""
-    global _LIB
+def _on_declare(decl: OpDecl) -> None:
     with _LOCK:
-        if _LIB is None:
-            _LIB = torch.library.Library(NAMESPACE, "DEF")
-        for decl in sorted(OPS.values(), key=lambda d: d.forward is None):
-            if decl.name not in TORCH_OPS:
-                TORCH_OPS[decl.name] = _define(_LIB, decl, TORCH_OPS)
-    return TORCH_OPS
+        if decl.name in TORCH_OPS:
+            return
+        if decl.forward is not None and decl.forward not in OPS:
+            return  # a backward op declared before its forward: registered with the forward
+        TORCH_OPS[decl.name] = _define(decl)
+        _link_autograd(decl)
+        if decl.trainable and decl.backward in OPS and decl.backward not in TORCH_OPS:
+            _on_declare(OPS[decl.backward])
+
+
+# --- routing under torch.compile ----------------------------------------------------------------
 
 
 def _run(decl: OpDecl, args: Sequence[Any]) -> Any:
@@ -401,41 +427,19 @@ def _run(decl: OpDecl, args: Sequence[Any]) -> Any:
     return top.overload(*slots)
 
 
-def autograd_call(decl: OpDecl, args: Sequence[Any]) -> Any:
-    """The dispatcher's route for eager calls with grad-requiring tensors (args already validated)."""
-    if decl.name not in TORCH_OPS:
-        register()
-    if decl.name in TRAINING_DECOMPOSITIONS:
-        return TRAINING_DECOMPOSITION_FNS[decl.name](*args)
+def traced_call(decl: OpDecl, args: tuple) -> Any:
+    """``hal.ops.<name>`` under torch.compile: the op's training decomposition where the call needs
+    autograd and the op declares one (the route eager takes), else one ``torch.ops.hal`` node;
+    written so that Dynamo traces it without a graph break."""
+    if decl.trainable and dispatch.needs_autograd(args):
+        named = canonical(decl, args)
+        composite = decl.training_composite(named)
+        if composite is not None:
+            return composite(*(named[n] for n in decl.param_names))
     return _run(decl, args)
 
 
-def traced_call(decl: OpDecl, args: Sequence[Any]) -> Any:
-    """``hal.ops.<name>`` under torch.compile: one ``torch.ops.hal.<name>`` node (or the training
-    decomposition's nodes), written so that Dynamo traces it without a graph break."""
-    if decl.name in TRAINING_DECOMPOSITIONS and _needs_autograd(args):
-        return TRAINING_DECOMPOSITION_FNS[decl.name](*args)
-    return _run(decl, args)
+on_declare(_on_declare)
+dispatch.HOOKS.traced = traced_call
 
-
-# --- training decompositions ------------------------------------------------------------------
-
-
-def _linear_for_training(x: Any, weight: Any, bias: Any, act: str) -> Any:
-    if act == "none":
-        return _run(OPS["linear"], (x, weight, bias, act))
-    return scale_shift_act(linear(x, weight, bias, "none"), 1.0, 0.0, act)
-
-
-def _fused_conv_bn_relu_for_training(
-    x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training
-):
-    y = conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
-    y = batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
-    return scale_shift_act(y, 1.0, 0.0, "relu")
-
-
-TRAINING_DECOMPOSITION_FNS: dict[str, Callable[..., Any]] = {
-    "linear": _linear_for_training,
-    "fused_conv_bn_relu": _fused_conv_bn_relu_for_training,
-}
+__all__ = ["TORCH_OPS", "TorchOp", "Codec", "canonical", "traced_call", "OUT"]

@@ -10,6 +10,7 @@ from hal.registry import declare
 from hal.types import OptionalTensor, Tensor
 
 from . import _checks as c
+from ._fake import like
 from ._tolerances import REDUCTION
 
 
@@ -19,7 +20,7 @@ def _dim(op: str, x: Any, dim: Any) -> int:
     return d % nd
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="softmax_backward", reduction=lambda a: int(a["x"].shape[a["dim"]]))
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="softmax_backward", gradients="x", reduction=lambda a: int(a["x"].shape[a["dim"]]))
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     """Softmax along ``dim``, as ``F.softmax`` (x of at least one dimension; kernels get dim >= 0)."""
 
@@ -75,7 +76,8 @@ def _attention_k(a: dict) -> int:
     return max(int(a["q"].shape[-1]), int(a["k"].shape[-2]))
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="scaled_dot_product_attention_backward", reduction=_attention_k)
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="scaled_dot_product_attention_backward", gradients=("q", "k", "v"),
+         reduction=_attention_k)
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -121,6 +123,26 @@ def _check_sdpa_backward(grad_out, q, k, v, attn_mask, is_causal, scale):
     c.same_dtype(op, "grad_out", grad_out, "q", q)
     c.shape_is(op, "grad_out", grad_out, c.shape_of(q)[:-1] + (int(v.shape[-1]),), "(..., L, Ev)")
     return canon
+
+
+@softmax.fake
+def _fake_softmax(a):
+    return like(a["x"])
+
+
+@softmax_backward.fake
+def _fake_softmax_backward(a):
+    return like(a["out"])
+
+
+@scaled_dot_product_attention.fake
+def _fake_sdpa(a):
+    return like(a["q"], tuple(a["q"].shape[:-1]) + (a["v"].shape[-1],))
+
+
+@scaled_dot_product_attention_backward.fake
+def _fake_sdpa_backward(a):
+    return like(a["q"]), like(a["k"]), like(a["v"])
 
 
 __all__ = ["softmax", "softmax_backward", "scaled_dot_product_attention", "scaled_dot_product_attention_backward"]

@@ -9,6 +9,7 @@ from hal.registry import declare
 from hal.types import IntPair, OptionalTensor, Padding, Tensor
 
 from . import _checks as c
+from ._fake import conv_out, like, param_like
 from ._tolerances import REDUCTION
 
 TensorTuple = tuple  # backward ops return a tuple of tensors
@@ -129,7 +130,8 @@ def check_bn_options(
 # --- conv2d ---------------------------------------------------------------------------------
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="conv2d_backward", unbatched=("x", 3), reduction=_conv_k)
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="conv2d_backward", gradients=("x", "weight", "bias"), unbatched=("x", 3),
+         reduction=_conv_k)
 def conv2d(
     x: Tensor,
     weight: Tensor,
@@ -158,6 +160,11 @@ def _check_conv2d(x, weight, bias, stride, padding, dilation, groups):
     return geo
 
 
+@conv2d.fake
+def _fake_conv2d(a):
+    return like(a["x"], conv_out(a, "x", "weight"))
+
+
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="conv2d", reduction=_conv_backward_k)
 def conv2d_backward(
     grad_out: Tensor,
@@ -184,6 +191,11 @@ def _check_conv2d_backward(grad_out, x, weight, stride, padding, dilation, group
     return geo
 
 
+@conv2d_backward.fake
+def _fake_conv2d_backward(a):
+    return like(a["x"]), like(a["weight"]), like(a["x"], (a["weight"].shape[0],))
+
+
 # --- batch_norm -------------------------------------------------------------------------------
 
 
@@ -195,7 +207,9 @@ def _bn_reduction(a: Mapping[str, Any]) -> int:
     dtypes=FLOAT_DTYPES,
     tolerances=REDUCTION,
     backward="batch_norm_backward",
+    gradients=("x", "weight", "bias"),
     mutates=("running_mean", "running_var"),
+    mutates_when="training",
     reduction=_bn_reduction,
 )
 def batch_norm(
@@ -227,6 +241,11 @@ def _check_batch_norm(x, running_mean, running_var, weight, bias, training, mome
         check_per_channel(op, name, a, ch, "x", x)
     check_bn_options(op, _spatial_count(x), running_mean, running_var, training, momentum, eps)
     return {"momentum": float(momentum), "eps": float(eps), "training": bool(training)}
+
+
+@batch_norm.fake
+def _fake_batch_norm(a):
+    return like(a["x"])
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="batch_norm", reduction=_bn_reduction)
@@ -261,6 +280,13 @@ def _check_batch_norm_backward(grad_out, x, running_mean, running_var, weight, t
     return {"eps": float(eps), "training": bool(training)}
 
 
+@batch_norm_backward.fake
+def _fake_batch_norm_backward(a):
+    x, w = a["x"], a["weight"]
+    ch = (x.shape[1],)
+    return like(x), param_like(w, x, ch), param_like(None, x, ch, fallback=w)
+
+
 # --- fused_conv_bn_relu -----------------------------------------------------------------------
 
 
@@ -288,7 +314,9 @@ def _fused_k(a: Mapping[str, Any]) -> int:
     dtypes=FLOAT_DTYPES,
     tolerances=REDUCTION,
     backward="fused_conv_bn_relu_backward",
+    gradients=("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias"),
     mutates=("running_mean", "running_var"),
+    mutates_when="training",
     reduction=_fused_k,
 )
 def fused_conv_bn_relu(
@@ -321,8 +349,15 @@ def _check_fused(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, ru
     return {**geo, "eps": float(eps), "momentum": float(momentum), "training": bool(training)}
 
 
-@fused_conv_bn_relu.composite
+@fused_conv_bn_relu.fake
+def _fake_fused(a):
+    return like(a["x"], conv_out(a, "x", "conv_weight"))
+
+
+@fused_conv_bn_relu.composite(training=True)
 def _fused_composite(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+    """conv2d -> batch_norm -> ReLU: the fallback, and the training route (each op saves its own
+    input, so the backward does not recompute the convolution as the fused backward does)."""
     from hal.ops import batch_norm, conv2d, scale_shift_act
 
     y = conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
@@ -359,6 +394,13 @@ def _check_fused_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bia
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, out_shape, "(the forward output's shape)")
     return {**geo, "eps": float(eps), "training": bool(training)}
+
+
+@fused_conv_bn_relu_backward.fake
+def _fake_fused_backward(a):
+    x, cw = a["x"], a["conv_weight"]
+    cout = (cw.shape[0],)
+    return like(x), like(cw, dtype=x.dtype), like(x, cout), param_like(a["bn_weight"], x, cout), param_like(a["bn_bias"], x, cout)
 
 
 __all__ = [

@@ -9,6 +9,7 @@ from hal.registry import declare
 from hal.types import ScalarOrTensor, Tensor
 
 from . import _checks as c
+from ._fake import like, number_grad
 from ._tolerances import ELEMENTWISE, REDUCTION
 
 #: activations of scale_shift_act and linear: names as in PyTorch (gelu_tanh = gelu(approximate="tanh")).
@@ -27,7 +28,7 @@ def check_affine(op: str, x, scale, shift, act) -> None:
     c.choice(op, "act", act, ACTIVATIONS)
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, backward="scale_shift_act_backward")
+@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, backward="scale_shift_act_backward", gradients=("x", "scale", "shift"))
 def scale_shift_act(x: Tensor, scale: ScalarOrTensor = 1.0, shift: ScalarOrTensor = 0.0, act: str = "relu") -> Tensor:
     """``act(x * scale + shift)``: scale and shift are numbers or arrays broadcastable to x.
 
@@ -62,6 +63,17 @@ def _check_scale_shift_act_backward(grad_out, x, scale, shift, act):
     check_affine("scale_shift_act_backward", x, scale, shift, act)
     c.same_dtype("scale_shift_act_backward", "grad_out", grad_out, "x", x)
     c.shape_is("scale_shift_act_backward", "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
+
+
+@scale_shift_act.fake
+def _fake_scale_shift_act(a):
+    return like(a["x"])
+
+
+@scale_shift_act_backward.fake
+def _fake_scale_shift_act_backward(a):
+    x = a["x"]
+    return like(x), number_grad(a["scale"], x), number_grad(a["shift"], x)
 
 
 __all__ = ["scale_shift_act", "scale_shift_act_backward", "ACTIVATIONS"]

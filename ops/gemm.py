@@ -9,6 +9,7 @@ from hal.registry import declare
 from hal.types import OptionalTensor, Tensor
 
 from . import _checks as c
+from ._fake import like, matmul_shape as fake_matmul_shape, param_like
 from ._tolerances import REDUCTION
 from .elementwise import ACTIVATIONS
 
@@ -34,7 +35,7 @@ def _linear_k(a: dict) -> int:
     return int(a["x"].shape[-1])
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="linear_backward", reduction=_linear_k)
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="linear_backward", gradients=("x", "weight", "bias"), reduction=_linear_k)
 def linear(x: Tensor, weight: Tensor, bias: OptionalTensor = None, act: str = "none") -> Tensor:
     """``act(x @ weight.T + bias)`` as ``F.linear`` followed by an activation (a GEMM epilogue).
 
@@ -57,6 +58,20 @@ def _linear_composite(x, weight, bias, act):
     if bias is None and act == "none":
         return y
     return scale_shift_act(y, 1.0, 0.0 if bias is None else bias, act)
+
+
+@linear.composite(fallback=False, training=True, when=lambda a: a["act"] != "none")
+def _linear_for_training(x, weight, bias, act):
+    """linear, then the activation as its own op: the activation's backward reuses the saved
+    pre-activation (one elementwise pass), where linear_backward would recompute the GEMM."""
+    from hal.ops import linear, scale_shift_act
+
+    return scale_shift_act(linear(x, weight, bias, "none"), 1.0, 0.0, act)
+
+
+@linear.fake
+def _fake_linear(a):
+    return like(a["x"], tuple(a["x"].shape[:-1]) + (a["weight"].shape[0],))
 
 
 def _linear_backward_k(a: dict) -> int:
@@ -109,7 +124,7 @@ def matmul_shape(op: str, a: Any, b: Any) -> tuple[int, ...]:
     return tuple(reversed(batch)) + rows + cols
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="matmul_backward", reduction=lambda a: int(a["a"].shape[-1]))
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="matmul_backward", gradients=("a", "b"), reduction=lambda a: int(a["a"].shape[-1]))
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with torch.matmul's rules: 1-D operands, batch broadcasting, 0-d for two vectors."""
 
@@ -156,7 +171,7 @@ def _check_grouped(op: str, x: Any, weight: Any, group_sizes: Any) -> None:
     c.int_dtype(op, "group_sizes", group_sizes, ("int32", "int64"))
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="grouped_gemm_backward", reduction=lambda a: int(a["x"].shape[1]))
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="grouped_gemm_backward", gradients=("x", "weight"), reduction=lambda a: int(a["x"].shape[1]))
 def grouped_gemm(x: Tensor, weight: Tensor, group_sizes: Tensor) -> Tensor:
     """Ragged grouped GEMM (horizontal fusion of MoE experts): rows of group g times ``weight[g]``.
 
@@ -182,6 +197,32 @@ def _check_grouped_gemm_backward(grad_out, x, weight, group_sizes):
     _check_grouped(op, x, weight, group_sizes)
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, (int(x.shape[0]), int(weight.shape[2])), "(total_rows, N)")
+
+
+@linear_backward.fake
+def _fake_linear_backward(a):
+    x, w = a["x"], a["weight"]
+    return like(x), like(w), param_like(a["bias"], x, (w.shape[0],))
+
+
+@matmul.fake
+def _fake_matmul(a):
+    return like(a["a"], fake_matmul_shape(a["a"], a["b"]))
+
+
+@matmul_backward.fake
+def _fake_matmul_backward(a):
+    return like(a["a"]), like(a["b"])
+
+
+@grouped_gemm.fake
+def _fake_grouped_gemm(a):
+    return like(a["x"], (a["x"].shape[0], a["weight"].shape[2]))
+
+
+@grouped_gemm_backward.fake
+def _fake_grouped_gemm_backward(a):
+    return like(a["x"]), like(a["weight"])
 
 
 __all__ = ["linear", "linear_backward", "matmul", "matmul_backward", "grouped_gemm", "grouped_gemm_backward"]

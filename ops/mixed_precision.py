@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from hal.arrays import FLOAT_DTYPES
 from hal.registry import declare
 from hal.types import OptionalScalarOrTensor, OptionalTensorList, ScalarOrTensor, TensorList
@@ -113,6 +115,17 @@ def _check_fused_adamw(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, e
             raise c.fail(op, "exp_avgs[0]", "of dtype float32 (or float64) beside float32 master weights", exp_avgs[0])
         if master_params is None and sdtype not in (pdtype, "float32"):
             raise c.fail(op, "exp_avgs[0]", f"of dtype {pdtype} or float32", exp_avgs[0])
+
+
+@amp_unscale_.fake
+def _fake_amp_unscale(a):
+    tensors = a["tensors"]
+    return tensors[0].new_empty((), dtype=torch.float32) if tensors else torch.empty((), dtype=torch.float32)
+
+
+@fused_adamw_.fake
+def _fake_fused_adamw(a):
+    return None
 
 
 __all__ = ["amp_unscale_", "fused_adamw_"]

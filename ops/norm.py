@@ -11,6 +11,7 @@ from hal.registry import declare
 from hal.types import OptionalTensor, ShapeLike, Tensor
 
 from . import _checks as c
+from ._fake import like, param_like
 from ._tolerances import REDUCTION
 
 
@@ -40,7 +41,7 @@ def default_rms_eps(x: Any) -> float:
     return float(torch.finfo(torch_dtype(dtype_name(x))).eps)
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="layer_norm_backward", reduction=_norm_k)
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="layer_norm_backward", gradients=("x", "weight", "bias"), reduction=_norm_k)
 def layer_norm(
     x: Tensor,
     normalized_shape: ShapeLike,
@@ -75,7 +76,7 @@ def _check_layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
     return {"normalized_shape": shape, "eps": c.number(op, "eps", eps, low=0.0)}
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="rms_norm_backward", reduction=_norm_k)
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="rms_norm_backward", gradients=("x", "weight"), reduction=_norm_k)
 def rms_norm(x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None, eps: Optional[float] = None) -> Tensor:
     """RMS normalisation ``x / sqrt(mean(x^2) + eps) * weight`` over the trailing dimensions, as
     ``F.rms_norm``; eps None means the machine epsilon of x's dtype (kernels receive a float)."""
@@ -103,6 +104,31 @@ def _check_rms_norm_backward(grad_out, x, normalized_shape, weight, eps):
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
     return {"normalized_shape": shape, "eps": _rms_eps(op, x, eps)}
+
+
+def _norm_param_grad(a) -> object:
+    """grad_weight (or grad_bias) of layer_norm / rms_norm: normalized_shape, the weight's dtype."""
+    return param_like(a["weight"], a["x"], a["normalized_shape"])
+
+
+@layer_norm.fake
+def _fake_layer_norm(a):
+    return like(a["x"])
+
+
+@layer_norm_backward.fake
+def _fake_layer_norm_backward(a):
+    return like(a["x"]), _norm_param_grad(a), _norm_param_grad(a)
+
+
+@rms_norm.fake
+def _fake_rms_norm(a):
+    return like(a["x"])
+
+
+@rms_norm_backward.fake
+def _fake_rms_norm_backward(a):
+    return like(a["x"]), _norm_param_grad(a)
 
 
 __all__ = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]

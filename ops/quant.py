@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from hal.arrays import FLOAT_DTYPES, dtype_name, is_array
+import torch
+
+from hal.arrays import FLOAT_DTYPES, dtype_name, is_array, torch_dtype
 from hal.registry import declare
 from hal.types import OptionalTensor, ScalarOrTensor, Tensor
 
 from . import _checks as c
+from ._fake import like
 from ._tolerances import INTEGER, QUANTIZED, REDUCTION
 
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
@@ -88,7 +91,7 @@ def _check_fake(op: str, x: Any, scale: Any, zero_point: Any, quant_min: Any, qu
     return {"axis": check_qparams(op, x, scale, zero_point, axis, qmin, qmax), "quant_min": qmin, "quant_max": qmax}
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZED, backward="fake_quantize_backward")
+@declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZED, backward="fake_quantize_backward", gradients="x")
 def fake_quantize(
     x: Tensor,
     scale: ScalarOrTensor,
@@ -172,6 +175,32 @@ def _check_int8_linear(x_q, w_q, x_scale, w_scale, bias, out_dtype):
         c.shape_is(op, "bias", bias, (n,), "(N,)")
         c.float_dtype(op, "bias", bias)
     c.choice(op, "out_dtype", out_dtype, OUT_DTYPES)
+
+
+@quantize.fake
+def _fake_quantize_op(a):
+    return like(a["x"], dtype=torch_dtype(a["dtype"]))
+
+
+@dequantize.fake
+def _fake_dequantize(a):
+    s = a["scale"]
+    return like(a["q"], dtype=s.dtype if isinstance(s, torch.Tensor) else torch.float32)
+
+
+@fake_quantize.fake
+def _fake_fake_quantize(a):
+    return like(a["x"])
+
+
+@fake_quantize_backward.fake
+def _fake_fake_quantize_backward(a):
+    return like(a["x"])
+
+
+@int8_linear.fake
+def _fake_int8_linear(a):
+    return like(a["x_q"], tuple(a["x_q"].shape[:-1]) + (a["w_q"].shape[0],), torch_dtype(a["out_dtype"]))
 
 
 __all__ = ["quantize", "dequantize", "fake_quantize", "fake_quantize_backward", "int8_linear"]

@@ -48,7 +48,7 @@ def coverage() -> dict[str, dict[str, dict[str, Any]]]:
         row = {}
         for b in rt.backends:
             names = [k.name for k in rt.kernels(decl.name, b)]
-            status = "kernel" if names else ("composite" if decl.composite else "missing")
+            status = "kernel" if names else ("composite" if decl.fallback_composite else "missing")
             row[b] = {"status": status, "kernels": names}
         table[decl.name] = row
     return table

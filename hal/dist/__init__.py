@@ -20,6 +20,7 @@ Failures of the transfer raise :class:`CommError`, bad arguments :class:`hal.Inv
 from __future__ import annotations
 
 from hal.dispatch import EXPLAINERS as _EXPLAINERS
+from hal.dispatch import FORCEABLE as _FORCEABLE
 from hal.dist import hierarchical as _hierarchical  # noqa: F401  (registers hierarchical, before the compressed ones)
 from hal.dist.algorithms import algorithms
 from hal.dist.collectives import EXPLAINERS as _COLLECTIVE_EXPLAINERS
@@ -32,6 +33,7 @@ from hal.dist.errors import CommError
 from hal.dist.settings import set_debug, set_timeout, set_topology
 
 _EXPLAINERS.update(_COLLECTIVE_EXPLAINERS)
+_FORCEABLE.update({name: (lambda name=name: set(algorithms(name))) for name in _COLLECTIVE_EXPLAINERS})
 
 __all__ = [
     "all_reduce",

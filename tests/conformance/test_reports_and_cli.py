@@ -162,7 +162,7 @@ def test_quick_cpu_ref_end_to_end(tmp_path):
     rt = DISPATCHER.runtime()
     want = set()
     for decl in hal.list_ops():
-        kernels = [k.name for k in rt.kernels(decl.name, "cpu_ref")] + (["composite"] if decl.composite else [])
+        kernels = [k.name for k in rt.kernels(decl.name, "cpu_ref")] + (["composite"] if decl.fallback_composite else [])
         want |= {(decl.name, k, t) for k in kernels for t in decl.dtypes}
     assert covered == want
     assert doc["duration_s"] < 60

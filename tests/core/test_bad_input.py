@@ -142,7 +142,8 @@ def broken_valid_calls(draw: st.DrawFn, decl: Any) -> tuple[list[Any], dict[str,
             items = list(value)
             if draw(st.booleans()):
                 i = draw(st.integers(0, len(items) - 1))
-                items[i] = _mutate_tensor(draw, items[i])
+                if isinstance(items[i], torch.Tensor):  # a second pass may find it already broken
+                    items[i] = _mutate_tensor(draw, items[i])
             else:
                 items = items[:-1]  # one tensor short
             args[name] = items

@@ -80,7 +80,7 @@ def _trainable_calls() -> list[Any]:
             continue
         for spec in all_cases()[name]:
             if spec.quick and spec.applies_to("float64"):
-                modes = (True, False) if name in torch_library.TRAINING_DECOMPOSITIONS else (True,)
+                modes = (True, False) if any(d.training for d in decl.decompositions) else (True,)
                 out += [pytest.param(name, spec, d, id=f"{name}-{spec.name}{'' if d else '-fused_backward'}") for d in modes]
     return out
 
@@ -92,28 +92,34 @@ def _canonical(decl: OpDecl, args: list[Any]) -> list[Any]:
     return canon
 
 
+def _own_kernel(decl: OpDecl, args: list[Any]) -> str:
+    """The kernel a call of ``decl`` runs without autograd (forcing it skips a training decomposition)."""
+    with torch.no_grad():
+        return hal.explain(decl.name, *args).kernel
+
+
 def _fresh(args: list[Any], decl: OpDecl) -> list[Any]:
     """Copies of the arrays an op writes (running statistics), so two runs start alike."""
     return [a.clone() if (p.name in decl.mutates and isinstance(a, torch.Tensor)) else a for p, a in zip(decl.params, args)]
 
 
 @pytest.mark.parametrize("op_name,spec,decompose", _trainable_calls())
-def test_gradients_match_pytorch(op_name: str, spec: Any, decompose: bool, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gradients_match_pytorch(op_name: str, spec: Any, decompose: bool, seed: int) -> None:
     """Every trainable op through hal.ops with grad-requiring float64 inputs: the autograd graph
-    (the registered formula calling <op>_backward, or the training decomposition) gives the
-    gradients of the op's eager PyTorch twin, and the same running-statistic updates."""
-    if not decompose:
-        monkeypatch.setattr(torch_library, "TRAINING_DECOMPOSITIONS", set())
+    (one node calling <op>_backward, or the training decomposition; forcing the op's own kernel
+    trains through its backward op) gives the gradients of the op's eager PyTorch twin, and the same
+    running-statistic updates."""
     decl = OPS[op_name]
     args = _args(decl, spec, "float64", seed)
-    grads = torch_library.GRADIENTS[op_name]
-    names = [grads] if isinstance(grads, str) else list(grads)
+    force = {} if decompose else {op_name: _own_kernel(decl, _fresh(args, decl))}
+    names = list(decl.gradients)
     leaves = {n: args[decl.index(n)].detach().clone().requires_grad_(True) for n in names if isinstance(args[decl.index(n)], torch.Tensor)}
     ours = _fresh(args, decl)
     theirs = _fresh(args, decl)
     for n, leaf in leaves.items():
         ours[decl.index(n)] = theirs[decl.index(n)] = leaf
-    out = decl.entry(*ours)
+    with hal.use(kernel=force):
+        out = decl.entry(*ours)
     assert out.grad_fn is not None
     grad_out = torch.randn_like(out)
     got = torch.autograd.grad(out, list(leaves.values()), grad_out)
@@ -140,25 +146,25 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_eager_calls_without_autograd_take_the_direct_path(seed: int) -> None:
-    """No torch.ops.hal operator runs for a call without grad-requiring tensors (or under no_grad);
-    one does for a call that needs autograd."""
+def test_eager_calls_never_cross_torch_ops_hal(seed: int) -> None:
+    """No torch.ops.hal operator runs for an eager call: without grad-requiring tensors (or under
+    no_grad) the kernel runs directly; a call that needs autograd is one autograd node around it."""
     x = torch.randn(4, 6)
     w = torch.randn(5, 6, requires_grad=True)
     with _Recorder() as rec:
         hal.ops.softmax(x)
         with torch.no_grad():
-            hal.ops.linear(x, w, None, "none")
+            assert hal.ops.linear(x, w, None, "none").grad_fn is None
+        y = hal.ops.linear(x, w, None, "none")
+        y.sum().backward()
     assert not [op for op in rec.ops if op.startswith("hal.")], rec.ops
-    with _Recorder() as rec:
-        hal.ops.linear(x, w, None, "none")
-    assert "hal.linear.default" in rec.ops
+    assert type(y.grad_fn).__name__ == "HalNodeBackward" and w.grad is not None
 
 
-def test_training_decomposition_of_linear_with_activation(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_decomposition_of_linear_with_activation(seed: int) -> None:
     """With autograd, linear+gelu runs as linear(act="none") + scale_shift_act (no GEMM recomputed
-    in the backward); without autograd the fused kernel runs; removing the op from
-    TRAINING_DECOMPOSITIONS trains through linear_backward. All three agree."""
+    in the backward); without autograd the fused kernel runs; forcing linear's own kernel trains
+    through linear_backward. All three agree."""
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
     b = torch.randn(5, dtype=torch.float64, requires_grad=True)
@@ -167,8 +173,8 @@ def test_training_decomposition_of_linear_with_activation(seed: int, monkeypatch
     ran = {op for (op, _, _), c in hal.stats().items() if c["calls"]}
     assert {"scale_shift_act", "scale_shift_act_backward", "linear_backward"} <= ran and "linear" in ran
     hal.reset_stats()
-    monkeypatch.setattr(torch_library, "TRAINING_DECOMPOSITIONS", set())
-    fused = torch.autograd.grad(hal.ops.linear(x, w, b, "gelu"), (x, w, b), g)
+    with hal.use(kernel={"linear": "numpy"}):
+        fused = torch.autograd.grad(hal.ops.linear(x, w, b, "gelu"), (x, w, b), g)
     ran = {op for (op, _, _), c in hal.stats().items() if c["calls"]}
     assert ran == {"linear", "linear_backward"}, ran
     for a, c in zip(decomposed, fused):

@@ -1,0 +1,86 @@
+"""How a trainable op's backward op is fed from its forward call: read off the two declarations.
+
+The backward op of ``op`` takes ``grad_out`` followed by parameters named like the forward's (and
+``out`` for the forward's result); it returns the gradients of the forward parameters listed in
+``op``'s declaration (``gradients``), in that order. Every user of the mapping goes through this
+module: the eager autograd node (:mod:`hal.autograd`), the ``torch.ops.hal`` autograd formula used
+under torch.compile (:mod:`hal.torch_library`), and ``hal.explain`` (the backward's decision).
+
+Two rules come from the declarations and not from op names:
+
+- a parameter the forward writes (``mutates`` when ``mutates_when`` holds: batch norm's running
+  statistics in training) reaches the backward as None: a backward never reads written state;
+- an input the forward takes unbatched (``unbatched``: conv2d's (C, H, W) x) reaches the backward
+  with a batch dimension of 1 (as does ``grad_out``), and its gradient loses it again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from hal.registry import OPS, OpDecl, get_op
+
+OUT = "out"
+
+
+class Gradients:
+    """The backward call of one trainable op."""
+
+    def __init__(self, decl: OpDecl) -> None:
+        if decl.backward is None:
+            raise ValueError(f"op {decl.name} is not trainable")
+        self.decl = decl
+        self.bwd = get_op(decl.backward)
+        #: forward parameter names (or ``out``) the backward op takes after grad_out, in its order.
+        self.needs = tuple(p.name for p in self.bwd.params if p.name != "grad_out")
+        unknown = [n for n in self.needs if n != OUT and n not in decl.param_names]
+        if unknown or self.bwd.param_names[:1] != ("grad_out",):
+            raise TypeError(
+                f"backward op {self.bwd.name} must take grad_out first, then parameters of {decl.name} "
+                f"(or 'out'); it names {unknown or self.bwd.param_names[:1]}"
+            )
+        self.unbatched = decl.unbatched
+
+    def saved(self, named: Mapping[str, Any], out: Any) -> list[Any]:
+        """What the backward needs of a forward call (canonical arguments by name, its result)."""
+        written = set(self.decl.mutates) if self.decl.writes(named) else set()
+        return [out if n == OUT else (None if n in written else named[n]) for n in self.needs]
+
+    def call(self, grad_out: Any, saved: Sequence[Any]) -> tuple[tuple, bool]:
+        """The backward op's positional arguments, and whether an unbatched input was batched."""
+        values = list(saved)
+        batched = False
+        if self.unbatched is not None:
+            name, rank = self.unbatched
+            if name in self.needs:
+                i = self.needs.index(name)
+                if values[i] is not None and values[i].ndim == rank:
+                    values[i], grad_out, batched = values[i][None], grad_out[None], True
+        return (grad_out, *values), batched
+
+    def results(self, results: Any, batched: bool) -> dict[str, Any]:
+        """The backward op's results by forward parameter name."""
+        if self.decl.single_gradient:
+            results = (results,)
+        out = dict(zip(self.decl.gradients, results))
+        if batched:
+            name = self.unbatched[0]  # type: ignore[index]
+            if out.get(name) is not None:
+                out[name] = out[name][0]
+        return out
+
+
+_CACHE: dict[str, Gradients] = {}
+
+
+def gradients_of(decl: OpDecl) -> Gradients:
+    """The (cached) backward mapping of a trainable op."""
+    g = _CACHE.get(decl.name)
+    if g is None or g.decl is not decl:
+        g = _CACHE[decl.name] = Gradients(decl)
+    return g
+
+
+def backward_decl(decl: OpDecl) -> Optional[OpDecl]:
+    """The backward op's declaration, or None while it is not declared yet."""
+    return OPS.get(decl.backward) if decl.backward else None
