@@ -12,6 +12,8 @@ from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward, softmax, softmax_backward  # isort: skip
 from .mixed_precision import amp_unscale_, fused_adamw_  # isort: skip
 from .quant import dequantize, fake_quantize, fake_quantize_backward, int8_linear, quantize  # isort: skip
+from .transformer import rotary_embedding, rotary_embedding_backward, swiglu, swiglu_backward  # isort: skip
+from .loss import cross_entropy, cross_entropy_backward, linear_cross_entropy, linear_cross_entropy_backward  # isort: skip
 
 __all__ = [
     "conv2d",
@@ -43,5 +45,13 @@ __all__ = [
     "fake_quantize",
     "fake_quantize_backward",
     "int8_linear",
+    "rotary_embedding",
+    "rotary_embedding_backward",
+    "swiglu",
+    "swiglu_backward",
+    "cross_entropy",
+    "cross_entropy_backward",
+    "linear_cross_entropy",
+    "linear_cross_entropy_backward",
     "ACTIVATIONS",
 ]

@@ -49,3 +49,17 @@ def number_grad(v: Any, x: torch.Tensor) -> torch.Tensor:
     """Gradient of a number-or-array argument: its shape (0-d for a number), x's dtype."""
     return like(x, tuple(v.shape) if isinstance(v, torch.Tensor) else (), x.dtype)
 
+
+def new_array(like_this: Any, shape: tuple, fill: Optional[float] = None, dtype: Any = None) -> Any:
+    """An array of the same kind, device and (unless given) dtype as ``like_this``, of ``shape``,
+    filled with ``fill`` (uninitialised when None): for the ``empty`` rules, which see NumPy arrays
+    and torch tensors alike."""
+    if isinstance(like_this, torch.Tensor):
+        out = like_this.new_empty(tuple(shape), dtype=dtype or like_this.dtype)
+        return out if fill is None else out.fill_(fill)
+    import numpy as np
+
+    out = np.empty(tuple(shape), dtype=dtype or like_this.dtype)
+    if fill is not None:
+        out.fill(fill)
+    return out

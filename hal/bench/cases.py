@@ -443,6 +443,80 @@ def attention_cases(gpu: bool) -> list[Case]:
             Case("scaled_dot_product_attention_backward", name, dt, bwd, flops=2.5 * flops)]
 
 
+# --- transformer pieces and losses ---------------------------------------------------------------
+
+
+def transformer_cases(gpu: bool) -> list[Case]:
+    """Rotary embeddings of a Llama query, (B, H, T, D) with one (T, D/2) float32 table, and the
+    SwiGLU gate of its MLP."""
+    b, h, s, d, rows, inter, dt = (8, 32, 2048, 128, 16384, 8192, "bfloat16") if gpu else (2, 4, 64, 32, 256, 512, "float32")
+    t = DT[dt]
+    bw = {"bw": 0.9} if gpu else {}
+
+    def tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        theta = torch.arange(s, device=device, dtype=torch.float32)[:, None] * 10000.0 ** (-torch.arange(d // 2, device=device) / (d // 2))
+        return theta.cos(), theta.sin()
+
+    def rotary(bwd: bool) -> Callable[[torch.device], Setup]:
+        def setup(device: torch.device) -> Setup:
+            cos, sin = tables(device)
+            args = (_randn((b, h, s, d), t, device), cos, sin)
+            return backward("rotary_embedding", args, {}, ("x",)) if bwd else forward("rotary_embedding", args)
+
+        return setup
+
+    def swiglu(bwd: bool) -> Callable[[torch.device], Setup]:
+        def setup(device: torch.device) -> Setup:
+            args = (_randn((rows, inter), t, device), _randn((rows, inter), t, device))
+            return backward("swiglu", args, {}, ("gate", "up")) if bwd else forward("swiglu", args)
+
+        return setup
+
+    x = _nbytes((b, h, s, d), dt)
+    gu = _nbytes((rows, inter), dt)
+    name = f"(B, H, T, D) = ({b}, {h}, {s}, {d}), float32 tables"
+    return [
+        Case("rotary_embedding", name, dt, rotary(False), 2 * x, targets=bw),
+        Case("rotary_embedding_backward", name, dt, rotary(True), 2 * x, targets=bw),
+        Case("swiglu", f"({rows}, {inter})", dt, swiglu(False), 3 * gu, targets=bw),
+        Case("swiglu_backward", f"({rows}, {inter})", dt, swiglu(True), 5 * gu, targets=bw),
+    ]
+
+
+def loss_cases(gpu: bool) -> list[Case]:
+    """Cross-entropy over a 32000-class vocabulary, and a Llama LM head with its loss."""
+    n, v, k, dt = (8192, 32000, 4096, "bfloat16") if gpu else (64, 500, 32, "float32")
+    t = DT[dt]
+
+    def targets_of(device: torch.device) -> torch.Tensor:
+        tg = torch.randint(0, v, (n,), device=device)
+        tg[::17] = -100
+        return tg
+
+    def ce(bwd: bool) -> Callable[[torch.device], Setup]:
+        def setup(device: torch.device) -> Setup:
+            args = (_randn((n, v), t, device, std=2.0), targets_of(device))
+            return backward("cross_entropy", args, {}, ("logits",)) if bwd else forward("cross_entropy", args)
+
+        return setup
+
+    def lce(bwd: bool) -> Callable[[torch.device], Setup]:
+        def setup(device: torch.device) -> Setup:
+            args = (_randn((n, k), t, device), _randn((v, k), t, device, std=k**-0.5), targets_of(device))
+            return backward("linear_cross_entropy", args, {}, ("x", "weight")) if bwd else forward("linear_cross_entropy", args)
+
+        return setup
+
+    logits = _nbytes((n, v), dt)
+    flops = 2.0 * n * k * v
+    return [
+        Case("cross_entropy", f"({n}, {v}), mean", dt, ce(False), logits, targets={"bw": 0.9} if gpu else {}),
+        Case("cross_entropy_backward", f"({n}, {v}), mean", dt, ce(True), 3 * logits),
+        Case("linear_cross_entropy", f"(N, K, V) = ({n}, {k}, {v}), mean", dt, lce(False), flops=flops),
+        Case("linear_cross_entropy_backward", f"(N, K, V) = ({n}, {k}, {v}), mean", dt, lce(True), flops=3 * flops),
+    ]
+
+
 # --- mixed precision ------------------------------------------------------------------------------
 
 
@@ -556,4 +630,5 @@ def int8_case(gpu: bool) -> Case:
 
 def all_cases(gpu: bool) -> list[Case]:
     """Every benchmark case, GPU-sized or CPU-sized."""
-    return conv_cases(gpu) + rowwise_cases(gpu) + gemm_cases(gpu) + attention_cases(gpu) + optimizer_cases(gpu) + quant_cases(gpu)
+    return (conv_cases(gpu) + rowwise_cases(gpu) + gemm_cases(gpu) + attention_cases(gpu) + optimizer_cases(gpu) + quant_cases(gpu)
+            + transformer_cases(gpu) + loss_cases(gpu))

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from hal.plugin import Plugin
 from hal.version import __version__
 
-FAMILIES = ("conv", "elementwise", "gemm", "norm", "attention", "mixed_precision", "quant")
+FAMILIES = ("conv", "elementwise", "gemm", "norm", "attention", "mixed_precision", "quant", "transformer", "loss")
 
 #: the backend's priority: below cpu_ref (0) on the CPU and below any vendor backend on a GPU.
 PRIORITY = -10

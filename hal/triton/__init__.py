@@ -18,7 +18,12 @@ is about to run:
 - ``grouped_gemm`` ragged grouped GEMM (MoE) forward and weight gradient
 - ``optim``       multi-tensor fused AdamW (master weights, unscale, skip on overflow), amp_unscale_
 - ``quant``       quantize, dequantize, fake_quantize (+ backward), int32 -> float dequant epilogue
+- ``transformer`` rotary position embeddings and the SwiGLU gate, forward and backward
+- ``loss``        cross-entropy rows (online log-sum-exp), and the LM head + loss over blocks of rows
 - ``aot``         representative signatures of every kernel, for ahead-of-time compilation checks
+
+Triton-free helpers for the plugins: ``tables`` (the launch-table protocol), ``kernels`` (registers
+every kernel into a plugin), ``autotune``, ``checks``, ``layouts``.
 
 The GEMM tiles multiply with tensor cores, except in float64 (FMAs: Triton 3.6 cannot lower a
 float64 ``tl.dot`` for sm_90) and, in the interpreter only, bfloat16 (upcast: the 3.9 interpreter
@@ -33,7 +38,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Optional
 
-FAMILIES = ("elementwise", "norm", "softmax", "batchnorm", "gemm", "grouped_gemm", "optim", "quant")
+FAMILIES = ("elementwise", "norm", "softmax", "batchnorm", "gemm", "grouped_gemm", "optim", "quant", "transformer", "loss")
 
 
 def unavailable_reason() -> Optional[str]:

@@ -27,6 +27,7 @@ from hal.plugin import Archs, Plugin
 from . import autotune
 from .checks import Check, contiguous_lists, contiguous_vectors, triton_check
 from .config import GemmConfig
+from .layouts import dense_alike, rotary_geometry
 from .tables import INTERPRETER, LaunchTables, interpreted
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -49,7 +50,9 @@ class VendorLibs:
     ``conv(x, weight, bias, stride, padding, dilation, groups)`` takes canonical arguments (padding
     as (top, bottom, left, right)); ``conv_grads(grad_out, x, weight, stride, padding, dilation,
     groups)`` returns (grad_x, grad_weight, grad_bias); ``linear(x2, weight, bias)`` is a 2-D GEMM
-    with the bias. Each keeps the vendor's float32 semantics (hal's float32 is IEEE float32).
+    with the bias; ``gemm_f32(a, b)`` is ``a @ b`` of 2-D operands accumulated and returned in
+    float32 (float64 for float64; half-precision operands read as they are). Each keeps the vendor's
+    float32 semantics (hal's float32 is IEEE float32).
     """
 
     conv_name: str  # "cudnn", "miopen"
@@ -57,6 +60,7 @@ class VendorLibs:
     conv_grads: Callable[..., tuple]
     blas_name: str  # "cublas", "hipblas"
     linear: Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+    gemm_f32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -318,7 +322,78 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
                                   lambda c: gemm.int8_linear(x2, w_q, x_scale, w_scale, bias, out, c), 2.0 * m * n * k)
         return gemm.int8_linear(x2, w_q, x_scale, w_scale, bias, out, cfg).view(*x_q.shape[:-1], n)
 
+    # --- transformer pieces: rotary embeddings, SwiGLU --------------------------------------------
+
+    def rotary_layout(inputs: Any) -> list[str]:
+        x = inputs["x"] if "x" in inputs.op.param_names else inputs["grad_out"]
+        if rotary_geometry(x, inputs["cos"], inputs["sin"]) is None:
+            return ["x has more than two leading dimensions that do not merge in memory (the torch kernel runs it)"]
+        return []
+
+    def rotary_cfg(x: torch.Tensor) -> dict[str, int]:
+        cfg = tables.elementwise(x)
+        rows = max(1, cfg["block_elems"] // max(1, int(x.shape[-1])))
+        return {"block_r": 1 << (rows.bit_length() - 1), "num_warps": cfg["num_warps"]}  # a power of two
+
+    @kernel("rotary_embedding", "triton", 20, checks=(rotary_layout,))
+    def rotary_embedding(x, cos, sin, interleaved):
+        return family("transformer").rotary(x, cos, sin, interleaved, False, **rotary_cfg(x))
+
+    @kernel("rotary_embedding_backward", "triton", 20, checks=(rotary_layout,))
+    def rotary_embedding_backward(grad_out, cos, sin, interleaved):
+        return family("transformer").rotary(grad_out, cos, sin, interleaved, True, **rotary_cfg(grad_out))
+
+    def same_dense_layout(*names: str) -> Check:
+        def check(inputs: Any) -> list[str]:
+            if dense_alike(*(inputs[n] for n in names)):
+                return []
+            return [f"{', '.join(names)} broadcast or differ in memory layout (the torch kernel runs them)"]
+
+        return check
+
+    @kernel("swiglu", "triton", 20, checks=(same_dense_layout("gate", "up"),))
+    def swiglu(gate, up):
+        return family("transformer").swiglu(gate, up, **tables.elementwise(gate))
+
+    @kernel("swiglu_backward", "triton", 20, checks=(same_dense_layout("grad_out", "gate", "up"),))
+    def swiglu_backward(grad_out, gate, up):
+        return family("transformer").swiglu_backward(grad_out, gate, up, **tables.elementwise(gate))
+
+    # --- losses: cross-entropy, and the LM head with it (blocks of rows, never all logits) ---------
+
+    def ce_cfg(z: torch.Tensor) -> dict[str, int]:
+        cfg = tables.rows(z, int(z.shape[-1]))
+        return {"block_c": cfg["block_n"], "num_warps": cfg["num_warps"]}
+
+    @kernel("cross_entropy", "triton", 20)
+    def cross_entropy(logits, target, ignore_index, label_smoothing, reduction):
+        return family("loss").cross_entropy(logits, target, ignore_index, label_smoothing, reduction, **ce_cfg(logits))
+
+    @kernel("cross_entropy_backward", "triton", 20)
+    def cross_entropy_backward(grad_out, logits, target, ignore_index, label_smoothing, reduction):
+        return family("loss").cross_entropy_backward(grad_out, logits, target, ignore_index, label_smoothing, reduction, **ce_cfg(logits))
+
+    gemm_f32 = vendor.gemm_f32
+
+    def lce_cfg(x: torch.Tensor, weight: torch.Tensor) -> dict[str, Any]:
+        cfg = tables.rows(x, int(weight.shape[0]))
+        return {"block_c": cfg["block_n"], "num_warps": cfg["num_warps"], "gemm_f32": gemm_f32,
+                "block_elements": LCE_BLOCK_ELEMENTS if not interpreted(x) else 64}
+
+    @kernel("linear_cross_entropy", f"{vendor.blas_name}_triton", 20)
+    def linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing, reduction):
+        return family("loss").linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing, reduction, **lce_cfg(x, weight))
+
+    @kernel("linear_cross_entropy_backward", f"{vendor.blas_name}_triton", 20)
+    def linear_cross_entropy_backward(grad_out, x, weight, target, bias, ignore_index, label_smoothing, reduction):
+        return family("loss").linear_cross_entropy_backward(grad_out, x, weight, target, bias, ignore_index, label_smoothing, reduction,
+                                                            **lce_cfg(x, weight))
+
     return registered
+
+
+#: logits linear_cross_entropy holds at once on a GPU (float32: 256 MiB)
+LCE_BLOCK_ELEMENTS = 1 << 26
 
 
 def int32_dequant(tables: LaunchTables, acc: torch.Tensor, x_scale: Any, w_scale: Any, bias: Optional[torch.Tensor], out_dtype: str) -> torch.Tensor:

@@ -21,6 +21,15 @@ def _sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
 
 
+def _rotary(x, cos, sin, interleaved=False):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _linear_cross_entropy(x, w, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    return F.cross_entropy(F.linear(x, w, bias), target, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+
+
 #: the hal ops the models use, in plain PyTorch (same signatures).
 TORCH = types.SimpleNamespace(
     conv2d=F.conv2d,
@@ -33,6 +42,9 @@ TORCH = types.SimpleNamespace(
     rms_norm=F.rms_norm,
     softmax=lambda x, dim=-1: F.softmax(x, dim),
     scaled_dot_product_attention=_sdpa,
+    rotary_embedding=_rotary,
+    swiglu=lambda gate, up: F.silu(gate) * up,
+    linear_cross_entropy=_linear_cross_entropy,
 )
 
 
@@ -96,6 +108,42 @@ class TransformerBlock(nn.Module):
         weights = ops.softmax(ops.matmul(x, self.wpool), 1)
         pooled = ops.matmul(weights.transpose(1, 2).contiguous(), x)
         return ops.rms_norm(pooled, (d,), self.rmsw, 1e-6)
+
+
+class LlamaBlock(nn.Module):
+    """A Llama-style decoder layer and its LM head with the loss: rms_norm, q/k/v projections,
+    rotary embeddings on q and k, causal attention, residual, rms_norm, a SwiGLU MLP, residual, and
+    linear_cross_entropy against next-token targets (the last row of each sequence ignored). Its
+    input is token embeddings (B, T, D); its output the mean loss."""
+
+    def __init__(self, ops: Any, dim: int = 8, heads: int = 2, vocab: int = 11) -> None:
+        super().__init__()
+        self.ops, self.heads = ops, heads
+        d, hidden = dim, 3 * dim
+        self.n1, self.n2, self.nf = (_param(d, scale=0.1, offset=1.0) for _ in range(3))
+        self.wq, self.wk, self.wv, self.wo = (_param(d, d, scale=d**-0.5) for _ in range(4))
+        self.wg, self.wu = _param(hidden, d, scale=d**-0.5), _param(hidden, d, scale=d**-0.5)
+        self.wd = _param(d, hidden, scale=hidden**-0.5)
+        self.head = _param(vocab, d, scale=d**-0.5)
+        self.vocab = vocab
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = self.ops
+        b, t, d = x.shape
+        hd = d // self.heads
+        theta = torch.arange(t, dtype=x.dtype)[:, None] * 100.0 ** (-torch.arange(hd // 2, dtype=x.dtype) / (hd // 2))
+        cos, sin = theta.cos(), theta.sin()
+        h = ops.rms_norm(x, (d,), self.n1, 1e-6)
+        q, k, v = (ops.linear(h, w).view(b, t, self.heads, hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k = ops.rotary_embedding(q, cos, sin), ops.rotary_embedding(k, cos, sin)
+        a = ops.scaled_dot_product_attention(q, k, v, None, True, None)
+        x = x + ops.linear(a.transpose(1, 2).reshape(b, t, d), self.wo)
+        h = ops.rms_norm(x, (d,), self.n2, 1e-6)
+        x = x + ops.linear(ops.swiglu(ops.linear(h, self.wg), ops.linear(h, self.wu)), self.wd)
+        h = ops.rms_norm(x, (d,), self.nf, 1e-6)
+        target = (torch.arange(b * t) * 7 % self.vocab).view(b, t)
+        target[:, -1] = -100
+        return ops.linear_cross_entropy(h.reshape(b * t, d), self.head, target.reshape(-1))
 
 
 def twins(cls: type, seed: int, dtype: torch.dtype = torch.float64, **kwargs: Any) -> tuple[nn.Module, nn.Module]:

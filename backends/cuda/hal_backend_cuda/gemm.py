@@ -43,6 +43,18 @@ def blas_linear(x2: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
         return F.linear(x2, weight, bias)
 
 
+def gemm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` returned in float32 (float64 for float64): half-precision operands go to cuBLAS as
+    they are, with float32 accumulation and output (``torch.mm(..., out_dtype=)``); float32 in IEEE
+    float32. CPU tensors (the interpreter tests) upcast first."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        if a.device.type == "cuda":
+            return torch.mm(a, b, out_dtype=torch.float32)
+        return torch.mm(a.float(), b.float())
+    with ieee_fp32(a.dtype):
+        return torch.mm(a, b)
+
+
 def _lt_act(inputs: Inputs) -> list[str]:
     act = inputs["act"]
     return [] if act in _LT_ACTS else [f"act {act!r} has no cuBLASLt epilogue (relu, gelu_tanh or none)"]

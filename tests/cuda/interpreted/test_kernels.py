@@ -357,3 +357,85 @@ def test_sdpa_math_kernel_masks_and_causal(gen):
         check("scaled_dot_product_attention", kern("scaled_dot_product_attention", "math"), args)
         g = randn(gen, 2, 5, 6)
         check("scaled_dot_product_attention_backward", kern("scaled_dot_product_attention_backward", "math"), (g, *args), outputs=3)
+
+
+# --- transformer pieces and losses -----------------------------------------------------------------
+
+
+def _angles(gen, shape, half, dtype):
+    pos = torch.randint(0, 4096, shape + (1,), generator=gen).double()
+    theta = pos * 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
+    return theta.cos().to(dtype), theta.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_embedding_layouts(gen, dtype, interleaved):
+    """Llama's (B, H, T, D) with one (T, D/2) table, the Hugging Face view of (B, T, H, D) with
+    per-batch (B, 1, T, D/2) tables (float32 beside bf16 x), a 2-D x, and five leading dimensions."""
+    table_dt = torch.float32
+    x = randn(gen, 2, 3, 5, 16, dtype=dtype)
+    cos, sin = _angles(gen, (5,), 8, table_dt if dtype != torch.float32 else dtype)
+    check("rotary_embedding", kern("rotary_embedding", "triton"), (x, cos, sin, interleaved))
+    hf = randn(gen, 2, 5, 3, 16, dtype=dtype).transpose(1, 2)
+    cos_b, sin_b = _angles(gen, (2, 1, 5), 8, table_dt if dtype != torch.float32 else dtype)
+    y = kern("rotary_embedding", "triton")(hf, cos_b, sin_b, interleaved)
+    assert y.stride() == hf.stride()  # the result keeps x's layout
+    check("rotary_embedding", kern("rotary_embedding", "triton"), (hf, cos_b, sin_b, interleaved))
+    g = randn(gen, 2, 3, 5, 16, dtype=dtype)
+    check("rotary_embedding_backward", kern("rotary_embedding_backward", "triton"), (g, cos, sin, interleaved))
+    x2 = randn(gen, 7, 6, dtype=dtype)
+    c2, s2 = _angles(gen, (7,), 3, x2.dtype)
+    check("rotary_embedding", kern("rotary_embedding", "triton"), (x2, c2, s2, interleaved))
+    x5 = randn(gen, 2, 2, 2, 3, 4, dtype=dtype)  # contiguous: the leading dimensions merge
+    c5, s5 = _angles(gen, (3,), 2, x5.dtype)
+    check("rotary_embedding", kern("rotary_embedding", "triton"), (x5, c5, s5, interleaved))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_flat_and_channels_last(gen, dtype):
+    for shape, cl in (((3, 70), False), ((2, 6, 5, 3), True)):
+        gate, up = randn(gen, *shape, dtype=dtype, scale=4.0), randn(gen, *shape, dtype=dtype)
+        if cl:
+            gate, up = gate.contiguous(memory_format=torch.channels_last), up.contiguous(memory_format=torch.channels_last)
+        check("swiglu", kern("swiglu", "triton"), (gate, up))
+        g = randn(gen, *shape, dtype=dtype)
+        if cl:
+            g = g.contiguous(memory_format=torch.channels_last)
+            assert kern("swiglu", "triton")(gate, up).is_contiguous(memory_format=torch.channels_last)
+        check("swiglu_backward", kern("swiglu_backward", "triton"), (g, gate, up), outputs=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_rows(gen, dtype, reduction):
+    """Rows longer than a block (online log-sum-exp over several chunks), ignored rows (the default
+    and a class id), label smoothing, int32 targets; the backward scaled by each reduction."""
+    z = randn(gen, 9, 77, dtype=dtype, scale=3.0)
+    for ignore_index, eps, tdt in ((-100, 0.0, torch.int64), (3, 0.1, torch.int32)):
+        t = torch.randint(0, 77, (9,), generator=gen).to(tdt)
+        t[[1, 5]] = ignore_index
+        args = (z, t, ignore_index, eps, reduction)
+        check("cross_entropy", kern("cross_entropy", "triton"), args)
+        g = randn(gen, 9) if reduction == "none" else randn(gen)
+        check("cross_entropy_backward", kern("cross_entropy_backward", "triton"), (g, *args))
+
+
+def test_cross_entropy_out_of_range_target_is_nan(gen):
+    z = randn(gen, 3, 10)
+    rows = kern("cross_entropy", "triton")(z, torch.tensor([1, 12, -100]), -100, 0.0, "none")
+    assert torch.isfinite(rows[0]) and torch.isnan(rows[1]) and rows[2] == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_cross_entropy_in_blocks(gen, dtype, reduction):
+    """Under the interpreter a block holds 64 logits, so 11 rows of 40 classes run as 11 blocks."""
+    x, w, b = randn(gen, 11, 24, dtype=dtype), randn(gen, 40, 24, dtype=dtype, scale=0.2), randn(gen, 40, dtype=dtype)
+    t = torch.randint(0, 40, (11,), generator=gen)
+    t[4] = -100
+    for bias in (b, None):
+        args = (x, w, t, bias, -100, 0.05, reduction)
+        check("linear_cross_entropy", kern("linear_cross_entropy", "cublas_triton"), args)
+        g = randn(gen, 11) if reduction == "none" else randn(gen)
+        check("linear_cross_entropy_backward", kern("linear_cross_entropy_backward", "cublas_triton"), (g, *args), outputs=3)

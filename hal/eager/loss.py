@@ -1,0 +1,46 @@
+"""cross_entropy and linear_cross_entropy, and their gradients, in eager PyTorch: F.cross_entropy
+on float32 logits (float64 for float64), as LLM training code upcasts them; the LM head's logits
+are held whole here (that is the eager baseline a fused kernel is measured against)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .elementwise import filled_leaf, leaf
+
+
+def _acc(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float, reduction: str) -> torch.Tensor:
+    return F.cross_entropy(logits.to(_acc(logits)), target.long(), ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+
+
+def cross_entropy_backward(grad_out: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                           label_smoothing: float, reduction: str) -> torch.Tensor:
+    with torch.enable_grad():
+        z = leaf(logits)
+        (g,) = torch.autograd.grad(cross_entropy(z, target, ignore_index, label_smoothing, reduction), (z,), grad_out)
+    return g
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+                         ignore_index: int, label_smoothing: float, reduction: str) -> torch.Tensor:
+    return cross_entropy(F.linear(x, weight, bias), target, ignore_index, label_smoothing, reduction)
+
+
+def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                  bias: Optional[torch.Tensor], ignore_index: int, label_smoothing: float, reduction: str) -> tuple:
+    """(grad_x, grad_weight, grad_bias) by autograd; a missing bias is a zero bias, so grad_bias exists."""
+    with torch.enable_grad():
+        b = leaf(bias) if bias is not None else filled_leaf(weight.shape[0], 0.0, x)
+        xg, wg = leaf(x), leaf(weight)
+        loss = linear_cross_entropy(xg, wg, target, b, ignore_index, label_smoothing, reduction)
+        return torch.autograd.grad(loss, (xg, wg, b), grad_out)
+
+
+__all__ = ["cross_entropy", "cross_entropy_backward", "linear_cross_entropy", "linear_cross_entropy_backward"]

@@ -1,0 +1,45 @@
+"""rotary_embedding and swiglu, and their gradients, in eager PyTorch (as a Llama model writes them)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .elementwise import leaf
+
+
+def _compute(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Each pair (x1, x2) turned by the angle of (cos, sin), in float32 (float64), rounded once."""
+    acc = _compute(x)
+    xf, c, s = x.to(acc), cos.to(acc), sin.to(acc)
+    if interleaved:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2).to(x.dtype)
+    x1, x2 = xf.chunk(2, dim=-1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    return _rotate(x, cos, sin, interleaved)
+
+
+def rotary_embedding_backward(grad_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """The adjoint of a rotation: the rotation by the opposite angle."""
+    return _rotate(grad_out, cos, -sin, interleaved)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def swiglu_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple:
+    with torch.enable_grad():
+        g, u = leaf(gate), leaf(up)
+        return torch.autograd.grad(swiglu(g, u), (g, u), grad_out)
+
+
+__all__ = ["rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward"]

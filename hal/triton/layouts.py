@@ -1,0 +1,56 @@
+"""Layout arithmetic of the transformer kernels, importable without Triton (capability checks use
+it before any kernel runs)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def four_dims(shape: tuple[int, ...], strides: tuple[int, ...]) -> Optional[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(A, B, T, last) sizes and strides of a tensor of rank >= 2; leading dimensions beyond two
+    are merged where memory allows (None where it does not)."""
+    lead_s, lead_st = list(shape[:-2]), list(strides[:-2])
+    while len(lead_s) > 2:  # merge the innermost mergeable pair
+        for j in range(len(lead_s) - 1, 0, -1):
+            if lead_st[j - 1] == lead_st[j] * lead_s[j] or lead_s[j - 1] == 1 or lead_s[j] == 1:
+                stride = lead_st[j] if lead_s[j] != 1 else lead_st[j - 1]
+                lead_s[j - 1 : j + 1] = [lead_s[j - 1] * lead_s[j]]
+                lead_st[j - 1 : j + 1] = [stride]
+                break
+        else:
+            return None
+    while len(lead_s) < 2:
+        lead_s.insert(0, 1)
+        lead_st.insert(0, 0)
+    return (*lead_s, shape[-2], shape[-1]), (*lead_st, strides[-2], strides[-1])
+
+
+def rotary_geometry(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Optional[tuple]:
+    """The (A, B, T, *) views of x, cos and sin the kernel addresses, or None when x's leading
+    dimensions cannot be merged into two (the caller falls back)."""
+    half = int(x.shape[-1]) // 2
+    target = tuple(x.shape[:-1]) + (half,)
+    views = []
+    for t in (x, cos.expand(target), sin.expand(target)):
+        four = four_dims(tuple(t.shape), tuple(t.stride()))
+        if four is None:
+            return None
+        views.append(four)
+    if len({v[0][:3] for v in views}) != 1:
+        return None  # merged differently: sizes no longer line up
+    return tuple(views)
+
+
+def dense_alike(*tensors: torch.Tensor) -> bool:
+    """Same shape and strides, and dense (no gaps, no overlap): one flat walk covers them all."""
+    t0 = tensors[0]
+    if any(t.shape != t0.shape or t.stride() != t0.stride() for t in tensors[1:]):
+        return False
+    return bool(torch.ops.aten.is_non_overlapping_and_dense(t0))
+
+
+def storage_view(t: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's elements as the flat run of memory they occupy (for a layout-blind walk)."""
+    return t.as_strided((t.numel(),), (1,), t.storage_offset()) if not t.is_contiguous() else t.view(-1)

@@ -1,0 +1,192 @@
+"""Cross-entropy over class logits, and the LM head fused with it, forward and backward.
+
+Rows of logits are walked in BLOCK_C chunks with an online log-sum-exp (one read), so vocabularies
+of any size fit; each program owns one row. The forward writes each row's float32 loss (0 at ignored
+rows, NaN for a target outside [0, C)); mean and sum are reduced on the device. The backward reads a
+row twice (its log-sum-exp, then the gradient) and writes the gradient in the logits' dtype, scaled
+by grad_out (per row, or one value; the mean's count of rows is read on the device, never on the
+host). The count and the reductions never synchronise with the host.
+
+linear_cross_entropy runs blocks of rows: the block's logits come from the vendor's GEMM in float32
+(``gemm_f32``), the row kernels above turn them into losses or logit gradients, and the backward
+multiplies those gradients back through the weight (grad_x, and grad_weight accumulated in float32).
+At most ``block_elements`` logits exist at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import compute_dtype, launch
+
+#: how grad_out scales a row's gradient: per row (reduction none), one value (sum), one value over
+#: the count of counted rows (mean)
+GRAD_PER_ROW, GRAD_SUM, GRAD_MEAN = 0, 1, 2
+MODES = {"none": GRAD_PER_ROW, "sum": GRAD_SUM, "mean": GRAD_MEAN}
+
+
+@triton.jit
+def _row_lse(z_ptr, C, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
+    """log-sum-exp and plain sum of one row of C logits, in one pass (online maximum)."""
+    m = tl.full([BLOCK_C], -float("inf"), COMPUTE)
+    s = tl.zeros([BLOCK_C], COMPUTE)
+    total = tl.zeros([BLOCK_C], COMPUTE)
+    for c0 in range(0, C, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        valid = cols < C
+        z = tl.load(z_ptr + cols, mask=valid, other=-float("inf")).to(COMPUTE)
+        m_new = tl.maximum(m, z)
+        alpha = tl.where(m_new > -float("inf"), tl.exp(m - m_new), 0.0)
+        s = s * alpha + tl.where(valid, tl.exp(z - m_new), 0.0)
+        m = m_new
+        total += tl.where(valid, z, 0.0)
+    row_max = tl.max(m, axis=0)
+    safe = tl.where(row_max > -float("inf"), row_max, 0.0)
+    row_sum = tl.sum(s * tl.where(m > -float("inf"), tl.exp(m - safe), 0.0), axis=0)
+    return safe + tl.log(row_sum), tl.sum(total, axis=0)
+
+
+@triton.jit(do_not_specialize=["N", "C", "stride"])
+def ce_forward_kernel(z_ptr, t_ptr, loss_ptr, N, C, stride, ignore_index, eps,
+                      BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
+    row = tl.program_id(0)
+    z_row = z_ptr + row.to(tl.int64) * stride
+    t = tl.load(t_ptr + row).to(tl.int64)
+    lse, total = _row_lse(z_row, C, BLOCK_C, COMPUTE)
+    in_range = (t >= 0) & (t < C)
+    z_t = tl.load(z_row + tl.where(in_range, t, 0)).to(COMPUTE)
+    loss = lse - (1.0 - eps) * z_t - eps / C * total
+    loss = tl.where(in_range, loss, float("nan"))
+    loss = tl.where(t == ignore_index, 0.0, loss)
+    tl.store(loss_ptr + row, loss)
+
+
+@triton.jit(do_not_specialize=["N", "C", "z_stride", "g_stride"])
+def ce_backward_kernel(z_ptr, t_ptr, go_ptr, count_ptr, dz_ptr, N, C, z_stride, g_stride, ignore_index, eps,
+                       MODE: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
+    row = tl.program_id(0)
+    z_row = z_ptr + row.to(tl.int64) * z_stride
+    dz_row = dz_ptr + row.to(tl.int64) * g_stride
+    t = tl.load(t_ptr + row).to(tl.int64)
+    if MODE == 0:
+        scale = tl.load(go_ptr + row).to(COMPUTE)
+    else:
+        scale = tl.load(go_ptr).to(COMPUTE)
+    if MODE == 2:
+        scale = scale / tl.load(count_ptr).to(COMPUTE)
+    counted = t != ignore_index
+    scale = tl.where(counted, scale, 0.0)
+    scale = tl.where(counted & ((t < 0) | (t >= C)), float("nan"), scale)
+    lse, _ = _row_lse(z_row, C, BLOCK_C, COMPUTE)
+    for c0 in range(0, C, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        valid = cols < C
+        z = tl.load(z_row + cols, mask=valid, other=0.0).to(COMPUTE)
+        d = tl.exp(z - lse) - eps / C - tl.where(cols == t, 1.0 - eps, 0.0)
+        tl.store(dz_row + cols, (d * scale).to(dz_ptr.dtype.element_ty), mask=valid)
+
+
+def _block_c(c: int, cap: int) -> int:
+    b = 16
+    while b < c and b < cap:
+        b *= 2
+    return b
+
+
+def row_losses(z: torch.Tensor, target: torch.Tensor, ignore_index: int, eps: float, *, block_c: int, num_warps: int) -> torch.Tensor:
+    """Each row's loss (float32; float64 for float64 logits), rows with unit column stride."""
+    n, c = z.shape
+    out = torch.empty(n, dtype=torch.float64 if z.dtype == torch.float64 else torch.float32, device=z.device)
+    if n:
+        launch(ce_forward_kernel, (n,), z, target, out, n, c, z.stride(0), ignore_index, float(eps),
+               num_warps=num_warps, BLOCK_C=_block_c(c, block_c), COMPUTE=compute_dtype(z.dtype))
+    return out
+
+
+def counted_rows(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """The count of rows whose target is not ignored, as a 0-d float tensor on the device."""
+    return (target != ignore_index).sum(dtype=torch.float32)
+
+
+def reduce_losses(rows: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+    if reduction == "none":
+        return rows
+    total = rows.sum()
+    return total if reduction == "sum" else total / counted_rows(target, ignore_index).to(total.dtype)
+
+
+def logit_grads(z: torch.Tensor, target: torch.Tensor, grad_out: torch.Tensor, count: Optional[torch.Tensor], ignore_index: int, eps: float,
+                reduction: str, out: torch.Tensor, *, block_c: int, num_warps: int) -> torch.Tensor:
+    """The gradient of the rows' losses with respect to the logits z, written into ``out``."""
+    n, c = z.shape
+    if n:
+        launch(ce_backward_kernel, (n,), z, target, grad_out.reshape(-1), count if count is not None else grad_out.reshape(-1), out,
+               n, c, z.stride(0), out.stride(0), ignore_index, float(eps),
+               num_warps=num_warps, MODE=MODES[reduction], BLOCK_C=_block_c(c, block_c), COMPUTE=compute_dtype(z.dtype))
+    return out
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, eps: float, reduction: str, **cfg: int) -> torch.Tensor:
+    z = logits if logits.stride(-1) == 1 else logits.contiguous()
+    return reduce_losses(row_losses(z, target, ignore_index, eps, **cfg), target, ignore_index, reduction)
+
+
+def cross_entropy_backward(grad_out: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, eps: float,
+                           reduction: str, **cfg: int) -> torch.Tensor:
+    z = logits if logits.stride(-1) == 1 else logits.contiguous()
+    count = counted_rows(target, ignore_index) if reduction == "mean" else None
+    return logit_grads(z, target, grad_out, count, ignore_index, eps, reduction, torch.empty_like(z), **cfg)
+
+
+# --- linear_cross_entropy -----------------------------------------------------------------------
+
+Gemm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _rows_per_block(n: int, v: int, block_elements: int) -> int:
+    return max(1, min(n, block_elements // max(1, v)))
+
+
+def _block_logits(gemm_f32: Gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    z = gemm_f32(x, weight.t())
+    return z.add_(bias) if bias is not None else z
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int,
+                         eps: float, reduction: str, gemm_f32: Gemm, block_elements: int, **cfg: int) -> torch.Tensor:
+    n, v = int(x.shape[0]), int(weight.shape[0])
+    step = _rows_per_block(n, v, block_elements)
+    rows = torch.empty(n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
+    for i in range(0, n, step):
+        z = _block_logits(gemm_f32, x[i : i + step], weight, bias)
+        rows[i : i + step] = row_losses(z, target[i : i + step], ignore_index, eps, **cfg)
+    return reduce_losses(rows, target, ignore_index, reduction)
+
+
+def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+                                  ignore_index: int, eps: float, reduction: str, gemm_f32: Gemm, block_elements: int,
+                                  **cfg: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per block of rows: the logits again, their gradient (in x's dtype), grad_x = dz @ W, and
+    grad_W += dz^T x, grad_b += sum(dz) in float32."""
+    n, v = int(x.shape[0]), int(weight.shape[0])
+    step = _rows_per_block(n, v, block_elements)
+    count = counted_rows(target, ignore_index) if reduction == "mean" else None
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    grad_w = torch.zeros(weight.shape, dtype=acc, device=x.device)
+    grad_b = torch.zeros(v, dtype=acc, device=x.device)
+    dz = torch.empty((step, v), dtype=x.dtype, device=x.device)
+    for i in range(0, n, step):
+        xb = x[i : i + step]
+        rows = int(xb.shape[0])
+        z = _block_logits(gemm_f32, xb, weight, bias)
+        g = grad_out[i : i + step] if reduction == "none" else grad_out
+        d = logit_grads(z, target[i : i + step], g, count, ignore_index, eps, reduction, dz[:rows], **cfg)
+        torch.mm(d, weight, out=grad_x[i : i + step])
+        grad_w += gemm_f32(d.t(), xb)
+        grad_b += d.sum(0, dtype=acc)
+    return grad_x, grad_w.to(x.dtype), grad_b.to(x.dtype)
