@@ -1,17 +1,21 @@
-"""Per-call overhead of `hal.ops.*` over calling the chosen kernel directly, on tiny inputs.
+"""Host time of `hal.ops.*` calls on tiny inputs: the dispatch alone, and the autograd path next to
+torch's own op.
 
-The kernels are trivial (they return their input), so that the difference is the dispatch alone:
-the generated entry function, the cache key, the dictionary lookup and the runner (static argument
-substitution, array-type adaptation, call counting). Each row times the hal call and the direct
-kernel call in alternating loops and reports the median of the paired differences, which cancels
+The kernels are trivial (they return their input, or an input of the right shape), so that what
+is measured is hal's path: the generated entry, the cache key, the dictionary lookup, the plan and,
+with grad, the autograd node and the backward op's dispatch. Each row times two callables in
+alternating loops and reports the medians and the median of the paired differences, which cancels
 most of a shared machine's drift. Rows:
 
-  * NumPy arrays, kernel of a NumPy backend (`softmax(x)`: dim -1 canonicalised to 1; and with
-    `dim=1` given, no substitution);
-  * torch CPU tensors, kernel of a torch backend, eager (grad mode on, then under no_grad);
-  * torch CPU tensors requiring grad: the autograd path through `torch.ops.hal.softmax`, against
-    `torch.softmax` with autograd (the peer that a hand-written model would call);
-  * the peer: a `torch.library.custom_op` wrapping the same trivial kernel, over the bare kernel.
+  * kernel route: NumPy arrays (``softmax(x)``: dim -1 canonicalised to 1; and ``dim=1`` given),
+    torch CPU tensors in grad mode without grad-requiring inputs, and under no_grad, each against
+    calling the kernel directly (the "within 2 us of the kernel" budget);
+  * autograd route, forward: softmax, layer_norm and linear + gelu on a tensor requiring grad,
+    against torch.softmax / F.layer_norm / F.gelu(F.linear) with autograd (the "torch's own op +
+    5 us" budget); linear + gelu is two hal nodes (its training decomposition);
+  * autograd route, forward + backward: the same calls followed by ``backward()``; the backward's
+    cost is the difference to the forward row;
+  * the peer: a ``torch.library.custom_op`` wrapping the same trivial kernel, over the bare kernel.
 
     python benchmarks/dispatch_overhead.py [--repeat 21] [--number 20000] [--json]
 """
@@ -26,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 import hal
 from hal import dispatch
@@ -40,31 +45,50 @@ def loop_ns(fn: Callable[..., Any], args: tuple, number: int) -> float:
     return (time.perf_counter_ns() - t0) / number
 
 
-def paired(hal_call: tuple, direct_call: tuple, repeat: int, number: int) -> dict[str, float]:
+def paired(hal_call: tuple, peer_call: tuple, repeat: int, number: int) -> dict[str, float]:
     """Median per-call times of both, and the median of their paired differences (ns)."""
-    for fn, args in (hal_call, direct_call):
-        loop_ns(fn, args, number // 10)
-    hal_t, direct_t = [], []
+    for fn, args in (hal_call, peer_call):
+        loop_ns(fn, args, max(1, number // 10))
+    hal_t, peer_t = [], []
     for _ in range(repeat):
         hal_t.append(loop_ns(*hal_call, number))
-        direct_t.append(loop_ns(*direct_call, number))
+        peer_t.append(loop_ns(*peer_call, number))
     return {
         "hal_ns": round(statistics.median(hal_t)),
-        "direct_ns": round(statistics.median(direct_t)),
-        "overhead_ns": round(statistics.median(h - d for h, d in zip(hal_t, direct_t))),
+        "peer_ns": round(statistics.median(peer_t)),
+        "overhead_ns": round(statistics.median(h - d for h, d in zip(hal_t, peer_t))),
     }
-
-
-def identity_plugin(array_api: str) -> Plugin:
-    """A CPU backend whose softmax kernel returns its input: the kernel costs one Python call."""
-    p = Plugin(f"bench_{array_api}", "1.0")
-    p.define_backend(priority=1000, device_types=("cpu",), array_api=array_api)
-    p.kernel("softmax", name="identity")(identity)
-    return p
 
 
 def identity(x, dim):
     return x
+
+
+def trivial_plugin(array_api: str) -> Plugin:
+    """A CPU backend whose kernels cost one Python call: softmax, layer_norm, linear and
+    scale_shift_act return an input of the result's shape (the benchmark's linear is square), and
+    their backward ops return grad_out (and parameters of the right shapes)."""
+    p = Plugin(f"bench_{array_api}", "1.0")
+    p.define_backend(priority=1000, device_types=("cpu",), array_api=array_api)
+    p.kernel("softmax", name="identity")(identity)
+    p.kernel("softmax_backward", name="identity")(lambda grad_out, out, dim: grad_out)
+    p.kernel("layer_norm", name="identity")(lambda x, normalized_shape, weight, bias, eps: x)
+    p.kernel("layer_norm_backward", name="identity")(lambda grad_out, x, normalized_shape, weight, eps: (grad_out, weight, weight))
+    p.kernel("linear", name="identity")(lambda x, weight, bias, act: x)
+    p.kernel("linear_backward", name="identity")(lambda grad_out, x, weight, bias, act: (grad_out, weight, bias))
+    p.kernel("scale_shift_act", name="identity")(lambda x, scale, shift, act: x)
+    p.kernel("scale_shift_act_backward", name="identity")(lambda grad_out, x, scale, shift, act: (grad_out, None, None))
+    return p
+
+
+def forward_backward(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any) -> None:
+        fn(*args).backward(GRAD)
+
+    return run
+
+
+GRAD = torch.ones(4, 4)
 
 
 def main() -> None:
@@ -73,44 +97,62 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=20000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rep, num = args.repeat, args.number
+    rep, num, slow = args.repeat, args.number, max(1, args.number // 10)
     rows: list[dict[str, Any]] = []
+
+    def row(case: str, hal_call: tuple, peer_call: tuple, number: int = num) -> None:
+        rows.append({"case": case, **paired(hal_call, peer_call, rep, number)})
+
     previous = dispatch.install(None)
     try:
-        dispatch.install(Runtime.from_plugins([identity_plugin("numpy")]))
+        dispatch.install(Runtime.from_plugins([trivial_plugin("numpy")]))
         x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
-        rows.append({"case": "numpy, softmax(x) (dim canonicalised)", **paired((hal.ops.softmax, (x,)), (identity, (x, 1)), rep, num)})
-        rows.append({"case": "numpy, softmax(x, 1)", **paired((hal.ops.softmax, (x, 1)), (identity, (x, 1)), rep, num)})
+        row("kernel route: numpy, softmax(x) (dim canonicalised) vs the kernel", (hal.ops.softmax, (x,)), (identity, (x, 1)))
+        row("kernel route: numpy, softmax(x, 1) vs the kernel", (hal.ops.softmax, (x, 1)), (identity, (x, 1)))
 
-        dispatch.install(Runtime.from_plugins([identity_plugin("torch")]))
+        dispatch.install(Runtime.from_plugins([trivial_plugin("torch")]))
         t = torch.randn(4, 4)
-        rows.append({"case": "torch, softmax(t, 1), eager", **paired((hal.ops.softmax, (t, 1)), (identity, (t, 1)), rep, num)})
+        row("kernel route: torch, softmax(t, 1), grad mode vs the kernel", (hal.ops.softmax, (t, 1)), (identity, (t, 1)))
         with torch.no_grad():
-            rows.append({"case": "torch, softmax(t, 1), no_grad", **paired((hal.ops.softmax, (t, 1)), (identity, (t, 1)), rep, num)})
+            row("kernel route: torch, softmax(t, 1), no_grad vs the kernel", (hal.ops.softmax, (t, 1)), (identity, (t, 1)))
+
         tg = torch.randn(4, 4, requires_grad=True)
-        rows.append(
-            {
-                "case": "torch, requires_grad: torch.ops.hal + autograd vs torch.softmax",
-                **paired((hal.ops.softmax, (tg, 1)), (torch.softmax, (tg, 1)), rep, num // 10),
-            }
-        )
+        w, b = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+        wl = torch.randn(4, 4, requires_grad=True)
+        hal_ln = lambda x: hal.ops.layer_norm(x, (4,), w, b)  # noqa: E731
+        torch_ln = lambda x: F.layer_norm(x, (4,), w, b)  # noqa: E731
+        hal_lin = lambda x: hal.ops.linear(x, wl, b, "gelu")  # noqa: E731
+        torch_lin = lambda x: F.gelu(F.linear(x, wl, b))  # noqa: E731
+        hal_sm = lambda x: hal.ops.softmax(x, 1)  # noqa: E731
+        torch_sm = lambda x: torch.softmax(x, 1)  # noqa: E731
+        for name, h, p in (("softmax", hal_sm, torch_sm), ("layer_norm", hal_ln, torch_ln), ("linear + gelu", hal_lin, torch_lin)):
+            row(f"autograd forward: {name} vs torch's", (h, (tg,)), (p, (tg,)), slow)
+            row(f"autograd forward + backward: {name} vs torch's", (forward_backward(h), (tg,)), (forward_backward(p), (tg,)), slow)
 
         @torch.library.custom_op("hal_bench::identity", mutates_args=())
         def custom(x: torch.Tensor, dim: int) -> torch.Tensor:
             return x.clone()  # custom ops may not return an alias of an input
 
         clone = lambda x, dim: x.clone()  # noqa: E731 - the same work without the custom op
-        rows.append({"case": "peer: torch.library.custom_op", **paired((custom, (t, 1)), (clone, (t, 1)), rep, num)})
+        row("peer: torch.library.custom_op vs the same work", (custom, (t, 1)), (clone, (t, 1)))
     finally:
         dispatch.install(previous)
 
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return
-    print(f"torch {torch.__version__}, hal {hal.__version__}; {rep} alternating loops of {num} calls (autograd: {num // 10})")
-    print(f"{'case':<66}{'call ns':>9}{'kernel ns':>11}{'overhead ns':>13}")
+    backward_rows = {}
     for r in rows:
-        print(f"{r['case']:<66}{r['hal_ns']:>9}{r['direct_ns']:>11}{r['overhead_ns']:>13}")
+        if r["case"].startswith("autograd forward + backward: "):
+            name = r["case"].split(": ", 1)[1]
+            fwd = next(f for f in rows if f["case"] == f"autograd forward: {name}")
+            backward_rows[name] = r["overhead_ns"] - fwd["overhead_ns"]
+    if args.json:
+        print(json.dumps({"rows": rows, "backward_overhead_ns": backward_rows}, indent=2))
+        return
+    print(f"torch {torch.__version__}, hal {hal.__version__}; {rep} alternating loops of {num} calls (autograd rows: {slow})")
+    print(f"{'case':<78}{'hal ns':>9}{'peer ns':>10}{'overhead ns':>13}")
+    for r in rows:
+        print(f"{r['case']:<78}{r['hal_ns']:>9}{r['peer_ns']:>10}{r['overhead_ns']:>13}")
+    for name, ns in backward_rows.items():
+        print(f"backward pass alone, {name}: hal over torch {ns} ns")
 
 
 if __name__ == "__main__":

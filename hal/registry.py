@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 import typing
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -283,6 +284,9 @@ def declare(
         attach_decorators(entry, decl)
         decl.entry = entry
         OPS[name] = decl
+        ops_namespace = sys.modules.get("hal.ops")  # an op declared outside ops/ is hal.ops.<name> too
+        if ops_namespace is not None and not hasattr(ops_namespace, name):
+            setattr(ops_namespace, name, entry)
         for listener in list(_LISTENERS):
             listener(decl)
         return entry

@@ -112,10 +112,23 @@ def parse_case_id(text: str) -> Optional[tuple[str, str, str, str]]:
 
 
 _TABLE: dict[str, list[CaseSpec]] = {}
+#: cases of ops declared outside hal (a plugin's own ops), by op: see :func:`register_cases`.
+_REGISTERED: dict[str, list[CaseSpec]] = {}
+
+
+def register_cases(op: str, specs: Sequence[CaseSpec]) -> None:
+    """Add the cases of an op declared outside hal's own ``ops/`` (a plugin that declares its own
+    op registers its cases here, next to its declaration); names must be unique per op."""
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names) or op in _REGISTERED:
+        raise ValueError(f"cases of op {op} are registered twice, or have duplicate names: {names}")
+    _REGISTERED[op] = list(specs)
+    if _TABLE:
+        _TABLE[op] = list(specs)
 
 
 def all_cases() -> dict[str, list[CaseSpec]]:
-    """op -> its cases, from every family module (names checked unique per op)."""
+    """op -> its cases, from every family module and :func:`register_cases` (names checked unique per op)."""
     if not _TABLE:
         table: dict[str, list[CaseSpec]] = {}
         for family in _FAMILIES:
@@ -129,6 +142,7 @@ def all_cases() -> dict[str, list[CaseSpec]]:
                     raise ValueError(f"op {op}: duplicate case names {sorted(dup)}")
                 table[op] = list(specs)
         _TABLE.update(table)
+        _TABLE.update(_REGISTERED)
     return _TABLE
 
 
@@ -171,6 +185,7 @@ __all__ = [
     "CaseSpec",
     "Draw",
     "case",
+    "register_cases",
     "Table",
     "from_table",
     "backward_call",
