@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=20000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # tiny tensors: no intra-op parallelism on either side (steadier on a shared machine)
     rep, num, slow = args.repeat, args.number, max(1, args.number // 10)
     rows: list[dict[str, Any]] = []
 
