@@ -1,0 +1,32 @@
+"""layer_norm and rms_norm, forward and backward: torch's native CPU kernels, and numba row kernels
+for RMS norm (torch 2.13 has no CPU RMS-norm kernel: F.rms_norm decomposes into several passes and
+its backward into an autograd graph of them)."""
+
+from __future__ import annotations
+
+import torch
+
+from hal.eager import norm as eager
+
+from ._common import FLOATS, kernel
+
+kernel("layer_norm", name="torch", priority=20, dtypes=FLOATS)(eager.layer_norm)
+kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS)(eager.rms_norm)
+
+
+@kernel("layer_norm_backward", name="torch", priority=20, dtypes=FLOATS)
+def layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
+    """torch's layer-norm backward kernel, with the statistics from its forward kernel; half
+    precision runs in float32 (torch's half-precision backward loses the parameter gradients of
+    data with a large mean) and rounds once."""
+    dtype = x.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        grad_out, x, weight = grad_out.float(), x.float(), None if weight is None else weight.float()
+    shape = list(normalized_shape)
+    w = weight if weight is not None else x.new_ones(normalized_shape)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, w, None, eps)
+    grads = torch.ops.aten.native_layer_norm_backward(grad_out, x, shape, mean, rstd, w, w, [True, True, True])
+    return tuple(g.to(dtype) for g in grads)
+
+
+kernel("rms_norm_backward", name="torch", priority=20, dtypes=FLOATS)(eager.rms_norm_backward)
