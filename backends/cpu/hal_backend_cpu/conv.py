@@ -71,6 +71,13 @@ def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
 HALF = (torch.float16, torch.bfloat16)
 
 
+def torch_bn_eps(inputs: Inputs) -> list[str]:
+    """A check: torch's batch-norm kernels refuse eps = 0 in training (the op allows it)."""
+    if inputs["training"] and inputs["eps"] == 0:
+        return ["eps = 0 in training (torch's batch-norm kernels require eps > 0 there)"]
+    return []
+
+
 def _f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.float()
 
@@ -87,7 +94,7 @@ def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momen
     return out.to(x.dtype)
 
 
-@kernel("batch_norm", name="torch", priority=20, dtypes=FLOATS)
+@kernel("batch_norm", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
 def batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
     return bn_forward(x, running_mean, running_var, weight, bias, training, momentum, eps)
 
@@ -113,7 +120,7 @@ def param_grads(gw: torch.Tensor, gb: torch.Tensor, weight: Optional[torch.Tenso
     return gw.to(dtype if weight is None else weight.dtype), gb.to(dtype if bias is None else bias.dtype)
 
 
-@kernel("batch_norm_backward", name="torch", priority=20, dtypes=FLOATS)
+@kernel("batch_norm_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
 def batch_norm_backward(grad_out, x, running_mean, running_var, weight, training, eps):
     return bn_grads(grad_out, x, running_mean, running_var, weight, weight, training, eps)
 
@@ -157,7 +164,7 @@ def fused_conv_bn_relu_onednn(x, conv_weight, conv_bias, bn_weight, bn_bias, run
     return torch.ops.mkldnn._convolution_pointwise(xp, w, b, pad, list(stride), list(dilation), groups, "relu", [], "")
 
 
-@kernel("fused_conv_bn_relu", name="torch", priority=20, dtypes=FLOATS)
+@kernel("fused_conv_bn_relu", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
 def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     if not training:
         w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
@@ -166,10 +173,17 @@ def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_me
     return bn_forward(y, running_mean, running_var, bn_weight, bn_bias, True, momentum, eps).relu_()
 
 
-@kernel("fused_conv_bn_relu_backward", name="torch", priority=20, dtypes=FLOATS)
+@kernel("fused_conv_bn_relu_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
 def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
     """The convolution output is recomputed (without its bias in training, where the batch mean
-    absorbs it: its gradient is then exactly zero), the ReLU mask from the batch-norm output."""
+    absorbs it: its gradient is then exactly zero), the ReLU mask from the batch-norm output. Half
+    precision runs in float32 (a half-precision recomputation moves the ReLU mask where outputs
+    are within a rounding of zero) and rounds each gradient once."""
+    if x.dtype in HALF:
+        args = [_f32(t) for t in (grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var)]
+        grads = fused_conv_bn_relu_backward(*args, stride, padding, dilation, groups, eps, training)
+        like = (x, conv_weight, x if conv_bias is None else conv_bias, x if bn_weight is None else bn_weight, x if bn_bias is None else bn_bias)
+        return tuple(g.to(t.dtype) for g, t in zip(grads, like))
     y = eager.conv2d(x, conv_weight, None if training else conv_bias, stride, padding, dilation, groups)
     stats = (None, None) if training else (running_mean, running_var)  # a backward never updates them
     out = bn_forward(y, *stats, bn_weight, bn_bias, training, 0.0, eps)

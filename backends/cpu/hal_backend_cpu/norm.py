@@ -8,7 +8,7 @@ import torch
 
 from hal.eager import norm as eager
 
-from ._common import FLOATS, kernel
+from ._common import FLOATS, kernel, numel
 
 kernel("layer_norm", name="torch", priority=20, dtypes=FLOATS)(eager.layer_norm)
 kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS)(eager.rms_norm)
@@ -29,4 +29,18 @@ def layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
     return tuple(g.to(dtype) for g in grads)
 
 
-kernel("rms_norm_backward", name="torch", priority=20, dtypes=FLOATS)(eager.rms_norm_backward)
+@kernel("rms_norm_backward", name="torch", priority=20, dtypes=FLOATS)
+def rms_norm_backward(grad_out, x, normalized_shape, weight, eps):
+    """The gradient formula in torch ops, over rows of the normalised size, in float32 (float64
+    for float64): with r = 1 / sqrt(mean(x^2) + eps), xhat = x r and h = grad_out * weight,
+    grad_x = r (h - xhat mean(h xhat)) and grad_weight = sum over rows of grad_out xhat."""
+    n = numel(normalized_shape)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x2 = x.reshape(-1, n).to(acc)
+    g2 = grad_out.reshape(-1, n).to(acc)
+    r = torch.rsqrt(x2.square().mean(-1, keepdim=True) + eps)
+    xhat = x2 * r
+    h = g2 if weight is None else g2 * weight.reshape(n).to(acc)
+    gx = r * (h - xhat * (h * xhat).mean(-1, keepdim=True))
+    gw = (g2 * xhat).sum(0)
+    return gx.to(x.dtype).view(x.shape), gw.to(x.dtype if weight is None else weight.dtype).view(normalized_shape)
