@@ -1,17 +1,23 @@
-"""scale_shift_act and its backward: one numba pass each (float32 and float64), or torch's
-vectorised CPU kernels (every dtype; half precision computed in float32 and rounded once)."""
+"""scale_shift_act and its backward: the forward in one numba pass (float32 and float64), or
+torch's vectorised CPU kernels (every dtype; half precision computed in float32 and rounded once;
+the backward as torch's activation-backward kernels)."""
 
 from __future__ import annotations
 
 import math
 from typing import Callable, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from hal.eager.elementwise import ACTIVATION_FNS
+from hal.ops import ACTIVATIONS
+from hal.plugin import Inputs
 
-from ._common import FLOATS, kernel
+from . import _numba
+from ._common import FLOATS, contiguous, kernel, numba_kernel
+from ._layout import channel_split, channel_vector
 
 Scalar = Union[float, torch.Tensor]
 
@@ -47,6 +53,29 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 def _param(v: Scalar, dtype: torch.dtype) -> Scalar:
     return v.to(dtype) if isinstance(v, torch.Tensor) else v
+
+
+def _one_channel_run(inputs: Inputs) -> list[str]:
+    split = channel_split(inputs["x"], inputs["scale"], inputs["shift"])
+    return [split] if isinstance(split, str) else []
+
+
+#: below this segment length the per-element parameter vectors of ``affine_rows`` are faster
+SHORT_SEGMENT = 64
+
+
+@numba_kernel("scale_shift_act", priority=30, checks=[contiguous("x"), _one_channel_run])
+def scale_shift_act_numba(x, scale, shift, act):
+    p, c, i = channel_split(x, scale, shift)
+    s, b = channel_vector(scale, c, x.dtype), channel_vector(shift, c, x.dtype)
+    out = np.empty_like(x)
+    nb = _numba.family("elementwise")
+    code = ACTIVATIONS.index(act)
+    if i >= SHORT_SEGMENT or c == 1:
+        nb.affine_segments(x.reshape(p, c, i), s, b, out.reshape(p, c, i), code)
+    else:
+        nb.affine_rows(x.reshape(p, c * i), np.repeat(s, i), np.repeat(b, i), out.reshape(p, c * i), code)
+    return out
 
 
 @kernel("scale_shift_act", name="torch", priority=20, dtypes=FLOATS)

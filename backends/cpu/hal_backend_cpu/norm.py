@@ -4,11 +4,45 @@ its backward into an autograd graph of them)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hal.eager import norm as eager
 
-from ._common import FLOATS, kernel, numel
+from . import _numba
+from ._common import FLOATS, contiguous, kernel, numba_kernel, numel
+
+
+def _rows(x: np.ndarray, normalized_shape: tuple[int, ...]) -> np.ndarray:
+    return x.reshape(-1, numel(normalized_shape))
+
+
+def _weight64(weight, normalized_shape) -> tuple[np.ndarray, bool]:
+    n = numel(normalized_shape)
+    return (np.ones(n) if weight is None else np.ascontiguousarray(weight, dtype=np.float64).reshape(n)), weight is not None
+
+
+@numba_kernel("rms_norm", priority=30, checks=[contiguous("x")])
+def rms_norm_numba(x, normalized_shape, weight, eps):
+    w, has_w = _weight64(weight, normalized_shape)
+    out = np.empty_like(x)
+    _numba.family("norm").rms_forward(_rows(x, normalized_shape), w, has_w, float(eps), _rows(out, normalized_shape))
+    return out
+
+
+#: row blocks of the backward (each sums its own grad_weight partial): a few per thread
+BACKWARD_BLOCKS = 64
+
+
+@numba_kernel("rms_norm_backward", priority=30, checks=[contiguous("x", "grad_out")])
+def rms_norm_backward_numba(grad_out, x, normalized_shape, weight, eps):
+    w, has_w = _weight64(weight, normalized_shape)
+    x2 = _rows(x, normalized_shape)
+    gx = np.empty_like(x)
+    partial = np.empty((max(1, min(BACKWARD_BLOCKS, x2.shape[0])), x2.shape[1]))
+    _numba.family("norm").rms_backward(_rows(grad_out, normalized_shape), x2, w, has_w, float(eps), _rows(gx, normalized_shape), partial)
+    gw = partial.sum(0).astype(x.dtype if weight is None else weight.dtype).reshape(normalized_shape)
+    return gx, gw
 
 kernel("layer_norm", name="torch", priority=20, dtypes=FLOATS)(eager.layer_norm)
 kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS)(eager.rms_norm)

@@ -10,10 +10,11 @@ float32's tolerance (rtol 1e-5):
   below 1e-8 relative) and ``2**n`` built from its bits;
 - ``erfc``: the Chebyshev fit of Numerical Recipes (``erfcc``, fractional error below 1.2e-7
   everywhere), so GELU's Phi(z) = erfc(-z / sqrt 2) / 2 keeps its relative accuracy for negative z;
+- GELU's tanh form as ``z sigmoid(2u)`` (the same function, one exp);
 - ``tanh``: odd Taylor polynomial to degree 9 for |u| < 0.3, else ``(1 - e) / (1 + e)`` with
   ``e = exp(-2|u|)`` (no cancellation there).
 
-Activation codes are the positions in :data:`ACTS` (ops.elementwise.ACTIVATIONS).
+Activation codes are positions in ``hal.ops.ACTIVATIONS``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-ACTS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
-NONE, RELU, GELU, GELU_TANH, SILU, SIGMOID, TANH = range(7)
+from hal.ops import ACTIVATIONS
+
+RELU, GELU, GELU_TANH, SILU, SIGMOID, TANH = (ACTIVATIONS.index(a) for a in ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"))
 
 _SQRT1_2 = 0.7071067811865476
 _SQRT_2_PI = 0.7978845608028654  # sqrt(2 / pi)
@@ -122,7 +124,7 @@ overload(tanh, inline="always")(_typed(_tanh32, math.tanh))
 
 @njit(inline="always", cache=True)
 def act(z, code):
-    """The activation ``ACTS[code]`` of z, in z's type."""
+    """The activation ``ACTIVATIONS[code]`` of z, in z's type."""
     one = like(z, 1.0)
     half = like(z, 0.5)
     if code == RELU:
@@ -130,8 +132,8 @@ def act(z, code):
     if code == GELU:
         e = half * erfc(abs(z) * like(z, _SQRT1_2))
         return z * (one - e if z >= 0 else e)
-    if code == GELU_TANH:
-        return half * z * (one + tanh(like(z, _SQRT_2_PI) * (z + like(z, _GELU_C) * z * z * z)))
+    if code == GELU_TANH:  # z (1 + tanh u) / 2 = z sigmoid(2u): one exp, no cancellation
+        return z / (one + exp(like(z, -2.0 * _SQRT_2_PI) * (z + like(z, _GELU_C) * z * z * z)))
     if code == SILU:
         return z / (one + exp(-z))
     if code == SIGMOID:
@@ -143,7 +145,7 @@ def act(z, code):
 
 @njit(inline="always", cache=True)
 def act_grad(z, code):
-    """d ACTS[code](z) / dz, in z's type; relu's is 0 at z <= 0 (torch's threshold_backward)."""
+    """d ACTIVATIONS[code](z) / dz, in z's type; relu's is 0 at z <= 0 (torch's threshold_backward)."""
     one = like(z, 1.0)
     half = like(z, 0.5)
     if code == RELU:
