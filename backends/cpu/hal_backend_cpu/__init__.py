@@ -5,8 +5,8 @@ Two kinds of kernels:
 - ``torch`` / ``onednn``: torch's CPU kernels on torch tensors (oneDNN convolutions, also with a
   fused ReLU post-op; MKL/oneDNN GEMMs, also with activation epilogues; native norms, softmax,
   SDPA, fused AdamW). NumPy arrays reach them as zero-copy tensor views (the dispatcher's adapter).
-- ``numba``: one-pass fusions torch's CPU kernels lack (scale + shift + activation, RMS norm and
-  its backward, quantisation, the int8 GEMM's dequantising epilogue), compiled by numba
+- ``numba``: one-pass fusions torch's CPU kernels lack (scale + shift + ReLU, RMS norm and its
+  backward, which torch 2.13 decomposes into several passes on the CPU), compiled by numba
   (``@njit(parallel=True, cache=True)``) on first use. They take NumPy arrays; torch tensors reach
   them as zero-copy views.
 

@@ -1,6 +1,11 @@
-"""scale_shift_act and its backward: the forward in one numba pass (float32 and float64), or
-torch's vectorised CPU kernels (every dtype; half precision computed in float32 and rounded once;
-the backward as torch's activation-backward kernels)."""
+"""scale_shift_act and its backward: the forward in one numba pass for act none / relu (float32
+and float64), or torch's vectorised CPU kernels (every dtype and activation; half precision
+computed in float32 and rounded once; the backward as torch's activation-backward kernels).
+
+The transcendental activations stay with torch: numba calls libm's scalar exp / erf (there is no
+SVML in the numba wheels), and a vectorisable float32 exp/erfc written for these kernels measured
+about ten times slower than torch's Sleef GELU here (2026-12-01), so a fused pass lost to torch's
+three vectorised ones."""
 
 from __future__ import annotations
 
@@ -12,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from hal.eager.elementwise import ACTIVATION_FNS
-from hal.ops import ACTIVATIONS
 from hal.plugin import Inputs
 
 from . import _numba
@@ -55,6 +59,14 @@ def _param(v: Scalar, dtype: torch.dtype) -> Scalar:
     return v.to(dtype) if isinstance(v, torch.Tensor) else v
 
 
+NUMBA_ACTS = ("none", "relu")
+
+
+def _numba_act(inputs: Inputs) -> list[str]:
+    act = inputs["act"]
+    return [] if act in NUMBA_ACTS else [f"act {act!r}: torch's vectorised kernels run it faster (the numba kernel fuses none and relu)"]
+
+
 def _one_channel_run(inputs: Inputs) -> list[str]:
     split = channel_split(inputs["x"], inputs["scale"], inputs["shift"])
     return [split] if isinstance(split, str) else []
@@ -64,17 +76,17 @@ def _one_channel_run(inputs: Inputs) -> list[str]:
 SHORT_SEGMENT = 64
 
 
-@numba_kernel("scale_shift_act", priority=30, checks=[contiguous("x"), _one_channel_run])
+@numba_kernel("scale_shift_act", priority=30, checks=[_numba_act, contiguous("x"), _one_channel_run])
 def scale_shift_act_numba(x, scale, shift, act):
     p, c, i = channel_split(x, scale, shift)
     s, b = channel_vector(scale, c, x.dtype), channel_vector(shift, c, x.dtype)
     out = np.empty_like(x)
     nb = _numba.family("elementwise")
-    code = ACTIVATIONS.index(act)
+    relu = act == "relu"
     if i >= SHORT_SEGMENT or c == 1:
-        nb.affine_segments(x.reshape(p, c, i), s, b, out.reshape(p, c, i), code)
+        nb.affine_segments(x.reshape(p, c, i), s, b, out.reshape(p, c, i), relu)
     else:
-        nb.affine_rows(x.reshape(p, c * i), np.repeat(s, i), np.repeat(b, i), out.reshape(p, c * i), code)
+        nb.affine_rows(x.reshape(p, c * i), np.repeat(s, i), np.repeat(b, i), out.reshape(p, c * i), relu)
     return out
 
 

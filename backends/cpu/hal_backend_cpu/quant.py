@@ -1,6 +1,6 @@
 """quantize, dequantize, fake_quantize (+ backward) and int8_linear: torch's CPU kernels
-(``fake_quantize_per_*_affine``, the int8 GEMM ``torch._int_mm``), and one-pass numba kernels for
-QuantizeLinear / DequantizeLinear."""
+(``fake_quantize_per_*_affine``, the int8 GEMM ``torch._int_mm``) with hal.eager's tensor math
+around them, and the op's formula where torch's kernels refuse the zero points."""
 
 from __future__ import annotations
 
