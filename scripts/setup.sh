@@ -2,7 +2,7 @@
 # Create ./.venv (or $HAL_VENV) with hal, the backends this machine can use, and optionally the test
 # tools. Idempotent: re-running only installs what changed.
 #
-#   scripts/setup.sh            # runtime: torch, hal, cpu_ref (+ cuda / rocm backend when a GPU is seen)
+#   scripts/setup.sh            # runtime: torch, hal, cpu_ref, cpu (+ cuda / rocm backend when a GPU is seen)
 #   scripts/setup.sh --test     # also pytest, hypothesis, triton and every backend (for the test suite)
 #
 # Environment: HAL_VENV (default .venv), HAL_TORCH_SPEC (default "torch==2.13.0"; on a GPU machine
@@ -28,9 +28,9 @@ fi
 has_cuda_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; }
 has_rocm_gpu() { command -v rocminfo >/dev/null 2>&1 && rocminfo 2>/dev/null | grep -q gfx; }
 
-packages=(-e . -e backends/cpu_ref)
+packages=(-e . -e backends/cpu_ref -e backends/cpu)
 if [ "$test_mode" = 1 ]; then
-  packages=(-e ".[test,triton]" -e backends/cpu_ref)
+  packages=(-e ".[test,triton]" -e backends/cpu_ref -e backends/cpu)
   for b in cuda rocm; do [ -f "backends/$b/pyproject.toml" ] && packages+=(-e "backends/$b"); done
 else
   if has_cuda_gpu && [ -f backends/cuda/pyproject.toml ]; then packages+=(-e ".[triton]" -e backends/cuda); fi

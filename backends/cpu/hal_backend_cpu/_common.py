@@ -1,0 +1,75 @@
+"""What the CPU kernel modules share: registration, dtype sets and capability checks."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+
+from hal.plugin import Inputs
+
+from . import _numba, plugin
+from ._device import onednn_dtype_reason
+
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+#: dtypes of the numba kernels: numba has no float16 arithmetic and no bfloat16 at all.
+NUMBA_FLOATS = ("float32", "float64")
+
+Check = Callable[[Inputs], Optional[list[str]]]
+
+
+def kernel(op: str, *, name: str, priority: int, dtypes: Optional[Iterable[str]] = None,
+           checks: Iterable[Check] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a kernel taking torch tensors (NumPy arrays arrive as zero-copy tensor views)."""
+    return plugin.kernel(op, name=name, priority=priority, dtypes=dtypes, check=_all(list(checks)))
+
+
+def numba_kernel(op: str, *, priority: int, dtypes: Iterable[str] = NUMBA_FLOATS,
+                 checks: Iterable[Check] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a kernel named ``numba`` taking NumPy arrays (torch tensors arrive as zero-copy
+    views); it declines with the reason when numba is missing or broken."""
+    return plugin.kernel(op, name="numba", priority=priority, dtypes=dtypes, array_api="numpy",
+                         check=_all([_numba_check, *checks]))
+
+
+def _all(checks: list[Check]) -> Optional[Callable[[Inputs], list[str]]]:
+    if not checks:
+        return None
+
+    def check(inputs: Inputs) -> list[str]:
+        reasons: list[str] = []
+        for c in checks:
+            reasons.extend(c(inputs) or [])
+            if reasons:  # later checks may assume what earlier ones verified
+                break
+        return reasons
+
+    return check
+
+
+def _numba_check(inputs: Inputs) -> list[str]:
+    reason = _numba.unavailable_reason()
+    return [reason] if reason else []
+
+
+def contiguous(*names: str) -> Check:
+    """A check: the named arrays (when given) are C-contiguous (the kernel walks flat memory)."""
+
+    def check(inputs: Inputs) -> list[str]:
+        bad = [n for n in names if isinstance(inputs[n], np.ndarray) and not inputs[n].flags.c_contiguous]
+        return [f"{', '.join(bad)} not C-contiguous (the numba kernel walks flat rows; the torch kernel takes any layout)"] if bad else []
+
+    return check
+
+
+def onednn_dtype(inputs: Inputs) -> list[str]:
+    """A check: oneDNN has primitives for the op's dtype on this CPU."""
+    reason = onednn_dtype_reason(inputs.dtype or "")
+    return [reason] if reason else []
+
+
+def numel(shape: Iterable[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n

@@ -1,0 +1,195 @@
+"""conv2d, batch_norm and conv -> BN -> ReLU on torch's CPU kernels (oneDNN convolutions).
+
+fused_conv_bn_relu:
+
+- eval, ``onednn``: the batch norm folds into the convolution (``w * gamma / sqrt(var + eps)``,
+  bias ``(b - mean) * gamma / sqrt(var + eps) + beta``, computed in float32, float64 for float64,
+  and rounded once), cached per parameter set (:mod:`hal_backend_cpu.fold`), and oneDNN runs
+  convolution + bias + ReLU as one primitive (``mkldnn._convolution_pointwise`` with a ReLU post-op);
+- ``torch``: the same folded convolution then an in-place ReLU in eval, and in training the
+  convolution, ``F.batch_norm`` with the batch statistics (running statistics updated in place) and
+  an in-place ReLU.
+
+The backward ops call torch's backward kernels directly (``convolution_backward``,
+``native_batch_norm_backward``), without building an autograd graph or, for conv2d, recomputing the
+forward; fused_conv_bn_relu_backward recomputes the convolution output (the op receives no saved
+state).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from hal.eager import conv as eager
+from hal.plugin import Inputs
+
+from ._common import FLOATS, kernel, onednn_dtype
+from .fold import ParamCache
+
+Pair = tuple[int, int]
+Pads = tuple[int, int, int, int]
+ONEDNN_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _padded(x: torch.Tensor, padding: Pads) -> tuple[torch.Tensor, list[int]]:
+    """x and the symmetric (h, w) padding to convolve it with: asymmetric padding applied by F.pad."""
+    top, bottom, left, right = padding
+    if top == bottom and left == right:
+        return x, [top, left]
+    return F.pad(x, (left, right, top, bottom)), [0, 0]
+
+
+def conv_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Pair, padding: Pads, dilation: Pair, groups: int) -> tuple:
+    """(grad_x, grad_weight, grad_bias) from torch's convolution backward kernel."""
+    xp, pad = _padded(x, padding)
+    gx, gw, gb = torch.ops.aten.convolution_backward(
+        g, xp, weight, [int(weight.shape[0])], list(stride), pad, list(dilation), False, [0, 0], groups, [True, True, True]
+    )
+    if xp is not x:
+        top, left = padding[0], padding[2]
+        gx = gx[:, :, top : top + x.shape[2], left : left + x.shape[3]]
+    return gx, gw, gb
+
+
+kernel("conv2d", name="onednn", priority=20, dtypes=FLOATS)(eager.conv2d)
+
+
+@kernel("conv2d_backward", name="onednn", priority=20, dtypes=FLOATS)
+def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
+    return conv_grads(grad_out, x, weight, stride, padding, dilation, groups)
+
+
+# --- batch_norm --------------------------------------------------------------------------------
+#
+# torch's CPU batch norm computes half-precision batch statistics in a way that loses the variance
+# of data with a large mean (errors of several units in the last place at ResNet sizes); half
+# precision in training therefore runs in float32 and rounds once.
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def torch_bn_eps(inputs: Inputs) -> list[str]:
+    """A check: torch's batch-norm kernels refuse eps = 0 in training (the op allows it)."""
+    if inputs["training"] and inputs["eps"] == 0:
+        return ["eps = 0 in training (torch's batch-norm kernels require eps > 0 there)"]
+    return []
+
+
+def _f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.float()
+
+
+def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momentum: float, eps: float) -> torch.Tensor:
+    """F.batch_norm; half-precision training in float32, the running statistics written back."""
+    if not (training and x.dtype in HALF):
+        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    rm, rv = _f32(running_mean), _f32(running_var)
+    out = F.batch_norm(x.float(), rm, rv, _f32(weight), _f32(bias), True, momentum, eps)
+    for dst, src in ((running_mean, rm), (running_var, rv)):
+        if dst is not None and dst is not src:
+            dst.copy_(src)
+    return out.to(x.dtype)
+
+
+@kernel("batch_norm", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
+def batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
+    return bn_forward(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def bn_grads(g: torch.Tensor, x: torch.Tensor, running_mean, running_var, weight, bias, training: bool, eps: float) -> tuple:
+    """(grad_x, grad_weight, grad_bias) from torch's batch-norm backward kernel, the parameter
+    gradients in their parameter's dtype (x's for a missing one). In training the batch statistics
+    are recomputed from x (float32 for half x), in eval the running statistics are constants."""
+    dtype = x.dtype
+    if training:
+        w = weight
+        if dtype in HALF:
+            g, x, w = g.float(), x.float(), _f32(weight)
+        _, mean, invstd = torch.native_batch_norm(x, w, None, None, None, True, 0.0, eps)
+        gx, gw, gb = torch.ops.aten.native_batch_norm_backward(g, x, w, None, None, mean, invstd, True, eps, [True, True, True])
+    else:
+        gx, gw, gb = torch.ops.aten.native_batch_norm_backward(g, x, weight, running_mean, running_var, None, None, False, eps, [True, True, True])
+    return gx.to(dtype), *param_grads(gw, gb, weight, bias, dtype)
+
+
+def param_grads(gw: torch.Tensor, gb: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], dtype: torch.dtype) -> tuple:
+    """Parameter gradients in their parameter's dtype (``dtype`` for a missing parameter)."""
+    return gw.to(dtype if weight is None else weight.dtype), gb.to(dtype if bias is None else bias.dtype)
+
+
+@kernel("batch_norm_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
+def batch_norm_backward(grad_out, x, running_mean, running_var, weight, training, eps):
+    return bn_grads(grad_out, x, running_mean, running_var, weight, weight, training, eps)
+
+
+# --- fused_conv_bn_relu --------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def fold(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps: float, dtype: torch.dtype):
+    """Eval batch norm folded into the convolution's weight and bias, rounded once to ``dtype``."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    a = torch.rsqrt(running_var.to(acc) + eps)
+    if bn_weight is not None:
+        a = a * bn_weight.to(acc)
+    w = (conv_weight.to(acc) * a.view(-1, 1, 1, 1)).to(dtype)
+    if conv_weight.is_contiguous(memory_format=torch.channels_last) and not conv_weight.is_contiguous():
+        w = w.contiguous(memory_format=torch.channels_last)
+    b = -running_mean.to(acc) * a
+    if conv_bias is not None:
+        b = b + conv_bias.to(acc) * a
+    if bn_bias is not None:
+        b = b + bn_bias.to(acc)
+    return w, b.to(dtype)
+
+
+FOLDED = ParamCache(fold)
+
+
+def folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps):
+    return FOLDED.get((conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var), (eps, x.dtype))
+
+
+def _eval_only(inputs: Inputs) -> list[str]:
+    return ["training mode (batch statistics cannot be folded into the weights)"] if inputs["training"] else []
+
+
+@kernel("fused_conv_bn_relu", name="onednn", priority=30, dtypes=ONEDNN_DTYPES, checks=[onednn_dtype, _eval_only])
+def fused_conv_bn_relu_onednn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+    w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
+    xp, pad = _padded(x, padding)
+    return torch.ops.mkldnn._convolution_pointwise(xp, w, b, pad, list(stride), list(dilation), groups, "relu", [], "")
+
+
+@kernel("fused_conv_bn_relu", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
+def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+    if not training:
+        w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
+        return eager.conv2d(x, w, b, stride, padding, dilation, groups).relu_()
+    y = eager.conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    return bn_forward(y, running_mean, running_var, bn_weight, bn_bias, True, momentum, eps).relu_()
+
+
+@kernel("fused_conv_bn_relu_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
+def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
+    """The convolution output is recomputed (without its bias in training, where the batch mean
+    absorbs it: its gradient is then exactly zero), the ReLU mask from the batch-norm output. Half
+    precision runs in float32 (a half-precision recomputation moves the ReLU mask where outputs
+    are within a rounding of zero) and rounds each gradient once."""
+    if x.dtype in HALF:
+        args = [_f32(t) for t in (grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var)]
+        grads = fused_conv_bn_relu_backward(*args, stride, padding, dilation, groups, eps, training)
+        like = (x, conv_weight, x if conv_bias is None else conv_bias, x if bn_weight is None else bn_weight, x if bn_bias is None else bn_bias)
+        return tuple(g.to(t.dtype) for g, t in zip(grads, like))
+    y = eager.conv2d(x, conv_weight, None if training else conv_bias, stride, padding, dilation, groups)
+    stats = (None, None) if training else (running_mean, running_var)  # a backward never updates them
+    out = bn_forward(y, *stats, bn_weight, bn_bias, training, 0.0, eps)
+    gz = grad_out.masked_fill(out <= 0, 0)
+    dy, g_gamma, g_beta = bn_grads(gz, y, running_mean, running_var, bn_weight, bn_bias, training, eps)
+    gx, gw, gb = conv_grads(dy, x, conv_weight, stride, padding, dilation, groups)
+    if training:
+        gb = torch.zeros_like(gb)
+    return gx, gw, gb, g_gamma, g_beta

@@ -1,0 +1,119 @@
+"""scale_shift_act and its backward: the forward in one numba pass for act none / relu (float32
+and float64), or torch's vectorised CPU kernels (every dtype and activation; half precision
+computed in float32 and rounded once; the backward as torch's activation-backward kernels).
+
+The transcendental activations stay with torch: numba calls libm's scalar exp / erf (there is no
+SVML in the numba wheels), and a vectorisable float32 exp/erfc written for these kernels measured
+about ten times slower than torch's Sleef GELU here (2026-12-01), so a fused pass lost to torch's
+three vectorised ones."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hal.eager.elementwise import ACTIVATION_FNS
+from hal.plugin import Inputs
+
+from . import _numba
+from ._common import FLOATS, contiguous, kernel, numba_kernel
+from ._layout import channel_split, channel_vector
+
+Scalar = Union[float, torch.Tensor]
+
+#: d act(z) / dz applied to grad: torch's backward kernels, from the pre-activation z (or the output).
+_ACT_BACKWARD: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "none": lambda g, z: g,
+    "relu": lambda g, z: torch.ops.aten.threshold_backward(g, z, 0),
+    "gelu": lambda g, z: torch.ops.aten.gelu_backward(g, z),
+    "gelu_tanh": lambda g, z: torch.ops.aten.gelu_backward(g, z, approximate="tanh"),
+    "silu": lambda g, z: torch.ops.aten.silu_backward(g, z),
+    "sigmoid": lambda g, z: torch.ops.aten.sigmoid_backward(g, torch.sigmoid(z)),
+    "tanh": lambda g, z: torch.ops.aten.tanh_backward(g, torch.tanh(z)),
+}
+
+
+def act_backward(act: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """grad * act'(z) by torch's activation backward kernels (shared with linear's backward)."""
+    return _ACT_BACKWARD[act](grad, z)
+
+
+def _gelu(z: torch.Tensor) -> torch.Tensor:
+    """F.gelu, with gelu(+inf) = +inf (torch 2.13's vectorised float32 and bfloat16 kernels give NaN)."""
+    return F.gelu(z).masked_fill_(z == math.inf, math.inf)
+
+
+#: the activations of the torch kernels (ACTIVATION_FNS with the +inf fix-up of GELU).
+TORCH_ACTS = {**ACTIVATION_FNS, "gelu": _gelu}
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _param(v: Scalar, dtype: torch.dtype) -> Scalar:
+    return v.to(dtype) if isinstance(v, torch.Tensor) else v
+
+
+NUMBA_ACTS = ("none", "relu")
+
+
+def _numba_act(inputs: Inputs) -> list[str]:
+    act = inputs["act"]
+    return [] if act in NUMBA_ACTS else [f"act {act!r}: torch's vectorised kernels run it faster (the numba kernel fuses none and relu)"]
+
+
+def _one_channel_run(inputs: Inputs) -> list[str]:
+    split = channel_split(inputs["x"], inputs["scale"], inputs["shift"])
+    return [split] if isinstance(split, str) else []
+
+
+#: below this segment length the per-element parameter vectors of ``affine_rows`` are faster
+SHORT_SEGMENT = 64
+
+
+@numba_kernel("scale_shift_act", priority=30, checks=[_numba_act, contiguous("x"), _one_channel_run])
+def scale_shift_act_numba(x, scale, shift, act):
+    p, c, i = channel_split(x, scale, shift)
+    s, b = channel_vector(scale, c, x.dtype), channel_vector(shift, c, x.dtype)
+    out = np.empty_like(x)
+    nb = _numba.family("elementwise")
+    relu = act == "relu"
+    if i >= SHORT_SEGMENT or c == 1:
+        nb.affine_segments(x.reshape(p, c, i), s, b, out.reshape(p, c, i), relu)
+    else:
+        nb.affine_rows(x.reshape(p, c * i), np.repeat(s, i), np.repeat(b, i), out.reshape(p, c * i), relu)
+    return out
+
+
+@kernel("scale_shift_act", name="torch", priority=20, dtypes=FLOATS)
+def scale_shift_act_torch(x, scale, shift, act):
+    acc = _compute_dtype(x)
+    z = x.to(acc) * _param(scale, acc)
+    z.add_(_param(shift, acc))
+    return TORCH_ACTS[act](z).to(x.dtype)
+
+
+@kernel("scale_shift_act_backward", name="torch", priority=20, dtypes=FLOATS)
+def scale_shift_act_backward_torch(grad_out, x, scale, shift, act):
+    acc = _compute_dtype(x)
+    xa = x.to(acc)
+    s = _param(scale, acc)
+    z = xa * s
+    z.add_(_param(shift, acc))
+    gz = act_backward(act, grad_out.to(acc), z)
+    gx = gz * s
+    g_scale = _reduce_to(gz * xa, scale)
+    g_shift = _reduce_to(gz, shift)
+    return gx.to(x.dtype), g_scale.to(x.dtype), g_shift.to(x.dtype)
+
+
+def _reduce_to(t: torch.Tensor, like: Scalar) -> torch.Tensor:
+    """``t`` summed to the shape of a broadcast parameter (0-d for a number)."""
+    if isinstance(like, torch.Tensor):
+        return t.sum_to_size(like.shape) if like.ndim else t.sum()
+    return t.sum()

@@ -1,0 +1,125 @@
+"""linear, matmul and grouped_gemm on torch's CPU GEMMs (MKL / oneDNN).
+
+linear has two kernels:
+
+- ``onednn``: ``mkldnn._linear_pointwise``, oneDNN's inner product with the activation as a
+  post-op (relu, gelu erf and tanh, silu, sigmoid, tanh) or none: one GEMM, no extra pass;
+- ``torch``: ``F.linear`` (MKL) and the activation as a separate vectorised pass (every dtype,
+  float64 included, which oneDNN does not take).
+
+The backward ops call the GEMMs directly instead of building an autograd graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hal.eager import gemm as eager
+from hal.errors import InvalidArgumentError
+
+from ._common import FLOATS, kernel, onednn_dtype
+from .elementwise import TORCH_ACTS, act_backward
+
+#: hal's activation -> (oneDNN post-op, its algorithm argument).
+_POST_OPS = {
+    "none": ("none", ""),
+    "relu": ("relu", ""),
+    "gelu": ("gelu", "none"),
+    "gelu_tanh": ("gelu", "tanh"),
+    "silu": ("swish", ""),
+    "sigmoid": ("sigmoid", ""),
+    "tanh": ("tanh", ""),
+}
+ONEDNN_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+@kernel("linear", name="onednn", priority=30, dtypes=ONEDNN_DTYPES, checks=[onednn_dtype])
+def linear_onednn(x, weight, bias, act):
+    attr, algorithm = _POST_OPS[act]
+    y = torch.ops.mkldnn._linear_pointwise(_rows(x), weight, bias, attr, [], algorithm)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+@kernel("linear", name="torch", priority=20, dtypes=FLOATS)
+def linear_torch(x, weight, bias, act):
+    return TORCH_ACTS[act](F.linear(x, weight, bias))
+
+
+@kernel("linear_backward", name="torch", priority=20, dtypes=FLOATS)
+def linear_backward(grad_out, x, weight, bias, act):
+    """The pre-activation is recomputed (one GEMM) when the activation needs it; its gradient is
+    computed in float32 for half precision and rounded once before the GEMMs."""
+    x2 = _rows(x)
+    g2 = _rows(grad_out)
+    if act == "none":
+        gz = g2
+    else:
+        z = F.linear(x2, weight, bias)
+        half = z.dtype in (torch.float16, torch.bfloat16)
+        gz = act_backward(act, g2.float(), z.float()).to(z.dtype) if half else act_backward(act, g2, z)
+    return (gz @ weight).view(x.shape), gz.t() @ x2, gz.sum(0)
+
+
+# --- matmul ------------------------------------------------------------------------------------
+
+kernel("matmul", name="torch", priority=20, dtypes=FLOATS)(eager.matmul)
+
+
+@kernel("matmul_backward", name="torch", priority=20, dtypes=FLOATS)
+def matmul_backward(grad_out, a, b):
+    """grad_a = g @ b^T, grad_b = a^T @ g with broadcast batch dimensions summed back; vectors are
+    promoted to matrices as torch.matmul does."""
+    a2 = a.unsqueeze(0) if a.ndim == 1 else a
+    b2 = b.unsqueeze(-1) if b.ndim == 1 else b
+    g = grad_out
+    if a.ndim == 1 and b.ndim == 1:
+        g = g.reshape(1, 1)
+    elif a.ndim == 1:
+        g = g.unsqueeze(-2)
+    elif b.ndim == 1:
+        g = g.unsqueeze(-1)
+    grad_a = torch.matmul(g, b2.mT).sum_to_size(a2.shape).view(a.shape)
+    grad_b = torch.matmul(a2.mT, g).sum_to_size(b2.shape).view(b.shape)
+    return grad_a, grad_b
+
+
+# --- grouped_gemm --------------------------------------------------------------------------------
+
+
+def _groups(op: str, group_sizes: torch.Tensor, rows: int) -> list[int]:
+    """The group sizes as ints, checked against x's rows (reading them costs nothing on the CPU)."""
+    sizes = [int(s) for s in group_sizes.tolist()]
+    if sum(sizes) != rows or min(sizes, default=0) < 0:
+        raise InvalidArgumentError(op, "group_sizes", f"non-negative row counts summing to x's {rows} rows", str(sizes))
+    return sizes
+
+
+@kernel("grouped_gemm", name="torch", priority=20, dtypes=FLOATS)
+def grouped_gemm(x, weight, group_sizes):
+    """One GEMM per group, each written into its rows of one output (no concatenation pass)."""
+    out = x.new_empty((x.shape[0], weight.shape[2]))
+    start = 0
+    for g, n in enumerate(_groups("grouped_gemm", group_sizes, x.shape[0])):
+        if n:
+            torch.mm(x[start : start + n], weight[g], out=out[start : start + n])
+        start += n
+    return out
+
+
+@kernel("grouped_gemm_backward", name="torch", priority=20, dtypes=FLOATS)
+def grouped_gemm_backward(grad_out, x, weight, group_sizes):
+    grad_x = x.new_empty(x.shape)
+    grad_w = weight.new_zeros(weight.shape)
+    start = 0
+    for g, n in enumerate(_groups("grouped_gemm_backward", group_sizes, x.shape[0])):
+        if n:
+            rows = slice(start, start + n)
+            torch.mm(grad_out[rows], weight[g].t(), out=grad_x[rows])
+            torch.mm(x[rows].t(), grad_out[rows], out=grad_w[g])
+        start += n
+    return grad_x, grad_w

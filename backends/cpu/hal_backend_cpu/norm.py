@@ -1,0 +1,80 @@
+"""layer_norm and rms_norm, forward and backward: torch's native CPU kernels, and numba row kernels
+for RMS norm (torch 2.13 has no CPU RMS-norm kernel: F.rms_norm decomposes into several passes and
+its backward into an autograd graph of them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hal.eager import norm as eager
+
+from . import _numba
+from ._common import FLOATS, contiguous, kernel, numba_kernel, numel
+
+
+def _rows(x: np.ndarray, normalized_shape: tuple[int, ...]) -> np.ndarray:
+    return x.reshape(-1, numel(normalized_shape))
+
+
+def _weight64(weight, normalized_shape) -> tuple[np.ndarray, bool]:
+    n = numel(normalized_shape)
+    return (np.ones(n) if weight is None else np.ascontiguousarray(weight, dtype=np.float64).reshape(n)), weight is not None
+
+
+@numba_kernel("rms_norm", priority=30, checks=[contiguous("x")])
+def rms_norm_numba(x, normalized_shape, weight, eps):
+    w, has_w = _weight64(weight, normalized_shape)
+    out = np.empty_like(x)
+    _numba.family("norm").rms_forward(_rows(x, normalized_shape), w, has_w, float(eps), _rows(out, normalized_shape))
+    return out
+
+
+#: row blocks of the backward (each sums its own grad_weight partial): a few per thread
+BACKWARD_BLOCKS = 64
+
+
+@numba_kernel("rms_norm_backward", priority=30, checks=[contiguous("x", "grad_out")])
+def rms_norm_backward_numba(grad_out, x, normalized_shape, weight, eps):
+    w, has_w = _weight64(weight, normalized_shape)
+    x2 = _rows(x, normalized_shape)
+    gx = np.empty_like(x)
+    partial = np.empty((max(1, min(BACKWARD_BLOCKS, x2.shape[0])), x2.shape[1]))
+    _numba.family("norm").rms_backward(_rows(grad_out, normalized_shape), x2, w, has_w, float(eps), _rows(gx, normalized_shape), partial)
+    gw = partial.sum(0).astype(x.dtype if weight is None else weight.dtype).reshape(normalized_shape)
+    return gx, gw
+
+kernel("layer_norm", name="torch", priority=20, dtypes=FLOATS)(eager.layer_norm)
+kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS)(eager.rms_norm)
+
+
+@kernel("layer_norm_backward", name="torch", priority=20, dtypes=FLOATS)
+def layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
+    """torch's layer-norm backward kernel, with the statistics from its forward kernel; half
+    precision runs in float32 (torch's half-precision backward loses the parameter gradients of
+    data with a large mean) and rounds once."""
+    dtype = x.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        grad_out, x, weight = grad_out.float(), x.float(), None if weight is None else weight.float()
+    shape = list(normalized_shape)
+    w = weight if weight is not None else x.new_ones(normalized_shape)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, w, None, eps)
+    grads = torch.ops.aten.native_layer_norm_backward(grad_out, x, shape, mean, rstd, w, w, [True, True, True])
+    return tuple(g.to(dtype) for g in grads)
+
+
+@kernel("rms_norm_backward", name="torch", priority=20, dtypes=FLOATS)
+def rms_norm_backward(grad_out, x, normalized_shape, weight, eps):
+    """The gradient formula in torch ops, over rows of the normalised size, in float32 (float64
+    for float64): with r = 1 / sqrt(mean(x^2) + eps), xhat = x r and h = grad_out * weight,
+    grad_x = r (h - xhat mean(h xhat)) and grad_weight = sum over rows of grad_out xhat."""
+    n = numel(normalized_shape)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x2 = x.reshape(-1, n).to(acc)
+    g2 = grad_out.reshape(-1, n).to(acc)
+    r = torch.rsqrt(x2.square().mean(-1, keepdim=True) + eps)
+    xhat = x2 * r
+    h = g2 if weight is None else g2 * weight.reshape(n).to(acc)
+    gx = r * (h - xhat * (h * xhat).mean(-1, keepdim=True))
+    gw = (g2 * xhat).sum(0)
+    return gx.to(x.dtype).view(x.shape), gw.to(x.dtype if weight is None else weight.dtype).view(normalized_shape)

@@ -1,0 +1,65 @@
+"""quantize, dequantize, fake_quantize (+ backward) and int8_linear: torch's CPU kernels
+(``fake_quantize_per_*_affine``, the int8 GEMM ``torch._int_mm``) with hal.eager's tensor math
+around them, and the op's formula where torch's kernels refuse the zero points."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from hal.eager import quant as eager
+
+from ._common import FLOATS, kernel
+
+Scalar = Union[float, int, torch.Tensor]
+
+kernel("quantize", name="torch", priority=20, dtypes=FLOATS)(eager.quantize)
+kernel("dequantize", name="torch", priority=20, dtypes=("int8", "uint8"))(eager.dequantize)
+kernel("int8_linear", name="torch", priority=20)(eager.int8_linear)
+
+
+def _in_range(zero_point: Scalar, quant_min: int, quant_max: int) -> bool:
+    """Whether torch's fake-quant kernels take these zero points (they refuse any outside the
+    clamping range, which the op allows for array zero points)."""
+    z = torch.as_tensor(zero_point)
+    return bool(((z >= quant_min) & (z <= quant_max)).all())
+
+
+def _fake_codes(x: torch.Tensor, scale: Scalar, zero_point: Scalar, axis: Optional[int]) -> tuple:
+    """The op's float formula up to the clamp, in torch ops: ``(round(x * inv) + zero_point,
+    scale, zero_point)``, inv = 1 / scale in float32, the product in float32 (float64 for float64 x)."""
+    shape = [1] * x.ndim
+    if axis is not None:
+        shape[axis] = -1
+    s = torch.as_tensor(scale).to(torch.float32).reshape(shape if axis is not None else ())
+    z = torch.as_tensor(zero_point).to(torch.float64).reshape(shape if axis is not None else ())
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    inv = (1.0 / s).to(work)
+    return torch.round(x.to(work) * inv).to(torch.float64) + z, s, z
+
+
+@kernel("fake_quantize", name="torch", priority=20, dtypes=FLOATS)
+def fake_quantize(x, scale, zero_point, quant_min, quant_max, axis):
+    if _in_range(zero_point, quant_min, quant_max):
+        return eager.fake_quantize(x, scale, zero_point, quant_min, quant_max, axis)
+    codes, s, z = _fake_codes(x, scale, zero_point, axis)
+    out = (codes.clamp(quant_min, quant_max) - z) * s.double()  # exact: a small integer times a float32
+    if axis is None or x.dtype != torch.float64:
+        out = out.float()  # torch rounds to float32, except per channel on float64 inputs
+    return out.to(x.dtype)
+
+
+@kernel("fake_quantize_backward", name="torch", priority=20, dtypes=FLOATS)
+def fake_quantize_backward(grad_out, x, scale, zero_point, quant_min, quant_max, axis):
+    if _in_range(zero_point, quant_min, quant_max):  # torch's kernel gives the mask with the forward
+        s = torch.as_tensor(scale).to(torch.float32).reshape(-1)
+        z = torch.as_tensor(zero_point).to(torch.int32).reshape(-1)
+        if axis is None:
+            _, inside = torch.ops.aten.fake_quantize_per_tensor_affine_cachemask(x, float(s[0]), int(z[0]), quant_min, quant_max)
+        else:
+            c = x.shape[axis]
+            _, inside = torch.ops.aten.fake_quantize_per_channel_affine_cachemask(x, s.expand(c), z.expand(c), axis, quant_min, quant_max)
+        return grad_out.masked_fill(~inside, 0)
+    codes, _, _ = _fake_codes(x, scale, zero_point, axis)
+    return grad_out.masked_fill(~((codes >= quant_min) & (codes <= quant_max)), 0)  # NaN codes: outside
