@@ -12,7 +12,7 @@ from hal.types import Tensor
 
 from . import _checks as c
 from ._fake import like, new_array
-from ._tolerances import ELEMENTWISE
+from ._tolerances import ELEMENTWISE, REDUCTION
 
 # --- rotary_embedding ---------------------------------------------------------------------------
 
@@ -123,7 +123,14 @@ def _empty_swiglu(a):
     return new_array(a["gate"], broadcast_shape("swiglu", a["gate"], a["up"], "gate", "up"))
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, forward="swiglu")
+def _broadcast_factor(a) -> int:
+    """Elements of grad_out summed into one element of grad_gate or grad_up (the larger of the two)."""
+    out = c.numel(a["grad_out"])
+    return max(1, out // max(1, min(c.numel(a["gate"]), c.numel(a["up"]))))
+
+
+# grad_gate and grad_up sum over broadcast dimensions: reduction tolerances, widened by that sum's length.
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="swiglu", reduction=_broadcast_factor)
 def swiglu_backward(grad_out: Tensor, gate: Tensor, up: Tensor) -> tuple:
     """Gradients of swiglu: ``(grad_gate, grad_up)``, each summed back to its input's shape where
     it was broadcast."""

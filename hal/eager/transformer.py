@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .elementwise import leaf
-
 
 def _compute(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -37,9 +35,15 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple:
-    with torch.enable_grad():
-        g, u = leaf(gate), leaf(up)
-        return torch.autograd.grad(swiglu(g, u), (g, u), grad_out)
+    """d silu(g)/dg = s (1 + g (1 - s)), s = sigmoid(g), in float32 (float64), summed back over
+    broadcast dimensions before the one rounding (no autograd graph: it also runs where autograd is
+    off, inside torch.ops.hal operators)."""
+    acc = _compute(gate)
+    g, u, go = gate.to(acc), up.to(acc), grad_out.to(acc)
+    s = torch.sigmoid(g)
+    grad_gate = (go * u * s * (1.0 + g * (1.0 - s))).sum_to_size(gate.shape)
+    grad_up = (go * g * s).sum_to_size(up.shape)
+    return grad_gate.to(gate.dtype), grad_up.to(up.dtype)
 
 
 __all__ = ["rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward"]

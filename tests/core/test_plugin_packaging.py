@@ -101,7 +101,10 @@ def plugin_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(python: Path, code: str, **env: str) -> subprocess.CompletedProcess:
+    """``code`` in the plugins' venv, the fast CPU backend disabled so that cpu_ref is the CPU floor
+    these tests fall back to."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    full_env["HAL_DISABLE_PLUGINS"] = "cpu"
     full_env.update(env)
     return subprocess.run([str(python), "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=120)
 
@@ -181,7 +184,7 @@ def test_disable_plugins_env(plugin_venv: Path) -> None:
         print(hal.explain("softmax", np.ones((2, 2), np.float32)).backend)
         print([b.reason for b in hal.backends() if b.name == "toy"][0])
         """,
-        HAL_DISABLE_PLUGINS="toy,broken",
+        HAL_DISABLE_PLUGINS="toy,broken,cpu",
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["cpu_ref", "disabled by HAL_DISABLE_PLUGINS"]

@@ -29,4 +29,4 @@ from ._device import devices  # noqa: E402
 plugin.define_backend(priority=50, device_types=("cpu",), devices=devices, array_api="torch")
 
 # Importing the families registers their kernels on `plugin`.
-from . import attention, conv, elementwise, gemm, mixed_precision, norm, quant  # noqa: E402,F401
+from . import attention, conv, elementwise, gemm, loss, mixed_precision, norm, quant, transformer  # noqa: E402,F401

@@ -83,12 +83,15 @@ def _f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momentum: float, eps: float) -> torch.Tensor:
-    """F.batch_norm; half-precision training in float32, the running statistics written back."""
-    if not (training and x.dtype in HALF):
+    """F.batch_norm; half-precision training, and half x beside float32 parameters or statistics,
+    in float32 (the running statistics written back)."""
+    params = [t for t in (running_mean, running_var, weight, bias) if t is not None]
+    mixed = any(t.dtype != x.dtype for t in params)
+    if not (x.dtype in HALF and (training or mixed)):
         return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     rm, rv = _f32(running_mean), _f32(running_var)
-    out = F.batch_norm(x.float(), rm, rv, _f32(weight), _f32(bias), True, momentum, eps)
-    for dst, src in ((running_mean, rm), (running_var, rv)):
+    out = F.batch_norm(x.float(), rm, rv, _f32(weight), _f32(bias), training, momentum, eps)
+    for dst, src in ((running_mean, rm), (running_var, rv)) if training else ():
         if dst is not None and dst is not src:
             dst.copy_(src)
     return out.to(x.dtype)
@@ -110,8 +113,10 @@ def bn_grads(g: torch.Tensor, x: torch.Tensor, running_mean, running_var, weight
             g, x, w = g.float(), x.float(), _f32(weight)
         _, mean, invstd = torch.native_batch_norm(x, w, None, None, None, True, 0.0, eps)
         gx, gw, gb = torch.ops.aten.native_batch_norm_backward(g, x, w, None, None, mean, invstd, True, eps, [True, True, True])
-    else:
-        gx, gw, gb = torch.ops.aten.native_batch_norm_backward(g, x, weight, running_mean, running_var, None, None, False, eps, [True, True, True])
+    else:  # one dtype for the kernel: float32 for half x (its statistics may be float32 beside it)
+        acc = torch.float32 if dtype in HALF else dtype
+        cast = [None if t is None else t.to(acc) for t in (g, x, weight, running_mean, running_var)]
+        gx, gw, gb = torch.ops.aten.native_batch_norm_backward(*cast, None, None, False, eps, [True, True, True])
     return gx.to(dtype), *param_grads(gw, gb, weight, bias, dtype)
 
 

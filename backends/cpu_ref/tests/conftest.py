@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import os
 
+from typing import Iterator
+
 import numpy as np
 import pytest
+
+import hal
+
+
+@pytest.fixture(autouse=True)
+def _reference_backend() -> Iterator[None]:
+    """Every call of these tests runs on cpu_ref, whatever faster CPU backend is installed."""
+    with hal.use(backend="cpu_ref"):
+        yield
 
 
 @pytest.fixture
