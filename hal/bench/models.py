@@ -10,8 +10,9 @@ optimizer and the loss scaling stay eager) and measures every variant the same w
 - **step time**: the median over batches of back-to-back steps timed with CUDA events (the host clock
   on the CPU), after the 20 steps of the loss trajectory, which absorb compilation and autotuning;
 - **throughput**: the workload's items (images, tokens) per step over the step time;
-- **peak memory**: ``torch.cuda.max_memory_allocated`` over the timed steps (parameters, optimizer
-  state and activations: everything alive during a step);
+- **peak memory**: ``torch.cuda.max_memory_allocated`` over the timed steps less what was allocated
+  before the variant was built (the timer's L2-flush buffer): parameters, optimizer state and
+  activations, everything of the variant alive during a step;
 - **host time per step**: the host clock from the call of the step to its return, started on an idle
   device (synchronised before, outside the clock) and synchronised after (outside the clock). A
   step that does not synchronise only queues work, so this is the CPU time spent issuing it. It is a
@@ -209,6 +210,7 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
     if variant.compile_mode:
         torch._dynamo.reset()  # each compiled variant compiles afresh (no recompile limit across variants)
     _free(device)
+    baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     try:
         step = workload.make(variant.impl, variant.compile_mode, device, seed)
     except NotApplicable as exc:
@@ -237,7 +239,7 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
         rec["step_us"] = timing["median_us"]
         rec["timed_steps"] = timing["reps"]
         if device.type == "cuda":
-            rec["peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
+            rec["peak_bytes"] = int(torch.cuda.max_memory_allocated(device)) - baseline
         rec["host_us"] = host_time_us(step, device)
         rec["syncs"] = count_syncs(step, device)
         rec["throughput"] = workload.items_per_step() / (rec["step_us"] * 1e-6)
