@@ -11,7 +11,8 @@
 #   pip download --no-deps -d .whl stevedore liger-kernel==0.8.5   # once, on this side; carry .whl
 #   HAL_COMMIT=<sha> benchmarks/models_h200.sh
 #
-# Each step has its own time limit (seconds; override with the variables below) so that the call
+# MODELS=a,b and VARIANTS=a,b pick rows and columns of the main table (default: all). Each step has
+# its own time limit (seconds; override with TESTS_LIMIT, MODELS_LIMIT, AUTOTUNE_LIMIT) so that the call
 # ends well inside the tool's 10 minutes, and results are written after every measured variant: a
 # step cut short keeps what finished. Progress lines go to the terminal as they come.
 set -uo pipefail
@@ -34,7 +35,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, progress to the ter
   tar czf "$OUT/run.tgz" -C "$out" --exclude=autotune --exclude=inductor .
 }
 step gpu-tests "${TESTS_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device/test_model_steps.py
-step models "${MODELS_LIMIT:-270}" python3 -m hal bench --models --no-max-autotune --out "$out/models"
+step models "${MODELS_LIMIT:-270}" python3 -m hal bench --models ${MODELS:-} ${VARIANTS:+--variants "$VARIANTS"} --no-max-autotune --out "$out/models"
 step max-autotune "${AUTOTUNE_LIMIT:-75}" python3 -m hal bench --models resnet50_infer_fp16,resnet50_infer_bf16,llama_prefill \
   --variants "hal,compile max-autotune" --out "$out/models-max-autotune"
 for f in models/models.json models/models.md; do [ -f "$out/$f" ] && cp "$out/$f" "$OUT/"; done

@@ -21,7 +21,9 @@ What is swapped (parameters, buffers and state_dict keys stay as they were):
 "Computes the same function" is checked, not assumed: a copy of the module with random parameters
 and its replacement are run on a random input; the replacement is used only if their results agree
 to the dtype's rounding (same dtype and shape). A module whose structure only looks like a known one
-(a Gemma RMSNorm scaling by ``1 + weight``, an MLP with another activation) is left alone.
+(a Gemma RMSNorm scaling by ``1 + weight``, an MLP with another activation) is left alone, and so
+is one the check cannot run on (parameters on the meta device). The check costs a copy of the
+module and one small forward of each (milliseconds per module).
 
 Left alone, on purpose: the rotary embedding and attention of ``transformers`` models (applied
 inside the attention module's forward through module-level functions and a per-configuration
@@ -147,17 +149,17 @@ def _randomised(m: nn.Module, gen: torch.Generator) -> nn.Module:
 def _agrees(original: nn.Module, replacement: nn.Module, width: int, ref: torch.Tensor) -> bool:
     """Both modules give the same dtype, shape and values (to rounding) on a random input."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, width, generator=gen).to(device=ref.device, dtype=ref.dtype)
     try:
+        x = torch.randn(2, 3, width, generator=gen).to(device=ref.device, dtype=ref.dtype)
         with torch.no_grad(), torch.autocast(ref.device.type, enabled=False):
             want, got = original(x), replacement(x)
-    except Exception as exc:  # noqa: BLE001 - a module that does not run on the probe is left alone
+        if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor) or want.dtype != got.dtype or want.shape != got.shape:
+            return False
+        rtol, atol = _AGREEMENT.get(want.dtype, (1e-4, 1e-5))
+        return bool(torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol))
+    except Exception as exc:  # noqa: BLE001 - a module that does not run on the probe (meta tensors, odd inputs) is left alone
         log.debug("hal.nn.patch: probe of %s failed: %s", type(original).__name__, exc)
         return False
-    if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor) or want.dtype != got.dtype or want.shape != got.shape:
-        return False
-    rtol, atol = _AGREEMENT.get(want.dtype, (1e-4, 1e-5))
-    return torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
 
 
 def _state_is(m: nn.Module, params: set[str], children: set[str]) -> bool:

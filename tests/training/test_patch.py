@@ -79,6 +79,26 @@ def test_llama_mlp_becomes_swiglu(seed: int) -> None:
     assert any(op == "swiglu" and c["calls"] for (op, _, _), c in hal.stats().items())
 
 
+def test_bfloat16_llama_patches_and_matches_to_rounding(seed: int) -> None:
+    model = _tiny_llama(seed).to(torch.bfloat16)
+    plain = copy.deepcopy(model)
+    hal.nn.patch(model)
+    assert isinstance(model.model.norm, RMSNorm)
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        got, want = model(input_ids=ids).logits, plain(input_ids=ids).logits
+    assert got.dtype == want.dtype == torch.bfloat16
+    err = float((got.double() - want.double()).norm() / want.double().norm())
+    assert err < 2e-2, err
+
+
+def test_meta_models_are_left_alone() -> None:
+    with torch.device("meta"):
+        model = nn.ModuleDict({"norm": _LlamaNormAlone(), "mlp": nn.Sequential(nn.Linear(4, 4), nn.ReLU())})
+    hal.nn.patch(model)
+    assert type(model["norm"]) is _LlamaNormAlone
+
+
 class GemmaStyleRMSNorm(nn.Module):
     """Looks like Llama's RMSNorm (weight, variance_epsilon) but scales by 1 + weight."""
 
