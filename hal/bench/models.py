@@ -51,7 +51,6 @@ SIZES = ("full", "cpu", "tiny")
 TRAJECTORY_STEPS = 20
 
 
-
 @dataclasses.dataclass
 class Step:
     """One step of a workload: ``step()`` runs it and returns its loss (training, forward +
@@ -122,6 +121,7 @@ class Workload(abc.ABC):
         return None
 
     def variants(self, use_compile: bool, max_autotune: bool) -> list[Variant]:
+        """The columns of this workload's row, in table order."""
         out = [EAGER]
         if use_compile:
             out.append(COMPILE)
@@ -331,12 +331,11 @@ def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Opti
             continue
 
         def save(row: dict[str, Any], rows: list = doc["models"], n: int = len(doc["models"])) -> None:
+            row["targets"] = judge(row, gpu)
             rows[n:] = [row]
             on_result(doc)
 
-        row = run_workload(workload, device, timer, seed, use_compile, max_autotune, set(variants) if variants else None, progress, save, steps)
-        row["targets"] = judge(row, gpu)
-        save(row)
+        run_workload(workload, device, timer, seed, use_compile, max_autotune, set(variants) if variants else None, progress, save, steps)
     return doc
 
 
