@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
