@@ -51,7 +51,8 @@ def _bytes(n: Optional[int]) -> str:
 
 
 def _cell(rec: Optional[dict[str, Any]]) -> str:
-    """One summary cell: time and ratio to hal (peer time / hal time), or why there is none."""
+    """One summary cell: time and ratio to hal (peer time / hal time; for hal+compile, torch.compile's
+    time / its time), or why there is none."""
     if rec is None:
         return "-"
     if "skipped" in rec:
@@ -61,11 +62,9 @@ def _cell(rec: Optional[dict[str, Any]]) -> str:
     text = _us(rec["step_us"])
     if rec["variant"] == "hal":
         return f"**{text}**"
-    if rec.get("ratio") is not None:
-        text += f" ({_x(rec['ratio'])})"
-    if rec.get("ratio_vs_compile") is not None:
-        text += f"; compile/this {_x(rec['ratio_vs_compile'])}"
-    return text
+    if rec["variant"] == "hal+compile":  # its peer is torch.compile: compile time / hal+compile time
+        return text + (f" ({_x(rec['ratio_vs_compile'])} vs compile)" if rec.get("ratio_vs_compile") is not None else "")
+    return text + (f" ({_x(rec['ratio'])})" if rec.get("ratio") is not None else "")
 
 
 def _check(rec: dict[str, Any], kind: str) -> str:
@@ -88,7 +87,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         "",
         "Step time: median over batches of back-to-back steps (CUDA events on a GPU, the host clock on the CPU), after the "
         f"{doc.get('steps')} steps of the loss trajectory (compilation and autotuning happen there). Ratios are peer time / hal time: above "
-        "1× hal is faster. Host time: host clock from the call of a step to its return on an idle device (synchronised "
+        "1× hal is faster (hal+compile: torch.compile time / hal+compile time). Host time: host clock from the call of a step to its return on an idle device (synchronised "
         f"before and after, outside the clock); on the CPU the step time is all host time. Check: loss at step 1 → step {doc.get('steps')} "
         "from the same seed and data; for inference, the relative error of the output against the eager model in float32.",
         "",
