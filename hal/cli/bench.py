@@ -4,6 +4,8 @@
     hal bench --ops layer_norm,softmax --json
     hal bench --backend cpu_ref     # CPU inputs, small sizes, a few seconds
     hal bench --collectives --world-size 2 --device cuda
+    hal bench --models                          # whole models (hal.bench.models), every peer
+    hal bench --models llama_train,moe_fwd_bwd --model-size cpu --out DIR
 
 On a GPU the inputs are the sizes of issue 5's performance table and the report includes the
 fraction of the measured copy bandwidth and matrix rate, and each target met or missed.
@@ -35,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compile_group.add_argument("--no-compile", dest="use_compile", action="store_false", help="leave torch.compile out (default on the CPU)")
     parser.add_argument("--compile-mode", metavar="MODE", help="torch.compile mode for every case (default: per case)")
     parser.add_argument("--collectives", action="store_true", help="benchmark hal.dist collectives instead (hal.dist.bench)")
+    models = parser.add_argument_group("whole models (with --models)")
+    models.add_argument("--models", metavar="a,b", nargs="?", const=[], type=_csv,
+                        help="time whole models instead of ops (all, or those named: resnet50_train, resnet50_infer_fp16, "
+                             "resnet50_infer_bf16, llama_train, llama_prefill, moe_fwd_bwd); writes models.json and models.md with --out")
+    models.add_argument("--model-size", choices=("full", "cpu", "tiny"), help="model sizes (default: full on a GPU, cpu on the CPU)")
+    models.add_argument("--variants", metavar="a,b", type=_csv, help="only these columns (eager, compile, 'compile max-autotune', hal, hal+compile, liger, ...)")
+    models.add_argument("--no-max-autotune", dest="max_autotune", action="store_false", help="leave out torch.compile max-autotune-no-cudagraphs for inference")
     try:
         from hal.dist import bench as dist_bench
     except ImportError:
@@ -63,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"hal bench --collectives: hal.dist.bench is not available in this installation ({exc})", file=sys.stderr)
             return 2
         return int(run_collectives_bench(args) or 0)
+    if args.models is not None:
+        return run_models(args)
     from hal.bench import report, runner
 
     device = _device(args.backend)
@@ -83,3 +94,29 @@ def run(args: argparse.Namespace) -> int:
     print(report.to_json(doc) if args.json else report.to_markdown(doc))
     errors = [r for r in doc["results"] if "error" in r]
     return 1 if errors else 0
+
+
+def run_models(args: argparse.Namespace) -> int:
+    """``hal bench --models``: the whole-model table (hal.bench.models), saved after every variant."""
+    from hal.bench import models, models_report, report
+
+    device = _device(args.backend)
+
+    def save(doc: dict) -> None:
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "models.json").write_text(report.to_json(doc) + "\n")
+            (args.out / "models.md").write_text(models_report.to_markdown(doc))
+
+    progress = (lambda s: print(f"hal bench --models: {s}", file=sys.stderr, flush=True))
+    with hal.use(backend=args.backend) if args.backend else contextlib.nullcontext():
+        try:
+            doc = models.run(device, args.models or None, args.model_size, args.use_compile, args.max_autotune, args.variants,
+                             progress=progress, on_result=save)
+        except ValueError as exc:
+            print(f"hal bench --models: {exc}", file=sys.stderr)
+            return 2
+    save(doc)
+    print(report.to_json(doc) if args.json else models_report.to_markdown(doc))
+    failed = [r for row in doc["models"] for r in row["variants"] if "error" in r]
+    return 1 if failed else 0

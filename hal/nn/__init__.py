@@ -3,9 +3,12 @@
 - :class:`FusedConvBNReLU2d`: conv -> batch-norm -> ReLU (state_dict of ``nn.Sequential(Conv2d,
   BatchNorm2d, ReLU)``); :class:`Linear` with a fused activation; :class:`LayerNorm`, :class:`RMSNorm`.
 - :func:`fuse`: a torch.fx pass replacing conv -> bn -> relu and linear -> activation chains.
+- :func:`patch`: the same modules swapped in place by structure, without tracing (models torch.fx
+  cannot trace, such as Hugging Face ``transformers`` models).
 """
 
 from hal.nn.fuse import fuse
 from hal.nn.modules import FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm
+from hal.nn.patch import patch
 
-__all__ = ["FusedConvBNReLU2d", "Linear", "LayerNorm", "RMSNorm", "fuse"]
+__all__ = ["FusedConvBNReLU2d", "Linear", "LayerNorm", "RMSNorm", "fuse", "patch"]

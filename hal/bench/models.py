@@ -1,0 +1,348 @@
+"""Whole-model benchmarks (``hal bench --models``): one training or inference step of a real model,
+timed for eager PyTorch, torch.compile, hal, hal under torch.compile and other peers (Liger-Kernel),
+in one run on one device.
+
+A model is a :class:`Workload`: it builds, from a seed, the model, its data and its optimizer for
+one *implementation* (``torch``, ``hal``, ``liger``, or a workload's own peer) and returns the step as
+a closure; the harness applies torch.compile through the workload (the model is compiled, the
+optimizer and the loss scaling stay eager) and measures every variant the same way:
+
+- **step time**: the median over batches of back-to-back steps timed with CUDA events (the host clock
+  on the CPU), after the 20 steps of the loss trajectory, which absorb compilation and autotuning;
+- **throughput**: the workload's items (images, tokens) per step over the step time;
+- **peak memory**: ``torch.cuda.max_memory_allocated`` over the timed steps less what was allocated
+  before the variant was built (the timer's L2-flush buffer): parameters, optimizer state and
+  activations, everything of the variant alive during a step;
+- **host time per step**: the host clock from the call of the step to its return, started on an idle
+  device (synchronised before, outside the clock) and synchronised after (outside the clock). A
+  step that does not synchronise only queues work, so this is the CPU time spent issuing it. It is a
+  true host time as long as the device keeps up with the host: when the device is slower (a
+  device-bound step), the host may block on a full launch queue and the figure approaches the step
+  time; ``host_bound`` says the host time is at least 90% of the step time;
+- **syncs**: the host synchronisations of one step (``torch.cuda.set_sync_debug_mode("warn")``);
+- **check**: training and forward + backward steps: the loss after 20 steps from the same seed and
+  data (next to eager's); inference: the relative error ‖out − ref‖ / ‖ref‖ of the output against
+  the eager model run in float32 on the same input.
+
+Sizes come from a preset (:data:`SIZES`): ``full`` (the issue's sizes, for a GPU), ``cpu`` (small
+models that take milliseconds per step on a CPU) and ``tiny`` (the CI tests).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import gc
+import statistics
+import time
+import traceback
+import warnings
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .timing import Timer
+
+#: the size presets of every workload
+SIZES = ("full", "cpu", "tiny")
+
+#: steps of the loss trajectory (the first ones compile; none of them is timed)
+TRAJECTORY_STEPS = 20
+
+
+@dataclasses.dataclass
+class Step:
+    """One step of a workload: ``step()`` runs it and returns its loss (training, forward +
+    backward) or output (inference); ``model`` is the module it trains or runs (for the tests)."""
+
+    run: Callable[[], torch.Tensor]
+    model: nn.Module
+
+    def __call__(self) -> torch.Tensor:
+        return self.run()
+
+
+class NotApplicable(Exception):
+    """A variant that this workload cannot run here (the reason goes into the table)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One column of the table: an implementation of the model, optionally under torch.compile."""
+
+    name: str
+    impl: str  # "torch", "hal", "liger" or a workload's own peer
+    compile_mode: Optional[str] = None  # None: not compiled; "default" or a torch.compile mode
+
+
+EAGER = Variant("eager", "torch")
+COMPILE = Variant("compile", "torch", "default")
+COMPILE_MAX_AUTOTUNE = Variant("compile max-autotune", "torch", "max-autotune-no-cudagraphs")
+HAL = Variant("hal", "hal")
+HAL_COMPILE = Variant("hal+compile", "hal", "default")
+LIGER = Variant("liger", "liger")
+
+
+class Workload(abc.ABC):
+    """One model and one kind of step (training, inference, forward + backward)."""
+
+    #: short name used on the command line
+    name: str = ""
+    #: "train", "infer" or "fwd_bwd"
+    kind: str = "train"
+    #: what the throughput counts ("images", "tokens")
+    unit: str = "items"
+
+    def __init__(self, size: str = "full") -> None:
+        if size not in SIZES:
+            raise ValueError(f"size must be one of {', '.join(SIZES)}, not {size!r}")
+        self.size = size
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The row label: model, step, dtype, layout, batch."""
+
+    @abc.abstractmethod
+    def items_per_step(self) -> int:
+        """Images or tokens processed by one step."""
+
+    @abc.abstractmethod
+    def make(self, impl: str, compile_mode: Optional[str], device: torch.device, seed: int) -> Step:
+        """The step closure of implementation ``impl`` (model built from ``seed``; data from
+        ``seed + 1``, identical for every implementation). Raises :class:`NotApplicable`."""
+
+    def extra_variants(self) -> list[Variant]:
+        """Peers of this workload only (for example torch's grouped GEMM for the MoE layer)."""
+        return []
+
+    def reference(self, device: torch.device, seed: int) -> Optional[torch.Tensor]:
+        """Inference: the output of the eager model in float32 on the same input (None otherwise)."""
+        return None
+
+    def variants(self, use_compile: bool, max_autotune: bool) -> list[Variant]:
+        """The columns of this workload's row, in table order."""
+        out = [EAGER]
+        if use_compile:
+            out.append(COMPILE)
+            if max_autotune and self.kind == "infer":
+                out.append(COMPILE_MAX_AUTOTUNE)
+        out.append(HAL)
+        if use_compile:
+            out.append(HAL_COMPILE)
+        out.append(LIGER)
+        return out + self.extra_variants()
+
+
+def compiled(module: nn.Module, mode: Optional[str]) -> Callable[..., Any]:
+    """``module`` itself, or torch.compile of it in ``mode`` ("default": torch.compile's default)."""
+    if mode is None:
+        return module
+    return torch.compile(module, mode=None if mode == "default" else mode)
+
+
+def data_generator(seed: int) -> torch.Generator:
+    """The CPU generator the data of every implementation is drawn from (``seed + 1``)."""
+    return torch.Generator().manual_seed(seed + 1)
+
+
+# --- measurement ---------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def host_time_us(step: Callable[[], Any], device: torch.device, reps: int = 7) -> Optional[float]:
+    """Median host time of issuing one step on an idle device (module docstring); None on the CPU,
+    where every op runs synchronously and the step time is all host time."""
+    if device.type != "cuda":
+        return None
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize(device)
+        times.append((t1 - t0) * 1e6)
+    return statistics.median(times)
+
+
+def count_syncs(step: Callable[[], Any], device: torch.device) -> Optional[int]:
+    """Host synchronisations during one step (CUDA's sync debug mode, warnings counted)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize(device)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64."""
+    a, b = out.detach().double(), ref.detach().double()
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-300))
+
+
+def measure_variant(workload: Workload, variant: Variant, device: torch.device, timer: Timer, seed: int,
+                    reference: Optional[torch.Tensor], steps: int = TRAJECTORY_STEPS) -> dict[str, Any]:
+    """One record: times in microseconds, peak memory in bytes, the check value after ``steps``."""
+    rec: dict[str, Any] = {"variant": variant.name, "impl": variant.impl, "compile_mode": variant.compile_mode}
+    if variant.compile_mode:
+        torch._dynamo.reset()  # each compiled variant compiles afresh (no recompile limit across variants)
+    _free(device)
+    baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    try:
+        step = workload.make(variant.impl, variant.compile_mode, device, seed)
+    except NotApplicable as exc:
+        rec["skipped"] = str(exc)
+        return rec
+    except Exception as exc:  # noqa: BLE001 - one variant failing is recorded, the run goes on
+        traceback.print_exc()
+        rec["error"] = f"build: {_error(exc)}"
+        return rec
+    try:
+        t0 = time.perf_counter()
+        first = step()
+        _sync(device)
+        rec["first_step_s"] = time.perf_counter() - t0
+        outputs = [first.detach()] + [step().detach() for _ in range(steps - 1)]
+        _sync(device)
+        if workload.kind == "infer":
+            rec["rel_err"] = relative_error(outputs[-1], reference) if reference is not None else None
+        else:
+            rec["loss_first"] = float(outputs[0])
+            rec["loss"] = float(outputs[-1])
+        del outputs, first
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        timing = timer(step, warmup=0)
+        rec["step_us"] = timing["median_us"]
+        rec["timed_steps"] = timing["reps"]
+        if device.type == "cuda":
+            rec["peak_bytes"] = int(torch.cuda.max_memory_allocated(device)) - baseline
+        rec["host_us"] = host_time_us(step, device)
+        rec["syncs"] = count_syncs(step, device)
+        rec["throughput"] = workload.items_per_step() / (rec["step_us"] * 1e-6)
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        rec["error"] = _error(exc)
+    del step
+    if variant.compile_mode:
+        torch._dynamo.reset()  # frees the compiled graphs
+    _free(device)
+    return rec
+
+
+def add_ratios(row: dict[str, Any]) -> None:
+    """Each variant's ``ratio``: its step time over hal's (above 1: hal is faster); hal+compile's
+    also over compile's (``ratio_vs_compile``: compile time / hal+compile time)."""
+    by_name = {r["variant"]: r for r in row["variants"]}
+    hal_us = by_name.get("hal", {}).get("step_us")
+    for r in row["variants"]:
+        if "step_us" in r and hal_us:
+            r["ratio"] = r["step_us"] / hal_us
+    hc, c = by_name.get("hal+compile", {}), by_name.get("compile", {})
+    if hc.get("step_us") and c.get("step_us"):
+        hc["ratio_vs_compile"] = c["step_us"] / hc["step_us"]
+
+
+def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: int, use_compile: bool, max_autotune: bool,
+                 wanted: Optional[set[str]] = None, progress: Callable[[str], None] = lambda s: None,
+                 on_variant: Callable[[dict[str, Any]], None] = lambda row: None, steps: int = TRAJECTORY_STEPS) -> dict[str, Any]:
+    """The row of one workload: every variant measured in turn (``on_variant`` after each)."""
+    row: dict[str, Any] = {"model": workload.name, "kind": workload.kind, "describe": workload.describe(), "unit": workload.unit,
+                           "items_per_step": workload.items_per_step(), "variants": []}
+    reference = None
+    if workload.kind == "infer":
+        try:
+            reference = workload.reference(device, seed)
+        except Exception as exc:  # noqa: BLE001
+            row["reference_error"] = _error(exc)
+        _free(device)
+    for variant in workload.variants(use_compile, max_autotune):
+        if wanted and variant.name not in wanted:
+            continue
+        t0 = time.perf_counter()
+        progress(f"{workload.name}: {variant.name} ...")
+        rec = measure_variant(workload, variant, device, timer, seed, reference, steps)
+        row["variants"].append(rec)
+        add_ratios(row)
+        state = rec.get("skipped") or rec.get("error") or f"{rec['step_us'] / 1000:.2f} ms/step"
+        progress(f"{workload.name}: {variant.name}: {state} ({time.perf_counter() - t0:.0f} s)")
+        on_variant(row)
+    return row
+
+
+def all_workloads(size: str) -> list[Workload]:
+    """Every workload at ``size``, in the order of the table."""
+    from .models_llama import LlamaPrefill, LlamaTrain
+    from .models_moe import MoEForwardBackward
+    from .models_resnet import ResNetInference, ResNetTrain
+
+    return [ResNetTrain(size), ResNetInference(size, torch.float16), ResNetInference(size, torch.bfloat16),
+            LlamaTrain(size), LlamaPrefill(size), MoEForwardBackward(size)]
+
+
+def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Optional[str] = None, use_compile: Optional[bool] = None,
+        max_autotune: bool = True, variants: Optional[Sequence[str]] = None, seed: int = 0,
+        progress: Callable[[str], None] = lambda s: None, on_result: Callable[[dict[str, Any]], None] = lambda doc: None,
+        steps: int = TRAJECTORY_STEPS, budget_s: Optional[float] = None) -> dict[str, Any]:
+    """Measure the workloads (all, or those named in ``models``) on ``device``; returns the result
+    document (``on_result`` sees it after every variant, to save partial results). ``steps``: the
+    length of the loss trajectory; ``budget_s``: the timing budget per variant (default 1 s on a
+    GPU, 0.3 s on the CPU)."""
+    from .models_report import judge
+    from .runner import environment
+
+    gpu = device.type == "cuda"
+    size = size or ("full" if gpu else "cpu")
+    if use_compile is None:
+        use_compile = True
+    workloads = all_workloads(size)
+    known = {w.name for w in workloads}
+    unknown = sorted(set(models or ()) - known)
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    timer = Timer(device, budget_s=budget_s or (1.0 if gpu else 0.3), min_reps=3)
+    doc: dict[str, Any] = environment(device)
+    doc.update(size=size, seed=seed, steps=steps, compile={"enabled": use_compile, "max_autotune": max_autotune}, liger=_liger_version(), models=[])
+    for workload in workloads:
+        if models and workload.name not in models:
+            continue
+
+        def save(row: dict[str, Any], rows: list = doc["models"], n: int = len(doc["models"])) -> None:
+            row["targets"] = judge(row, gpu)
+            rows[n:] = [row]
+            on_result(doc)
+
+        run_workload(workload, device, timer, seed, use_compile, max_autotune, set(variants) if variants else None, progress, save, steps)
+    return doc
+
+
+def _liger_version() -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version("liger-kernel")
+    except Exception:  # noqa: BLE001 - not installed
+        return None

@@ -1,0 +1,244 @@
+"""``hal.nn.patch(model)``: hal's modules swapped into a model in place, by structure, without
+tracing: for models torch.fx cannot trace (Hugging Face ``transformers`` models among them).
+
+What is swapped (parameters, buffers and state_dict keys stay as they were):
+
+- ``nn.LayerNorm`` and ``nn.RMSNorm`` (exact types) become ``hal.nn.LayerNorm`` / ``hal.nn.RMSNorm``
+  (the class of the module object changes; hal's classes add no state).
+- RMSNorm modules written as Llama's (``transformers``' ``LlamaRMSNorm``, ``MistralRMSNorm``,
+  ``Qwen2RMSNorm`` ...): a module whose only state is a 1-d ``weight`` and a float
+  ``variance_epsilon`` becomes :class:`RMSNorm` (``hal.ops.rms_norm`` in the dtype that ``weight *
+  x`` promotes to), if it computes the same function (below).
+- SwiGLU MLPs written as Llama's: a module with ``nn.Linear`` children ``gate_proj``, ``up_proj``,
+  ``down_proj`` and an activation child ``act_fn`` (and no other state) becomes :class:`SwiGLUMLP`
+  (``down_proj(hal.ops.swiglu(gate_proj(x), up_proj(x)))``, the same linear modules), if it
+  computes the same function.
+- ``nn.Sequential`` (exact type) holding conv -> batch-norm -> ReLU or linear -> activation chains
+  becomes :class:`Sequential`, whose forward runs each chain as one fused hal op
+  (``hal.nn.FusedConvBNReLU2d``, ``hal.nn.Linear`` with the activation) over the same child modules.
+  A module with hooks is never part of a chain (the hooks would no longer run).
+
+"Computes the same function" is checked, not assumed: a copy of the module with random parameters
+and its replacement are run on a random input; the replacement is used only if their results agree
+to the dtype's rounding (same dtype and shape). A module whose structure only looks like a known one
+(a Gemma RMSNorm scaling by ``1 + weight``, an MLP with another activation) is left alone, and so
+is one the check cannot run on (parameters on the meta device). The check costs a copy of the
+module and one small forward of each (milliseconds per module).
+
+Left alone, on purpose: the rotary embedding and attention of ``transformers`` models (applied
+inside the attention module's forward through module-level functions and a per-configuration
+attention registry; swapping them would mean a process-wide monkey patch or a copy of the model's
+forward), and the LM head and its loss (``LlamaForCausalLM.forward`` returns the logits, which a
+fused linear cross-entropy never materialises).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+import hal
+from hal.nn.fuse import _ACT_MODULES
+from hal.nn.modules import FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm as HalRMSNorm, fusion_problem
+
+log = logging.getLogger("hal.nn.patch")
+
+#: (rtol, atol) within which a replacement must agree with the module it replaces
+_AGREEMENT = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-10, 1e-12), torch.float16: (1e-2, 1e-3), torch.bfloat16: (3e-2, 1e-2)}
+
+
+class RMSNorm(nn.Module):
+    """Llama-style RMSNorm on ``hal.ops.rms_norm``: ``weight * x / sqrt(mean(x²) + eps)`` in the
+    dtype that ``weight`` and ``x`` promote to (as ``transformers``' ``LlamaRMSNorm`` returns it,
+    rounded once instead of twice). Attributes ``weight`` and ``variance_epsilon`` as there."""
+
+    def __init__(self, weight: nn.Parameter, variance_epsilon: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.variance_epsilon = variance_epsilon
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.promote_types(x.dtype, self.weight.dtype)
+        return hal.ops.rms_norm(x.to(dtype), (x.shape[-1],), self.weight.to(dtype), self.variance_epsilon)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+class SwiGLUMLP(nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` with the gate and product as one
+    ``hal.ops.swiglu`` call; the three ``nn.Linear`` children are those of the replaced MLP."""
+
+    def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(hal.ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class Sequential(nn.Sequential):
+    """``nn.Sequential`` whose conv -> batch-norm -> ReLU and linear -> activation runs are each one
+    fused hal call over the same child modules. The plan follows the children: it is rebuilt when
+    a child or its weight or bias is replaced, or a child gains or loses hooks."""
+
+    _hal_key: Optional[tuple] = None
+    _hal_steps: tuple = ()
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Sequential's name
+        children = tuple(self._modules.values())
+        key = _plan_key(children)
+        if key != self._hal_key:
+            self._hal_steps, self._hal_key = _plan(children), key
+        for run in self._hal_steps:
+            if isinstance(run, FusedConvBNReLU2d):
+                run.training = self.training  # the wrapper is not a child: .train() does not reach it
+            input = run(input)
+        return input
+
+
+def _plan_key(children: tuple[nn.Module, ...]) -> tuple:
+    return tuple((id(m), id(getattr(m, "weight", None)), id(getattr(m, "bias", None)), _has_hooks(m)) for m in children)
+
+
+def _has_hooks(m: nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or getattr(m, "_backward_pre_hooks", None))
+
+
+def _activation(m: nn.Module) -> Optional[str]:
+    rule = _ACT_MODULES.get(type(m))
+    return rule(m) if rule is not None and not _has_hooks(m) else None
+
+
+def _plan(children: tuple[nn.Module, ...]) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+    """The callables a :class:`Sequential` runs: fused wrappers for its chains, children elsewhere."""
+    steps: list[Callable[[torch.Tensor], torch.Tensor]] = []
+    i = 0
+    while i < len(children):
+        m = children[i]
+        nxt = children[i + 1] if i + 1 < len(children) else None
+        after = children[i + 2] if i + 2 < len(children) else None
+        if (type(m) is nn.Conv2d and nxt is not None and after is not None and not fusion_problem(m, nxt)
+                and _activation(after) == "relu" and not _has_hooks(m) and not _has_hooks(nxt)):
+            steps.append(FusedConvBNReLU2d.from_modules(m, nxt))
+            i += 3
+        elif type(m) is nn.Linear and nxt is not None and _activation(nxt) is not None and not _has_hooks(m):
+            steps.append(Linear.from_linear(m, _activation(nxt)))
+            i += 2
+        else:
+            steps.append(m)
+            i += 1
+    return tuple(steps)
+
+
+def _randomised(m: nn.Module, gen: torch.Generator) -> nn.Module:
+    """A deep copy of ``m`` whose floating parameters are drawn at random (an initial weight of
+    ones or zeros would hide what the module does with it)."""
+    trial = copy.deepcopy(m)
+    with torch.no_grad():
+        for p in trial.parameters():
+            if p.is_floating_point():
+                p.copy_((torch.randn(p.shape, generator=gen) * 0.5 + 1.0).to(p.dtype))
+    return trial
+
+
+def _agrees(original: nn.Module, replacement: nn.Module, width: int, ref: torch.Tensor) -> bool:
+    """Both modules give the same dtype, shape and values (to rounding) on a random input."""
+    gen = torch.Generator().manual_seed(0)
+    try:
+        x = torch.randn(2, 3, width, generator=gen).to(device=ref.device, dtype=ref.dtype)
+        with torch.no_grad(), torch.autocast(ref.device.type, enabled=False):
+            want, got = original(x), replacement(x)
+        if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor) or want.dtype != got.dtype or want.shape != got.shape:
+            return False
+        rtol, atol = _AGREEMENT.get(want.dtype, (1e-4, 1e-5))
+        return bool(torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol))
+    except Exception as exc:  # noqa: BLE001 - a module that does not run on the probe (meta tensors, odd inputs) is left alone
+        log.debug("hal.nn.patch: probe of %s failed: %s", type(original).__name__, exc)
+        return False
+
+
+def _state_is(m: nn.Module, params: set[str], children: set[str]) -> bool:
+    return ({n for n, _ in m.named_parameters(recurse=False)} == params and not list(m.buffers(recurse=False))
+            and set(m._modules) == children)
+
+
+def _llama_rms_norm(m: nn.Module) -> Optional[nn.Module]:
+    weight = getattr(m, "weight", None)
+    if not (_state_is(m, {"weight"}, set()) and isinstance(getattr(m, "variance_epsilon", None), float) and weight.dim() == 1):
+        return None
+    trial = _randomised(m, torch.Generator().manual_seed(1))
+    if not _agrees(trial, RMSNorm(trial.weight, trial.variance_epsilon), weight.shape[0], weight):
+        return None
+    return RMSNorm(m.weight, m.variance_epsilon)
+
+
+def _swiglu_mlp(m: nn.Module) -> Optional[nn.Module]:
+    names = ("gate_proj", "up_proj", "down_proj")
+    if not _state_is(m, set(), {*names, "act_fn"}) or not all(type(m._modules[n]) is nn.Linear for n in names):
+        return None
+    if any(_has_hooks(c) for c in m.modules()):
+        return None
+    trial = _randomised(m, torch.Generator().manual_seed(2))
+    gate = m._modules["gate_proj"]
+    if not _agrees(trial, SwiGLUMLP(*(trial._modules[n] for n in names)), gate.in_features, gate.weight):
+        return None
+    replacement = SwiGLUMLP(*(m._modules[n] for n in names))
+    replacement.train(m.training)
+    return replacement
+
+
+def _swap(m: nn.Module) -> Optional[nn.Module]:
+    """The module to put in ``m``'s place (``m`` itself when its class was changed), or None."""
+    if _has_hooks(m):
+        return None
+    if type(m) is nn.LayerNorm:
+        m.__class__ = LayerNorm
+        return m
+    if type(m) is nn.RMSNorm:
+        m.__class__ = HalRMSNorm
+        return m
+    if type(m) is nn.Sequential:
+        if any(s is not c for s, c in zip(_plan(tuple(m._modules.values())), m._modules.values())):
+            m.__class__ = Sequential
+            return m
+        return None
+    return _llama_rms_norm(m) or _swiglu_mlp(m)
+
+
+def patch(model: nn.Module) -> nn.Module:
+    """Swap hal's modules into ``model`` in place (module docstring: what, and when) and return it.
+
+    Never changes what the model computes beyond the dtypes' rounding; a module that cannot be
+    recognised is left as it is. Logs (logger ``hal.nn.patch``, INFO) how many modules of each kind
+    were swapped. Raises ValueError when ``model`` itself would have to be replaced (patch its
+    parent, or the model's submodules)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"hal.nn.patch expects an nn.Module, got {type(model).__name__}")
+    top = _swap(model)
+    if top is not None and top is not model:
+        raise ValueError(f"hal.nn.patch cannot replace the model itself ({type(model).__name__}); call it on a module that contains it")
+    counts: dict[str, int] = {}
+    if top is not None:
+        counts[type(model).__name__] = 1
+    _patch_children(model, counts, set())
+    log.info("hal.nn.patch: %s", ", ".join(f"{n} x{c}" for n, c in sorted(counts.items())) or "nothing to swap")
+    return model
+
+
+def _patch_children(parent: nn.Module, counts: dict[str, int], seen: set[int]) -> None:
+    for name, child in list(parent._modules.items()):
+        if child is None or id(child) in seen:
+            continue
+        seen.add(id(child))
+        new = _swap(child)
+        if new is not None:
+            counts[type(new).__name__] = counts.get(type(new).__name__, 0) + 1
+            if new is not child:
+                parent._modules[name] = new
+                seen.add(id(new))
+        _patch_children(new if new is not None else child, counts, seen)
