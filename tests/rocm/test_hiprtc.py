@@ -64,41 +64,41 @@ def hiprtc_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _compile_in_subprocess(folder: Path, arch: str, source: str, out: Path) -> subprocess.CompletedProcess:
+def _compile_in_subprocess(folder: Path, arch: str, sources: dict[str, str], out: Path) -> dict:
+    """Each source compiled by the plugin's hiprtc function in one subprocess: {name: result}."""
     code = f"""
-        import json, sys
+        import json
         from hal_backend_rocm.hiprtc import HiprtcError, compile_source
-        try:
-            co = compile_source({source!r}, {arch!r}, name="block_sum.hip", options=["-O3"], headers={{"wave.h": {HEADER!r}}})
-        except HiprtcError as exc:
-            print(json.dumps({{"error": str(exc), "log": exc.log}}))
-            sys.exit(0)
-        open({str(out)!r}, "wb").write(co.code)
-        print(json.dumps({{"arch": co.arch, "size": len(co.code), "log": co.log}}))
+        results = {{}}
+        for name, source in {sources!r}.items():
+            try:
+                co = compile_source(source, {arch!r}, name=name + ".hip", options=["-O3"], headers={{"wave.h": {HEADER!r}}})
+            except HiprtcError as exc:
+                results[name] = {{"error": str(exc), "log": exc.log}}
+                continue
+            open({str(out)!r} + "/" + name + ".co", "wb").write(co.code)
+            results[name] = {{"arch": co.arch, "size": len(co.code), "log": co.log}}
+        print(json.dumps(results))
         """
     env = {**os.environ, "LD_LIBRARY_PATH": f"{folder}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120)
-
-
-def test_hiprtc_compiles_for_gfx90a(hiprtc_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "block_sum.co"
-    r = _compile_in_subprocess(hiprtc_dir, "gfx90a", SOURCE, out)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    result = json.loads(r.stdout.strip().splitlines()[-1])
-    assert result.get("arch") == "gfx90a" and result["size"] > 1000, result
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_hiprtc_compiles_for_gfx90a_and_reports_the_log(hiprtc_dir: Path, tmp_path: Path) -> None:
+    broken = SOURCE.replace("v += x[i];", "v += x[i] +;")
+    results = _compile_in_subprocess(hiprtc_dir, "gfx90a", {"block_sum": SOURCE, "broken": broken}, tmp_path)
+    good = results["block_sum"]
+    assert good.get("arch") == "gfx90a" and good["size"] > 1000, good
+    out = tmp_path / "block_sum.co"
     assert out.read_bytes()[:4] == b"\x7fELF"
     notes = _notes(out)
     assert "amdhsa.target:   amdgcn-amd-amdhsa--gfx90a" in notes and ".wavefront_size: 64" in notes
     assert ".name:           block_sum" in notes and ".group_segment_fixed_size: 64" in notes  # 16 floats of LDS
-
-
-def test_hiprtc_reports_the_compiler_log(hiprtc_dir: Path, tmp_path: Path) -> None:
-    broken = SOURCE.replace("v += x[i];", "v += x[i] +;")
-    r = _compile_in_subprocess(hiprtc_dir, "gfx90a", broken, tmp_path / "none.co")
-    assert r.returncode == 0, r.stderr
-    result = json.loads(r.stdout.strip().splitlines()[-1])
-    assert "hiprtcCompileProgram of block_sum.hip for gfx90a returned HIPRTC_ERROR_COMPILATION" in result["error"]
-    assert "error: expected expression" in result["log"]
+    bad = results["broken"]
+    assert "hiprtcCompileProgram of broken.hip for gfx90a returned HIPRTC_ERROR_COMPILATION" in bad["error"]
+    assert "error: expected expression" in bad["log"] and not (tmp_path / "broken.co").exists()
 
 
 def test_hipcc_compiles_the_same_source_for_gfx90a(tmp_path: Path) -> None:

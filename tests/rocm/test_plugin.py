@@ -65,17 +65,6 @@ def test_unloadable_runtime_is_a_reason(tmp_path: Path) -> None:
     assert "libamdhip64.so: file too short" in r.stdout and "LD_LIBRARY_PATH" in r.stdout
 
 
-def test_missing_hip_python_is_a_reason() -> None:
-    r = _run("""
-        import sys
-        sys.modules["hip"] = None  # as if hip-python were not installed
-        from hal_backend_rocm import _hip
-        print(_hip.runtime_problem())
-        """)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("hip-python is not installed") and "pip install hip-python" in r.stdout
-
-
 def test_probe_reasons() -> None:
     assert torch_problem("6.2.41133", None) is None
     assert torch_problem(None, None).startswith(NOT_ROCM) and "a CPU build" in torch_problem(None, None)
@@ -84,10 +73,19 @@ def test_probe_reasons() -> None:
     assert probe_reason("a", None) == "a" and probe_reason(None, "b") == "b" and probe_reason("a", "b") == "a; b"
 
 
-def test_importing_the_plugin_touches_neither_hip_nor_triton() -> None:
-    r = _run("import sys, hal_backend_rocm; print('triton' in sys.modules, 'hip' in sys.modules)")
+def test_import_touches_neither_hip_nor_triton_and_a_missing_hip_python_is_a_reason() -> None:
+    r = _run("""
+        import sys
+        import hal_backend_rocm
+        print('triton' in sys.modules, 'hip' in sys.modules)
+        sys.modules["hip"] = None  # as if hip-python were not installed (it was not imported yet)
+        from hal_backend_rocm import _hip
+        print(_hip.runtime_problem())
+        """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["False", "False"]
+    imported, problem = r.stdout.splitlines()
+    assert imported.split() == ["False", "False"]
+    assert problem.startswith("hip-python is not installed") and "pip install hip-python" in problem
 
 
 def test_architecture_names_and_predicates() -> None:

@@ -30,8 +30,9 @@ from hal_backend_rocm._device import ARCHS  # noqa: E402
 from hal_backend_rocm.launch import GEMM_CANDIDATES, INT8_CANDIDATES, WGRAD_CANDIDATES  # noqa: E402
 
 MATRIX_KERNELS = ("gemm.gemm_kernel", "grouped_gemm.gg_forward_kernel", "grouped_gemm.gg_weight_grad_kernel")
-#: the option changes whose effect is checked on the default bf16 GEMM of gfx942
-OPTION_CHANGES = {"matrix_instr_nonkdim": 32, "waves_per_eu": 0, "kpack": 1, "num_stages": 1}
+#: the option changes whose effect is checked on the default bf16 GEMM, split between the two
+#: architectures' workers (kpack=2 is what the gfx942 tables set)
+OPTION_CHANGES = {"gfx90a": {"matrix_instr_nonkdim": 32, "waves_per_eu": 0}, "gfx942": {"kpack": 1, "num_stages": 1}}
 
 
 def selection(launches: list[aot.Launch]) -> list[aot.Launch]:
@@ -61,17 +62,17 @@ def _summary(launch: aot.Launch, compiled: Any) -> dict[str, Any]:
 
 
 def compile_arch(arch: str) -> dict[str, Any]:
-    """(in a worker process) the compiled selection for ``arch``; on gfx942 also the default bf16
-    GEMM with each of OPTION_CHANGES."""
+    """(in a worker process) the compiled selection for ``arch``, and the default bf16 GEMM with
+    each of its OPTION_CHANGES."""
     launches = aot.capture(arch)
     out: dict[str, Any] = {"captured": sorted({launch.name for launch in launches}), "kernels": [], "variants": {}}
     for launch in selection(launches):
         out["kernels"].append(_summary(launch, launch.compile(arch)))
-    if arch == "gfx942":
-        base = next(l for l in launches if l.name == "gemm.gemm_kernel" and l.constants.get("MMA") == 0)
-        for name, value in {"default": None, **OPTION_CHANGES}.items():
-            variant = base if value is None else dataclasses.replace(base, options={**base.options, name: value})
-            out["variants"][name] = _summary(variant, variant.compile(arch))
+        if launch.name == "gemm.gemm_kernel" and launch.constants.get("MMA") == 0 and "default" not in out["variants"]:
+            base, out["variants"]["default"] = launch, out["kernels"][-1]
+    for name, value in OPTION_CHANGES[arch].items():
+        variant = dataclasses.replace(base, options={**base.options, name: value})
+        out["variants"][name] = _summary(variant, variant.compile(arch))
     return out
 
 
@@ -154,13 +155,18 @@ def test_launch_options_reach_triton_as_the_tables_say(compiled: dict, arch: str
                    and all(options[n] == v for n, v in c.options) for c in configs), (k["name"], options)
 
 
-def test_each_option_changes_the_compiled_code(compiled: dict) -> None:
-    variants = compiled["gfx942"]["variants"]
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_option_changes_the_compiled_code(compiled: dict, arch: str) -> None:
+    variants = compiled[arch]["variants"]
     default = variants["default"]
-    assert default["options"]["matrix_instr_nonkdim"] == 16 and default["mfma"] == ["v_mfma_f32_16x16x16_bf16"]
-    assert variants["matrix_instr_nonkdim"]["mfma"] == ["v_mfma_f32_32x32x8_bf16"]
-    assert default["waves_attr"] == ["2,2"] and variants["waves_per_eu"]["waves_attr"] == []
-    for name in OPTION_CHANGES:
-        assert variants[name]["amdgcn"] != default["amdgcn"], f"{name}={OPTION_CHANGES[name]} left the code unchanged"
-    assert variants["kpack"]["ttgir"] != default["ttgir"]  # kpack shapes the MFMA operand layout
-    assert variants["num_stages"]["ttgir"] != default["ttgir"]  # the software pipeline
+    assert default["options"]["matrix_instr_nonkdim"] == 16 and default["waves_attr"] == ["2,2"]
+    bf16 = {"gfx90a": "bf16_1k", "gfx942": "_bf16"}[arch]  # v_mfma_f32_16x16x16bf16_1k, v_mfma_f32_16x16x16_bf16
+    assert len(default["mfma"]) == 1 and default["mfma"][0].startswith("v_mfma_f32_16x16x16") and default["mfma"][0].endswith(bf16)
+    for name, value in OPTION_CHANGES[arch].items():
+        assert variants[name]["amdgcn"] != default["amdgcn"], f"{name}={value} left the code unchanged"
+    if arch == "gfx90a":
+        assert variants["matrix_instr_nonkdim"]["mfma"] == ["v_mfma_f32_32x32x8bf16_1k"]
+        assert variants["waves_per_eu"]["waves_attr"] == []
+    else:
+        assert variants["kpack"]["ttgir"] != default["ttgir"]  # kpack shapes the MFMA operand layout
+        assert variants["num_stages"]["ttgir"] != default["ttgir"]  # the software pipeline
