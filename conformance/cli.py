@@ -69,6 +69,18 @@ class Progress:
             self._bar.close()
 
 
+def plugin_problem(backend: Optional[str]) -> Optional[str]:
+    """Why the plugin of a named backend is installed but serves nothing (disabled, or it failed to
+    load), else None; the suite itself reports a backend that is not installed or not usable."""
+    from hal.dispatch import DISPATCHER
+
+    for lp in DISPATCHER.runtime().plugins:
+        if backend is not None and lp.name == backend and lp.plugin is None:
+            why = "it is disabled by HAL_DISABLE_PLUGINS" if lp.disabled else str(lp.error)
+            return f"backend {backend!r} is installed but its plugin does not serve it: {why}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from . import report
     from .parallel import run_parallel
@@ -88,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.jobs is not None and args.jobs < 1:
         print(f"hal conformance: --jobs {args.jobs}: give a number of processes, 1 or more", file=sys.stderr)
+        return 2
+    problem = plugin_problem(args.backend)
+    if problem:
+        print(f"hal conformance: {problem}", file=sys.stderr)
         return 2
     try:
         suite = Suite(**settings)

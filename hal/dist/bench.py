@@ -226,16 +226,19 @@ def run_collectives_bench(args: argparse.Namespace) -> int:
     """Entry point of ``hal bench --collectives`` (and ``python -m hal.dist.bench``); exit status."""
     from hal.dist.launch import launch
 
-    cfg = _config(args)
-    engine = "gloo" if cfg["device"] == "cpu" else "nccl"
-    if engine == "nccl":
-        import torch
+    import torch
 
+    from hal.dist.groups import engine_name
+
+    cfg = _config(args)
+    backend = "gloo" if cfg["device"] == "cpu" else "nccl"
+    engine = engine_name(backend, "cpu" if backend == "gloo" else "cuda", getattr(torch.version, "hip", None))  # rccl on ROCm
+    if backend == "nccl":
         if torch.cuda.device_count() < cfg["world_size"]:
             print(f"hal bench --collectives: --world-size {cfg['world_size']} needs as many GPUs; torch sees "
                   f"{torch.cuda.device_count()}", file=sys.stderr)
             return 2
-    results = launch(bench_rank, cfg["world_size"], (cfg,), backend=engine, timeout_s=1800, threads=cfg["threads"])
+    results = launch(bench_rank, cfg["world_size"], (cfg,), backend=backend, timeout_s=1800, threads=cfg["threads"])
     failed = [r for r in results if not r.ok]
     if failed:
         for r in failed:

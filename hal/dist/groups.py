@@ -63,15 +63,27 @@ def require_initialized(what: str) -> None:
         )
 
 
-def _engine(group: Any, device: torch.device) -> str:
-    """The engine serving ``device`` in ``group``: "nccl" / "rccl" for GPUs, "gloo" for the CPU."""
-    name = str(dist.get_backend(group)).lower()
+def engine_name(backend: str, device_type: str, hip_version: Optional[str]) -> str:
+    """The engine serving ``device_type`` under torch.distributed's backend name (``"nccl"``,
+    ``"cpu:gloo,cuda:nccl"``): "nccl" is RCCL on a ROCm build of torch (``torch.version.hip``),
+    whose devices are "cuda" too."""
+    name = backend.lower()
     if ":" in name:  # "cpu:gloo,cuda:nccl"
         per_device = dict(part.split(":", 1) for part in name.split(","))
-        name = per_device.get(device.type, "")
-    if name == "nccl" and torch.version.hip:
+        name = per_device.get(device_type, "")
+    if name == "nccl" and hip_version:
         return "rccl"
     return name
+
+
+def _engine(group: Any, device: torch.device) -> str:
+    """The engine serving ``device`` in ``group``: "nccl" / "rccl" for GPUs, "gloo" for the CPU."""
+    return engine_name(str(dist.get_backend(group)), device.type, getattr(torch.version, "hip", None))
+
+
+def gpu_group_name() -> str:
+    """How error messages name a GPU process group on this build of torch."""
+    return "nccl (RCCL)" if getattr(torch.version, "hip", None) else "nccl"
 
 
 def _check_device(collective: str, engine: str, device: torch.device, group: Any) -> None:
@@ -81,7 +93,7 @@ def _check_device(collective: str, engine: str, device: torch.device, group: Any
         )
     if device.type == "cuda" and engine == "gloo":
         raise InvalidArgumentError(
-            collective, "t", "a CPU tensor for this gloo group (or an nccl group for GPU tensors)", f"a tensor on {device}"
+            collective, "t", f"a CPU tensor for this gloo group (or an {gpu_group_name()} group for GPU tensors)", f"a tensor on {device}"
         )
     if not engine:
         raise InvalidArgumentError(

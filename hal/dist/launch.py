@@ -158,6 +158,11 @@ def _spawnable_main() -> Iterator[None]:
         main.__file__ = path  # type: ignore[union-attr]
 
 
+def torch_backend(engine: str) -> str:
+    """torch.distributed's backend name for an engine: RCCL is torch's "nccl" backend on ROCm builds."""
+    return "nccl" if engine.lower() == "rccl" else engine
+
+
 def launch(
     fn: Union[str, Callable[..., Any]],
     world_size: int,
@@ -175,12 +180,13 @@ def launch(
 
     ``fn`` is a module-level function (or "module:function"); its return value must pickle.
     ``env`` is set in every rank (e.g. ``{"LOCAL_WORLD_SIZE": "4"}``). ``backend``: "gloo", or
-    "nccl" for one rank per local GPU. ``threads``: torch threads per rank (1 keeps ranks from
+    "nccl" for one rank per local GPU ("rccl" names the same on a ROCm build: :func:`torch_backend`). ``threads``: torch threads per rank (1 keeps ranks from
     oversubscribing the cores). The launch returns when every rank of ``wait_ranks`` (default: all)
     has ended or ``timeout_s`` passed; ranks still running then are killed. A rank whose function
     returned waits for the others in a barrier before it exits (``final_barrier=False`` skips it:
     for runs where a rank is meant to fail or hang).
     """
+    backend = torch_backend(backend)
     target, paths = _target_name(fn)
     folder = tempfile.mkdtemp(prefix="hal-dist-")
     spec = _Spec(target, paths, world_size, tuple(args), backend, folder, pg_timeout_s, dict(env or {}), threads, final_barrier)

@@ -1,0 +1,60 @@
+"""int8_linear through hipBLASLt: its int8 GEMM (``torch._int_mm``, exact int32 accumulation) and
+the Triton dequantising epilogue; ``tuned`` times it against the one-kernel Triton int8 GEMM of
+hal.triton.kernels once per device and shape bucket and keeps the faster. (quantize, dequantize
+and fake_quantize are Triton's, registered by hal.triton.kernels.)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from hal.plugin import Inputs
+from hal.triton import autotune
+from hal.triton.checks import triton_check
+from hal.triton.kernels import int32_dequant
+
+from . import TRITON_KERNELS
+from ._common import kernel
+from ._device import TRITON_ARCHS
+from .launch import TABLES
+
+
+def _int_mm_limits(inputs: Inputs) -> list[str]:
+    """torch._int_mm's shape rules (more than 16 rows; K and N multiples of 8)."""
+    x, w = inputs["x_q"], inputs["w_q"]
+    k, n = int(x.shape[-1]), int(w.shape[0])
+    m = x.numel() // max(1, k)
+    reasons = [f"{m} rows; torch._int_mm needs more than 16"] if m <= 16 else []
+    if k % 8 or n % 8:
+        reasons.append(f"K={k}, N={n}; torch._int_mm needs both multiples of 8")
+    return reasons
+
+
+@kernel("int8_linear", name="hipblaslt", priority=30, checks=[triton_check, _int_mm_limits], archs=TRITON_ARCHS)
+def int8_linear_hipblaslt(x_q, w_q, x_scale, w_scale, bias, out_dtype):
+    k = x_q.shape[-1]
+    acc = torch._int_mm(x_q.reshape(-1, k).contiguous(), w_q.contiguous().t())  # A row-major, B column-major
+    out = int32_dequant(TABLES, acc, x_scale, w_scale, bias, out_dtype)
+    return out.view(*x_q.shape[:-1], w_q.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """One of the int8_linear kernels, as a choice the autotuner times and caches like a tile."""
+
+    name: str
+
+
+ROUTES = (Route("hipblaslt"), Route("triton"))
+
+
+@kernel("int8_linear", name="tuned", priority=40, checks=[triton_check, _int_mm_limits], archs=TRITON_ARCHS)
+def int8_linear_tuned(x_q, w_q, x_scale, w_scale, bias, out_dtype):
+    args = (x_q, w_q, x_scale, w_scale, bias, out_dtype)
+    runs = {"hipblaslt": int8_linear_hipblaslt, "triton": TRITON_KERNELS[("int8_linear", "triton")]}
+    k, n = int(x_q.shape[-1]), int(w_q.shape[0])
+    m = x_q.numel() // k
+    key = f"int8_linear_route/m{autotune.bucket(m)}/k{k}/n{n}/{out_dtype}"
+    route = autotune.choose(TABLES, x_q.device, key, ROUTES, lambda r: runs[r.name](*args), 2.0 * m * n * k)
+    return runs[route.name](*args)
