@@ -33,7 +33,7 @@ plugin.define_backend(priority=100, device_types=("rocm",), probe=probe, devices
 # shared Triton kernels are registered by the kit with this plugin's tables and libraries.
 from . import attention, conv, gemm  # noqa: E402,F401
 
-VENDOR = VendorLibs("miopen", conv.conv, conv.conv_grads, "hipblas", gemm.blas_linear)
+VENDOR = VendorLibs("miopen", conv.conv, conv.conv_grads, "hipblas", gemm.blas_linear, gemm.gemm_f32)
 TRITON_KERNELS = register(plugin, TABLES, archs=TRITON_ARCHS, vendor=VENDOR)
 
 from . import quant  # noqa: E402,F401  (builds on the Triton int8 GEMM)

@@ -234,6 +234,29 @@ def _quant_calls(op: str) -> list[tuple]:
     return [_canonical(op, _meta(512, 1024, dtype=torch.int8), _meta(2048, 1024, dtype=torch.int8), _f32(), _f32(2048), _f32(2048), "float16")]
 
 
+def _transformer_calls(op: str) -> list[tuple]:
+    x, tables = _meta(2, 4, 64, 128), (_f32(64, 64), _f32(64, 64))
+    if op.startswith("rotary_embedding"):
+        return [_canonical(op, x, *tables, interleaved) for interleaved in (False, True)]
+    gate, up = _meta(512, 2048), _meta(512, 2048)
+    return [_canonical(op, torch.empty_like(gate), gate, up)] if op.endswith("_backward") else [_canonical(op, gate, up)]
+
+
+def _loss_calls(op: str) -> list[tuple]:
+    target = _meta(256, dtype=torch.int64)
+    if op.startswith("cross_entropy"):
+        logits = _meta(256, 32000)
+        head = (logits, target)
+    else:
+        head = (_meta(256, 512), _meta(4096, 512), target, _meta(4096))
+    calls = []
+    for reduction in ("mean", "none"):
+        grad = _f32(256) if reduction == "none" else _f32()
+        args = (*head, -100, 0.0, reduction)
+        calls.append(_canonical(op, grad, *args) if op.endswith("_backward") else _canonical(op, *args))
+    return calls
+
+
 def representative_calls() -> dict[str, list[tuple]]:
     """Canonical argument tuples (meta tensors) per op with Triton kernels in this plugin."""
     calls: dict[str, Callable[[], list[tuple]]] = {
@@ -256,6 +279,9 @@ def representative_calls() -> dict[str, list[tuple]]:
         "amp_unscale_": lambda: _optim_calls(False),
         "fused_adamw_": lambda: _optim_calls(True),
         **{op: (lambda op=op: _quant_calls(op)) for op in ("quantize", "dequantize", "fake_quantize", "fake_quantize_backward", "int8_linear")},
+        **{op: (lambda op=op: _transformer_calls(op)) for op in ("rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward")},
+        **{op: (lambda op=op: _loss_calls(op)) for op in ("cross_entropy", "cross_entropy_backward", "linear_cross_entropy",
+                                                          "linear_cross_entropy_backward")},
     }
     return {op: make() for op, make in calls.items()}
 

@@ -28,6 +28,27 @@ def blas_linear(x2: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
         return F.linear(x2, weight, bias)
 
 
+_MM_F32_OUT: dict[str, bool] = {}
+
+
+def gemm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` returned in float32 (float64 for float64): half-precision operands go to the
+    library as they are with float32 output (``torch.mm(..., out_dtype=)``) where torch's build has
+    that kernel for the device (asked once), else upcast; float32 in IEEE float32."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        key = str(a.device)
+        if a.device.type == "cuda" and _MM_F32_OUT.get(key, True):
+            try:
+                out = torch.mm(a, b, out_dtype=torch.float32)
+                _MM_F32_OUT[key] = True
+                return out
+            except (RuntimeError, NotImplementedError, TypeError):
+                _MM_F32_OUT[key] = False
+        return torch.mm(a.float(), b.float())
+    with ieee_fp32(a):
+        return torch.mm(a, b)
+
+
 def _epilogue(inputs: Inputs) -> list[str]:
     act = inputs["act"]
     return [] if act in EPILOGUE_ACTS else [f"act {act!r} has no hipBLASLt epilogue ({', '.join(EPILOGUE_ACTS)})"]
