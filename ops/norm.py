@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import torch
 
-from hal.arrays import FLOAT_DTYPES, dtype_name, torch_dtype
+from hal.arrays import FLOAT_DTYPES, dtype_name
 from hal.registry import declare
 from hal.types import OptionalTensor, ShapeLike, Tensor
 
@@ -35,9 +35,11 @@ def _norm_k(a: dict) -> int:
 
 
 def default_rms_eps(x: Any) -> float:
-    """torch's default eps of rms_norm: the machine epsilon of x's dtype (torch.finfo, since
-    NumPy's finfo does not know bfloat16)."""
-    return float(torch.finfo(torch_dtype(dtype_name(x))).eps)
+    """torch's default eps of rms_norm: the machine epsilon of the dtype torch computes x in (its
+    "opmath" type): float64's for float64 x, float32's for every other dtype. Half-precision x is
+    upcast to float32 before the mean of squares, so its eps is float32's (1.19e-7), not float16's
+    (9.8e-4) or bfloat16's (7.8e-3), which would dominate mean(x^2) for inputs of magnitude 1e-3."""
+    return float(torch.finfo(torch.float64 if dtype_name(x) == "float64" else torch.float32).eps)
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="layer_norm_backward", reduction=_norm_k)
@@ -78,7 +80,8 @@ def _check_layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="rms_norm_backward", reduction=_norm_k)
 def rms_norm(x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None, eps: Optional[float] = None) -> Tensor:
     """RMS normalisation ``x / sqrt(mean(x^2) + eps) * weight`` over the trailing dimensions, as
-    ``F.rms_norm``; eps None means the machine epsilon of x's dtype (kernels receive a float)."""
+    ``F.rms_norm``; eps None means torch's default, the machine epsilon of float32 (of float64 for
+    float64 x), half-precision x included (kernels receive a float)."""
 
 
 def _rms_eps(op: str, x: Any, eps: Any) -> float:

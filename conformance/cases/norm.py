@@ -61,7 +61,7 @@ SHAPES: Table = {
 def _cases(op: str, backward: bool) -> list:
     build = _backward if backward else norm_args
     out = from_table(SHAPES, build, backward, op=op)
-    if op == "rms_norm":  # eps None resolves to the machine epsilon of x's dtype
+    if op == "rms_norm":  # eps None resolves to torch's default (float32's epsilon; float64's for float64)
         out.append(case("default_eps", build, quick=True, op=op, shape=(3, 64), eps=None))
     return out
 
