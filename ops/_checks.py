@@ -17,14 +17,32 @@ from hal.errors import InvalidArgumentError
 
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
 
+#: the largest int a kernel can take (sizes, strides and options are int64 in torch and C++).
+INT64_MAX = 2**63 - 1
+#: the largest array hal creates, in bytes: torch sizes its storage in int64 bytes.
+MAX_RESULT_BYTES = INT64_MAX
+
 
 def fail(op: str, name: str, expected: str, got: Any) -> InvalidArgumentError:
     """The error for argument ``name`` of ``op`` (``got`` is described unless already a string)."""
     return InvalidArgumentError(op, name, expected, got if isinstance(got, str) else describe(got))
 
 
+def shown(v: Any) -> str:
+    """``repr(v)`` for error messages, short for huge ints (whose repr may run to thousands of
+    digits, or raise beyond Python's 4300-digit limit)."""
+    if is_int(v) and abs(int(v)) >= 10**30:
+        return f"an int of {int(v).bit_length()} bits ({'-' if v < 0 else ''}~2**{int(abs(int(v))).bit_length() - 1})"
+    return repr(v)
+
+
 def shape_of(a: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in a.shape)
+
+
+def itemsize(a: Any) -> int:
+    """Bytes per element of an array."""
+    return int(a.element_size()) if isinstance(a, torch.Tensor) else int(a.itemsize)
 
 
 def numel(a: Any) -> int:
@@ -99,7 +117,14 @@ def integer(op: str, name: str, v: Any, low: Optional[int] = None, high: Optiona
     v = int(v)
     if (low is not None and v < low) or (high is not None and v > high):
         bounds = f">= {low}" if high is None else (f"<= {high}" if low is None else f"in [{low}, {high}]")
-        raise fail(op, name, f"an int {bounds}", repr(v))
+        raise fail(op, name, f"an int {bounds}", shown(v))
+    return in_int64(op, name, v)
+
+
+def in_int64(op: str, name: str, v: int) -> int:
+    """``v``, which kernels take as an int64, must fit in one."""
+    if not -INT64_MAX - 1 <= v <= INT64_MAX:
+        raise fail(op, name, "an int that fits in 64 bits (|value| < 2**63)", shown(v))
     return v
 
 
@@ -115,7 +140,10 @@ def number(
     """A finite Python number within bounds, as a float."""
     if not is_number(v):
         raise fail(op, name, "a Python number", v)
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond float64's range (10**400)
+        raise fail(op, name, "a finite number (within float64's range, below 1.8e308)", shown(v)) from None
     if not math.isfinite(f):
         raise fail(op, name, "a finite number", repr(v))
     too_low = low is not None and (f < low or (low_open and f == low))
@@ -127,7 +155,7 @@ def number(
             bounds = f"{'>' if low_open else '>='} {low:g}"
         else:
             bounds = f"{'<' if high_open else '<='} {high:g}"
-        raise fail(op, name, f"a number {bounds}", repr(v))
+        raise fail(op, name, f"a number {bounds}", shown(v))
     return f
 
 
@@ -167,8 +195,8 @@ def int_pair(op: str, name: str, v: Any, low: int = 1) -> tuple[int, int]:
     if not isinstance(v, (tuple, list)) or len(v) != 2 or not all(is_int(x) for x in v):
         raise fail(op, name, "an int or a pair of ints", v)
     if any(int(x) < low for x in v):
-        raise fail(op, name, f"ints >= {low}", repr(tuple(v)))
-    return int(v[0]), int(v[1])
+        raise fail(op, name, f"ints >= {low}", ", ".join(map(shown, v)))
+    return in_int64(op, name, int(v[0])), in_int64(op, name, int(v[1]))
 
 
 def int_tuple(op: str, name: str, v: Any, low: int = 1) -> tuple[int, ...]:
@@ -180,8 +208,23 @@ def int_tuple(op: str, name: str, v: Any, low: int = 1) -> tuple[int, ...]:
     if not isinstance(v, (tuple, list)) or not all(is_int(x) for x in v):
         raise fail(op, name, "an int or a sequence of ints", v)
     if any(int(x) < low for x in v):
-        raise fail(op, name, f"ints >= {low}", repr(tuple(v)))
-    return tuple(int(x) for x in v)
+        raise fail(op, name, f"ints >= {low}", ", ".join(map(shown, v)))
+    return tuple(in_int64(op, name, int(x)) for x in v)
+
+
+def result_fits(op: str, name: str, shape: Sequence[int], itemsize: int, what: str = "result") -> None:
+    """A result of ``shape`` must be creatable: at most :data:`MAX_RESULT_BYTES` bytes. ``name`` is
+    the argument that makes it this large (padding, a broadcast operand)."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if n * itemsize > MAX_RESULT_BYTES:
+        raise fail(
+            op,
+            name,
+            f"small enough for a {what} of at most 2**63 - 1 bytes",
+            f"a {what} of shape {tuple(int(s) for s in shape)} ({n} elements, {n * itemsize} bytes)",
+        )
 
 
 def broadcasts_to(op: str, name: str, a: Any, target: Sequence[int], target_name: str) -> None:

@@ -91,6 +91,7 @@ def conv_geometry(
             x,
         )
     batch = (int(x.shape[0]),) if x.ndim == 4 else ()
+    c.result_fits(op, "padding" if any(pads) else x_name, batch + (cout, ho, wo), c.itemsize(x), "convolution output")
     return {
         "stride": (sh, sw),
         "padding": pads,

@@ -4,13 +4,29 @@ Scales and zero points are Python numbers or 0-d/1-d arrays: one element for per
 quantisation, ``x.shape[axis]`` elements for per-channel quantisation along ``axis``. The float
 arithmetic of these ops is specified in float32 (as ONNX and torch do), so kernels can match the
 reference exactly away from rounding ties.
+
+Every scale must be positive and finite, every zero point an integer within the quantised range
+(torch raises for a Python-number zero point outside [quant_min, quant_max]; a scale of 0, below 0,
+NaN or infinite quantises nothing). Python numbers are checked by the op checkers. Array values
+change from call to call while the decision cache keys arrays by shape and dtype, so they are
+checked by the kernels, on every call, where the values are readable without a device
+synchronisation: a kernel that receives host arrays (NumPy, CPU tensors) calls
+:func:`check_qparam_values` / :func:`check_scale_values`, which raise
+:class:`hal.InvalidArgumentError` naming the argument and the offending value. Device kernels
+(CUDA) do not read parameters on the host: they check the values they load and turn every result
+element with an invalid parameter into NaN (float results; quantize's integer result cannot carry
+one), so a bad parameter shows in the output instead of passing as plausible numbers, at no host
+cost and with no synchronisation in a training loop.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from hal.arrays import FLOAT_DTYPES, dtype_name, is_array
+import numpy as np
+import torch
+
+from hal.arrays import FLOAT_DTYPES, dtype_name, is_array, to_numpy
 from hal.registry import declare
 from hal.types import OptionalTensor, ScalarOrTensor, Tensor
 
@@ -48,6 +64,45 @@ def check_qparams(op: str, x: Any, scale: Any, zero_point: Any, axis: Any, qmin:
             raise c.fail(op, "zero_point", "an integer", zero_point)
         c.integer(op, "zero_point", int(zero_point), low=qmin, high=qmax)
     return canon
+
+
+def _host_values(v: Any) -> Optional[np.ndarray]:
+    """The values of a host-resident array as float64 (None for device tensors and numbers)."""
+    if isinstance(v, torch.Tensor):
+        return np.asarray(to_numpy(v), dtype=np.float64) if v.device.type == "cpu" else None
+    return np.asarray(v, dtype=np.float64) if isinstance(v, np.ndarray) else None
+
+
+def _first_bad(a: Any, values: np.ndarray, good: np.ndarray) -> str:
+    """The first value of ``a`` that is not ``good``, described for an error message."""
+    i = int(np.argmin(good.reshape(-1)))
+    v = float(values.reshape(-1)[i])
+    where = f" at index {tuple(int(j) for j in np.unravel_index(i, values.shape))}" if values.ndim else ""
+    return f"{dtype_name(a)} values of shape {tuple(values.shape)} holding {int(v) if v.is_integer() else v}{where}"
+
+
+def check_scale_values(op: str, name: str, scale: Any) -> None:
+    """A host-resident scale array must hold positive, finite values (called by kernels)."""
+    values = _host_values(scale)
+    if values is None or values.size == 0:
+        return
+    good = np.isfinite(values) & (values > 0)
+    if not good.all():
+        raise c.fail(op, name, "positive, finite scale values (0, negative, NaN or infinite scales quantise nothing)",
+                     _first_bad(scale, values, good))
+
+
+def check_qparam_values(op: str, scale: Any, zero_point: Any, qmin: int, qmax: int) -> None:
+    """Host-resident scale and zero-point arrays: positive finite scales, integer zero points in
+    [qmin, qmax] (called by kernels on every call; see the module docstring)."""
+    check_scale_values(op, "scale", scale)
+    values = _host_values(zero_point)
+    if values is None or values.size == 0:
+        return
+    good = (values == np.round(values)) & (values >= qmin) & (values <= qmax)
+    if not good.all():
+        raise c.fail(op, "zero_point", f"integers in [{qmin}, {qmax}] (the quantised range)",
+                     _first_bad(zero_point, values, good))
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=INTEGER)
@@ -102,7 +157,11 @@ def fake_quantize(
     ``(clamp(round_half_even(x * inv) + zero_point, quant_min, quant_max) - zero_point) * scale``,
     the product ``x * inv`` in float32 (float64 for float64 x) and the result rounded to float32,
     then to x's dtype (torch skips the float32 rounding per channel on float64 x; so do kernels).
-    Its gradient is straight-through inside the clamping range and zero outside.
+    The clamp is torch's ``fmin(fmax(code, quant_min), quant_max)``: a NaN x gives
+    ``(quant_min - zero_point) * scale`` and infinities saturate (torch's per-channel CPU kernel
+    converts the code to int64 before clamping, undefined in C++ for non-finite codes: x86 gives
+    quant_min for +inf there; hal saturates it as the per-tensor op does). Its gradient is
+    straight-through inside the clamping range and zero outside (NaN and infinite x get zero).
     """
 
 
@@ -165,8 +224,10 @@ def _check_int8_linear(x_q, w_q, x_scale, w_scale, bias, out_dtype):
     if int(w_q.shape[1]) != int(x_q.shape[-1]):
         raise c.fail(op, "w_q", f"of shape (N, {int(x_q.shape[-1])}) to match x_q's K", w_q)
     n = int(w_q.shape[0])
-    c.scalar_or_array(op, "x_scale", x_scale, numel=(1,))
-    c.scalar_or_array(op, "w_scale", w_scale, numel=(1, n))
+    for name, v, counts in (("x_scale", x_scale, (1,)), ("w_scale", w_scale, (1, n))):
+        c.scalar_or_array(op, name, v, numel=counts)
+        if not is_array(v):
+            c.number(op, name, v, low=0.0, low_open=True)
     if bias is not None:
         c.rank(op, "bias", bias, (1,))
         c.shape_is(op, "bias", bias, (n,), "(N,)")

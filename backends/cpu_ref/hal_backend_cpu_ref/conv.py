@@ -1,35 +1,61 @@
 """Convolution, batch normalisation and conv -> batch-norm -> ReLU, with their gradients (float64).
 
 Arguments arrive canonical: x batched (N, C, H, W), stride and dilation as pairs, padding as
-(top, bottom, left, right). A convolution is an einsum over the strided, dilated windows of the
-padded input, with the channels split into groups; its input gradient adds each kernel tap's
-contribution back into the padded input.
+(top, bottom, left, right). A convolution is a sum over kernel taps: tap (i, j) multiplies the
+input rows ``p * sh - top + i * dh`` (and columns likewise) by ``weight[:, :, i, j]`` and adds into
+output position (p, q), channels split into groups. Padding contributes zeros, so only the output
+positions whose tap lands inside the input are computed: the padded input is never built, and a
+convolution needs memory for its input, weight and output only, whatever its padding and dilation.
+The input gradient adds each tap's contribution back into the input positions it read.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
-from ._common import f64, like, reference
+from hal.plugin import Inputs
+
+from ._common import elements, f64, like, reference, with_result
 
 # --- conv2d ------------------------------------------------------------------------------------
 
 
-def _pad(x: np.ndarray, padding: tuple[int, int, int, int]) -> np.ndarray:
-    top, bottom, left, right = padding
-    return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+def _tap_spans(size: int, out: int, stride: int, before: int, dilation: int, taps: int) -> list[tuple[int, slice, slice]]:
+    """For each tap t along one spatial dimension that lands inside the input for some output
+    position: (t, output positions, input positions), both as slices (strided in the input)."""
+    spans = []
+    for t in range(taps):
+        offset = t * dilation - before  # input position read by output position 0
+        first = max(0, -(offset // stride) if offset < 0 else 0)  # smallest p with p * stride + offset >= 0
+        last = min(out - 1, (size - 1 - offset) // stride)  # largest p with p * stride + offset < size
+        if first <= last:
+            start = first * stride + offset
+            spans.append((t, slice(first, last + 1), slice(start, start + (last - first) * stride + 1, stride)))
+    return spans
 
 
-def _windows(xp: np.ndarray, kernel: tuple[int, int], stride, dilation, groups: int) -> np.ndarray:
-    """(N, G, C/G, Ho, Wo, kH, kW): the input seen by each kernel tap at each output position."""
-    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
-    win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
-    win = win[:, :, ::sh, ::sw, ::dh, ::dw]
-    n, c = xp.shape[:2]
-    return win.reshape(n, groups, c // groups, *win.shape[2:])
+def _taps(x_shape, weight_shape, out_shape, stride, padding, dilation) -> Iterator[tuple[int, int, tuple, tuple]]:
+    """(i, j, output index, input index) of every kernel tap that lands inside the input."""
+    (sh, sw), (dh, dw), (top, _, left, _) = stride, dilation, padding
+    rows = _tap_spans(x_shape[2], out_shape[2], sh, top, dh, weight_shape[2])
+    cols = _tap_spans(x_shape[3], out_shape[3], sw, left, dw, weight_shape[3])
+    for i, out_r, in_r in rows:
+        for j, out_c, in_c in cols:
+            yield i, j, (slice(None), slice(None), slice(None), out_r, out_c), (slice(None), slice(None), slice(None), in_r, in_c)
+
+
+def _out_hw(x_shape, weight_shape, stride, padding, dilation) -> tuple[int, int]:
+    (sh, sw), (dh, dw), (top, bottom, left, right) = stride, dilation, padding
+    ho = (x_shape[2] + top + bottom - dh * (weight_shape[2] - 1) - 1) // sh + 1
+    wo = (x_shape[3] + left + right - dw * (weight_shape[3] - 1) - 1) // sw + 1
+    return ho, wo
+
+
+def _grouped_x(x: np.ndarray, groups: int) -> np.ndarray:
+    """(N, G, C/G, H, W)."""
+    return x.reshape(x.shape[0], groups, x.shape[1] // groups, *x.shape[2:])
 
 
 def _grouped(weight: np.ndarray, groups: int) -> np.ndarray:
@@ -38,39 +64,50 @@ def _grouped(weight: np.ndarray, groups: int) -> np.ndarray:
 
 
 def _conv(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray], stride, padding, dilation, groups) -> np.ndarray:
-    win = _windows(_pad(x, padding), weight.shape[2:], stride, dilation, groups)
-    y = np.einsum("ngchwij,gocij->ngohw", win, _grouped(weight, groups), optimize=True)
-    y = y.reshape(x.shape[0], weight.shape[0], *y.shape[3:])
+    n, o = x.shape[0], weight.shape[0]
+    ho, wo = _out_hw(x.shape, weight.shape, stride, padding, dilation)
+    if not x.shape[1]:
+        return np.zeros((n, 0, ho, wo))  # as torch: an input without channels gives an output without any
+    y = np.zeros((n, groups, o // groups, ho, wo))
+    xg, wg = _grouped_x(x, groups), _grouped(weight, groups)
+    for i, j, out_at, in_at in _taps(x.shape, weight.shape, (n, o, ho, wo), stride, padding, dilation):
+        y[out_at] += np.einsum("ngchw,goc->ngohw", xg[in_at], wg[..., i, j], optimize=True)
+    y = y.reshape(n, o, ho, wo)
     return y if bias is None else y + bias[:, None, None]
 
 
 def _conv_grads(g: np.ndarray, x: np.ndarray, weight: np.ndarray, stride, padding, dilation, groups):
     """(grad_x, grad_weight, grad_bias) of _conv, all float64."""
-    (sh, sw), (dh, dw) = stride, dilation
-    n, (top, _, left, _) = x.shape[0], padding
-    ho, wo = g.shape[2:]
-    xp = _pad(x, padding)
-    gg = g.reshape(n, groups, -1, ho, wo)  # (N, G, O/G, Ho, Wo)
-    win = _windows(xp, weight.shape[2:], stride, dilation, groups)
-    grad_w = np.einsum("ngchwij,ngohw->gocij", win, gg, optimize=True).reshape(weight.shape)
-    grad_win = np.einsum("ngohw,gocij->ngchwij", gg, _grouped(weight, groups), optimize=True)
-    grad_xp = np.zeros_like(xp)
-    for i in range(weight.shape[2]):
-        for j in range(weight.shape[3]):
-            rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
-            cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
-            grad_xp[:, :, rows, cols] += grad_win[..., i, j].reshape(n, -1, ho, wo)
-    grad_x = grad_xp[:, :, top : top + x.shape[2], left : left + x.shape[3]]
-    return grad_x, grad_w, g.sum(axis=(0, 2, 3))
+    o = weight.shape[0]
+    if not x.shape[1]:  # the output has no channels: nothing depends on the weight or the bias
+        return np.zeros(x.shape), np.zeros(weight.shape), np.zeros(o)
+    gg = g.reshape(g.shape[0], groups, o // groups, *g.shape[2:])  # (N, G, O/G, Ho, Wo)
+    xg, wg = _grouped_x(x, groups), _grouped(weight, groups)
+    grad_x, grad_w = np.zeros(xg.shape), np.zeros(wg.shape)
+    for i, j, out_at, in_at in _taps(x.shape, weight.shape, g.shape, stride, padding, dilation):
+        grad_w[..., i, j] += np.einsum("ngohw,ngchw->goc", gg[out_at], xg[in_at], optimize=True)
+        grad_x[in_at] += np.einsum("ngohw,goc->ngchw", gg[out_at], wg[..., i, j], optimize=True)
+    return grad_x.reshape(x.shape), grad_w.reshape(weight.shape), g.sum(axis=(0, 2, 3))
 
 
-@reference("conv2d")
+def _conv_output_elements(inputs: Inputs) -> int:
+    x = inputs["x"]
+    w = inputs["weight"] if "weight" in inputs.op.param_names else inputs["conv_weight"]
+    ho, wo = _out_hw(x.shape, w.shape, inputs["stride"], inputs["padding"], inputs["dilation"])
+    return elements((x.shape[0], w.shape[0], ho, wo))
+
+
+#: a convolution's working set: its inputs, the output and a per-tap product of the output's size.
+CONV_FOOTPRINT = with_result(_conv_output_elements)
+
+
+@reference("conv2d", CONV_FOOTPRINT)
 def conv2d(x, weight, bias, stride, padding, dilation, groups):
     b = None if bias is None else f64(bias)
     return like(_conv(f64(x), f64(weight), b, stride, padding, dilation, groups), x)
 
 
-@reference("conv2d_backward")
+@reference("conv2d_backward", CONV_FOOTPRINT)
 def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
     grads = _conv_grads(f64(grad_out), f64(x), f64(weight), stride, padding, dilation, groups)
     return tuple(like(gr, x) for gr in grads)
@@ -145,7 +182,7 @@ def batch_norm_backward(grad_out, x, running_mean, running_var, weight, training
 # --- fused_conv_bn_relu: relu(batch_norm(conv2d(x))) -------------------------------------------
 
 
-@reference("fused_conv_bn_relu")
+@reference("fused_conv_bn_relu", CONV_FOOTPRINT)
 def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     b = None if conv_bias is None else f64(conv_bias)
     z = _conv(f64(x), f64(conv_weight), b, stride, padding, dilation, groups)
@@ -153,7 +190,7 @@ def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_me
     return like(np.maximum(y, 0.0), x)
 
 
-@reference("fused_conv_bn_relu_backward")
+@reference("fused_conv_bn_relu_backward", CONV_FOOTPRINT)
 def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
     xs, w = f64(x), f64(conv_weight)
     z = _conv(xs, w, None if conv_bias is None else f64(conv_bias), stride, padding, dilation, groups)
