@@ -67,12 +67,6 @@ def min_rank(op: str, name: str, a: Any, low: int, what: str = "") -> int:
     return a.ndim
 
 
-def non_empty(op: str, name: str, a: Any) -> None:
-    """hal kernels do not take empty arrays: every dimension must be at least 1."""
-    if any(s == 0 for s in a.shape):
-        raise fail(op, name, "a non-empty array (every dimension >= 1)", a)
-
-
 def float_dtype(op: str, name: str, a: Any, allowed: Sequence[str] = FLOAT_DTYPES) -> str:
     t = dtype_name(a)
     if t not in allowed:
@@ -225,6 +219,19 @@ def result_fits(op: str, name: str, shape: Sequence[int], itemsize: int, what: s
             f"small enough for a {what} of at most 2**63 - 1 bytes",
             f"a {what} of shape {tuple(int(s) for s in shape)} ({n} elements, {n * itemsize} bytes)",
         )
+
+
+def broadcast_shapes(a: Sequence[int], b: Sequence[int]) -> Optional[tuple[int, ...]]:
+    """The broadcast of two shapes (NumPy's and torch's rules: a size-1 dimension takes the other's
+    size, 0 included), or None when they do not broadcast."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = int(a[-i]) if i <= len(a) else 1
+        y = int(b[-i]) if i <= len(b) else 1
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(y if x == 1 else x)
+    return tuple(reversed(out))
 
 
 def broadcasts_to(op: str, name: str, a: Any, target: Sequence[int], target_name: str) -> None:

@@ -9,6 +9,7 @@ from hal.registry import declare
 from hal.types import ScalarOrTensor, Tensor
 
 from . import _checks as c
+from . import _empty as e
 from ._tolerances import ELEMENTWISE, REDUCTION
 
 #: activations of scale_shift_act and linear: names as in PyTorch (gelu_tanh = gelu(approximate="tanh")).
@@ -16,7 +17,6 @@ ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
 
 def check_affine(op: str, x, scale, shift, act) -> None:
-    c.non_empty(op, "x", x)
     c.float_dtype(op, "x", x)
     for name, v in (("scale", scale), ("shift", shift)):
         if is_array(v):
@@ -41,6 +41,10 @@ def _check_scale_shift_act(x, scale, shift, act):
     check_affine("scale_shift_act", x, scale, shift, act)
 
 
+def _empty_scale_shift_act(a: Mapping[str, Any]) -> Any:
+    return e.zeros_like(a["x"])
+
+
 def _broadcast_reduction(a: Mapping[str, Any]) -> int:
     """Elements of x summed into one element of grad_scale or grad_shift (the larger of the two)."""
     sizes = [c.numel(v) if is_array(v) else 1 for v in (a["scale"], a["shift"])]
@@ -62,6 +66,12 @@ def _check_scale_shift_act_backward(grad_out, x, scale, shift, act):
     check_affine("scale_shift_act_backward", x, scale, shift, act)
     c.same_dtype("scale_shift_act_backward", "grad_out", grad_out, "x", x)
     c.shape_is("scale_shift_act_backward", "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
+
+
+def _empty_scale_shift_act_backward(a: Mapping[str, Any]) -> tuple:
+    """Zero gradients: grad_scale and grad_shift of their parameter's shape (0-d for numbers)."""
+    x = a["x"]
+    return (e.zeros_like(x), *(e.zeros(x, a[n].shape if is_array(a[n]) else ()) for n in ("scale", "shift")))
 
 
 __all__ = ["scale_shift_act", "scale_shift_act_backward", "ACTIVATIONS"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -11,13 +11,13 @@ from hal.registry import declare
 from hal.types import OptionalTensor, ShapeLike, Tensor
 
 from . import _checks as c
+from . import _empty as e
 from ._tolerances import REDUCTION
 
 
 def _check_norm(op: str, x: Any, normalized_shape: Any, params: dict[str, Any]) -> tuple[int, ...]:
-    c.non_empty(op, "x", x)
     c.float_dtype(op, "x", x)
-    shape = c.int_tuple(op, "normalized_shape", normalized_shape)
+    shape = c.int_tuple(op, "normalized_shape", normalized_shape, low=0)
     if not shape or c.shape_of(x)[-len(shape):] != shape or x.ndim < len(shape):
         raise c.fail(op, "x", f"an array whose trailing dimensions are normalized_shape {shape}", x)
     for name, a in params.items():
@@ -60,6 +60,10 @@ def _check_layer_norm(x, normalized_shape, weight, bias, eps):
     return {"normalized_shape": shape, "eps": c.number("layer_norm", "eps", eps, low=0.0)}
 
 
+def _empty_layer_norm(a: Mapping[str, Any]) -> Any:
+    return e.zeros_like(a["x"])
+
+
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="layer_norm", reduction=_norm_k)
 def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None, eps: float = 1e-5) -> tuple:
     """Gradients of layer_norm: (grad_x, grad_weight, grad_bias); statistics recomputed from x.
@@ -75,6 +79,12 @@ def _check_layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
     return {"normalized_shape": shape, "eps": c.number(op, "eps", eps, low=0.0)}
+
+
+def _empty_layer_norm_backward(a: Mapping[str, Any]) -> tuple:
+    """Zero gradients; grad_weight and grad_bias sum over no rows (or are empty)."""
+    x, shape = a["x"], a["normalized_shape"]
+    return e.zeros_like(x), e.zeros(x, shape), e.zeros(x, shape)
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="rms_norm_backward", reduction=_norm_k)
@@ -94,6 +104,10 @@ def _check_rms_norm(x, normalized_shape, weight, eps):
     return {"normalized_shape": shape, "eps": _rms_eps("rms_norm", x, eps)}
 
 
+def _empty_rms_norm(a: Mapping[str, Any]) -> Any:
+    return e.zeros_like(a["x"])
+
+
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="rms_norm", reduction=_norm_k)
 def rms_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None, eps: Optional[float] = None) -> tuple:
     """Gradients of rms_norm: (grad_x, grad_weight), grad_weight of shape normalized_shape."""
@@ -106,6 +120,11 @@ def _check_rms_norm_backward(grad_out, x, normalized_shape, weight, eps):
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
     return {"normalized_shape": shape, "eps": _rms_eps(op, x, eps)}
+
+
+def _empty_rms_norm_backward(a: Mapping[str, Any]) -> tuple:
+    x = a["x"]
+    return e.zeros_like(x), e.zeros(x, a["normalized_shape"])
 
 
 __all__ = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]

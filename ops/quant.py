@@ -21,7 +21,7 @@ cost and with no synchronisation in a training loop.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from hal.registry import declare
 from hal.types import OptionalTensor, ScalarOrTensor, Tensor
 
 from . import _checks as c
+from . import _empty as e
 from ._tolerances import INTEGER, QUANTIZED, REDUCTION
 
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
@@ -116,10 +117,13 @@ def quantize(x: Tensor, scale: ScalarOrTensor, zero_point: ScalarOrTensor, axis:
 
 @quantize.checker
 def _check_quantize(x, scale, zero_point, axis, dtype):
-    c.non_empty("quantize", "x", x)
     c.float_dtype("quantize", "x", x)
     qtype = c.choice("quantize", "dtype", dtype, tuple(QRANGE))
     return {"axis": check_qparams("quantize", x, scale, zero_point, axis, *QRANGE[qtype])}
+
+
+def _empty_quantize(a: Mapping[str, Any]) -> Any:
+    return e.zeros(a["x"], a["x"].shape, a["dtype"])
 
 
 @declare(dtypes=("int8", "uint8"), tolerances=QUANTIZED)
@@ -130,13 +134,17 @@ def dequantize(q: Tensor, scale: ScalarOrTensor, zero_point: ScalarOrTensor, axi
 
 @dequantize.checker
 def _check_dequantize(q, scale, zero_point, axis):
-    c.non_empty("dequantize", "q", q)
     qtype = c.int_dtype("dequantize", "q", q, tuple(QRANGE))
     return {"axis": check_qparams("dequantize", q, scale, zero_point, axis, *QRANGE[qtype])}
 
 
+def _empty_dequantize(a: Mapping[str, Any]) -> Any:
+    """An empty result in scale's dtype (float32 for a number)."""
+    scale = a["scale"]
+    return e.zeros(a["q"], a["q"].shape, dtype_name(scale) if is_array(scale) else "float32")
+
+
 def _check_fake(op: str, x: Any, scale: Any, zero_point: Any, quant_min: Any, quant_max: Any, axis: Any) -> dict[str, Any]:
-    c.non_empty(op, "x", x)
     c.float_dtype(op, "x", x)
     qmin = c.integer(op, "quant_min", quant_min)
     qmax = c.integer(op, "quant_max", quant_max, low=qmin + 1)
@@ -170,6 +178,10 @@ def _check_fake_quantize(x, scale, zero_point, quant_min, quant_max, axis):
     return _check_fake("fake_quantize", x, scale, zero_point, quant_min, quant_max, axis)
 
 
+def _empty_fake_quantize(a: Mapping[str, Any]) -> Any:
+    return e.zeros_like(a["x"])
+
+
 @declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZED, forward="fake_quantize")
 def fake_quantize_backward(
     grad_out: Tensor,
@@ -190,6 +202,10 @@ def _check_fake_quantize_backward(grad_out, x, scale, zero_point, quant_min, qua
     c.same_dtype("fake_quantize_backward", "grad_out", grad_out, "x", x)
     c.shape_is("fake_quantize_backward", "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
     return canon
+
+
+def _empty_fake_quantize_backward(a: Mapping[str, Any]) -> Any:
+    return e.zeros_like(a["x"])
 
 
 OUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -216,10 +232,8 @@ def int8_linear(
 def _check_int8_linear(x_q, w_q, x_scale, w_scale, bias, out_dtype):
     op = "int8_linear"
     c.min_rank(op, "x_q", x_q, 1, "(..., K)")
-    c.non_empty(op, "x_q", x_q)
     c.int_dtype(op, "x_q", x_q, ("int8",))
     c.rank(op, "w_q", w_q, (2,), "(N, K)")
-    c.non_empty(op, "w_q", w_q)
     c.int_dtype(op, "w_q", w_q, ("int8",))
     if int(w_q.shape[1]) != int(x_q.shape[-1]):
         raise c.fail(op, "w_q", f"of shape (N, {int(x_q.shape[-1])}) to match x_q's K", w_q)
@@ -233,6 +247,15 @@ def _check_int8_linear(x_q, w_q, x_scale, w_scale, bias, out_dtype):
         c.shape_is(op, "bias", bias, (n,), "(N,)")
         c.float_dtype(op, "bias", bias)
     c.choice(op, "out_dtype", out_dtype, OUT_DTYPES)
+
+
+def _empty_int8_linear(a: Mapping[str, Any]) -> Any:
+    """An empty result, or for K = 0 (an empty int32 sum) the bias in every row (zeros without one)."""
+    x, n = a["x_q"], int(a["w_q"].shape[0])
+    shape = c.shape_of(x)[:-1] + (n,)
+    if a["bias"] is None or 0 in shape:
+        return e.zeros(x, shape, a["out_dtype"])
+    return e.broadcast_copy(e.cast(a["bias"], a["out_dtype"]), shape)
 
 
 __all__ = ["quantize", "dequantize", "fake_quantize", "fake_quantize_backward", "int8_linear"]

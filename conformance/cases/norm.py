@@ -55,6 +55,10 @@ SHAPES: Table = {
     "large_offset": (dict(shape=(4, 256), offset=100.0), False, True),
     "large_values": (dict(shape=(4, 256), values="big"), False, False),
     "eps_large": (dict(shape=(6, 20), eps=0.1), False, False),
+    # zero-size dimensions: no rows, or rows of no features
+    "empty_rows": (dict(shape=(0, 16)), True, True),
+    "empty_batch_3d": (dict(shape=(2, 0, 8)), False, True),
+    "empty_features": (dict(shape=(3, 0)), False, True),
 }
 
 

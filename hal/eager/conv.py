@@ -56,6 +56,9 @@ def batch_norm_backward(
     """(grad_x, grad_weight, grad_bias) by autograd; in training the running stats are not passed
     (they are not read, and must not be updated by a backward)."""
     rm, rv = (None, None) if training else (running_mean, running_var)
+    if x.shape[1] == 0:  # no channels: F.batch_norm cannot take the 0-element weight to differentiate
+        p = x if weight is None else weight
+        return torch.zeros_like(x), p.new_zeros((0,)), p.new_zeros((0,))
     with torch.enable_grad():
         xg = leaf(x)
         w = leaf(weight) if weight is not None else filled_leaf(x.shape[1], 1.0, x)

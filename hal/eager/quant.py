@@ -44,6 +44,8 @@ def fake_quantize(
     z = torch.as_tensor(zero_point, device=x.device).to(torch.int32).reshape(-1)
     if axis is None:
         return torch.fake_quantize_per_tensor_affine(x, s.reshape(()), z.reshape(()), quant_min, quant_max)
+    if x.numel() == 0:  # torch's per-channel op reduces over the zero points, which fails for none
+        return x.clone()
     channels = x.shape[axis]
     return torch.fake_quantize_per_channel_affine(x, s.expand(channels), z.expand(channels), axis, quant_min, quant_max)
 
@@ -88,7 +90,7 @@ def int8_linear(
     bias: Optional[torch.Tensor],
     out_dtype: str,
 ) -> torch.Tensor:
-    acc = _int8_matmul(x_q.reshape(-1, x_q.shape[-1]), w_q.t())
+    acc = _int8_matmul(x_q.reshape(x_q.shape[:-1].numel(), x_q.shape[-1]), w_q.t())
     x_s = torch.as_tensor(x_scale, device=x_q.device).float().reshape(())
     w_s = torch.as_tensor(w_scale, device=x_q.device).float().reshape(-1)
     out = acc.float() * x_s * w_s

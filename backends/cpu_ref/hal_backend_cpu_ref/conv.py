@@ -125,6 +125,8 @@ def _stats(x: np.ndarray, running_mean, running_var, training: bool) -> tuple[np
     """Mean and (biased) variance used to normalise: the batch's in training, else the running ones."""
     if training:
         axes = (0,) + tuple(range(2, x.ndim))
+        if not x.size:  # no values: no statistics (and nothing to normalise)
+            return np.zeros((1, x.shape[1]) + (1,) * (x.ndim - 2)), np.ones((1, x.shape[1]) + (1,) * (x.ndim - 2))
         return x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
     return _per_channel(running_mean, x.ndim), _per_channel(running_var, x.ndim)
 
@@ -140,8 +142,9 @@ def _update_running(running_mean, running_var, mean: np.ndarray, var: np.ndarray
 def _bn(x: np.ndarray, running_mean, running_var, weight, bias, training: bool, momentum: float, eps: float) -> np.ndarray:
     """Batch norm of a float64 x; updates the running statistics in place when training."""
     mean, var = _stats(x, running_mean, running_var, training)
-    if training:
-        _update_running(running_mean, running_var, mean, var, x.size // x.shape[1], momentum)
+    count = elements(x.shape) // x.shape[1] if x.shape[1] else 0
+    if training and count:  # an empty batch has no statistics: the running ones stay (as torch)
+        _update_running(running_mean, running_var, mean, var, count, momentum)
     y = (x - mean) / np.sqrt(var + eps)
     if weight is not None:
         y = y * _per_channel(weight, x.ndim)
@@ -156,7 +159,7 @@ def _bn_grads(g: np.ndarray, x: np.ndarray, running_mean, running_var, weight, t
     x_hat = (x - mean) * inv_std
     gamma = 1.0 if weight is None else _per_channel(weight, x.ndim)
     g_hat = g * gamma
-    if training:  # mean and variance depend on x too
+    if training and x.size:  # mean and variance depend on x too
         g_hat = g_hat - g_hat.mean(axis=axes, keepdims=True) - x_hat * (g_hat * x_hat).mean(axis=axes, keepdims=True)
     return g_hat * inv_std, (g * x_hat).sum(axis=axes), g.sum(axis=axes)
 

@@ -31,7 +31,8 @@ def linear(x, weight, bias, act):
 @reference("linear_backward", with_result(_linear_result))
 def linear_backward(grad_out, x, weight, bias, act):
     gz = f64(grad_out) * activation_grad(_pre_activation(x, weight, bias), act)
-    rows_gz, rows_x = gz.reshape(-1, gz.shape[-1]), f64(x).reshape(-1, x.shape[-1])
+    rows = elements(x.shape[:-1])
+    rows_gz, rows_x = gz.reshape(rows, gz.shape[-1]), f64(x).reshape(rows, x.shape[-1])
     return like(gz @ f64(weight), x), like(rows_gz.T @ rows_x, x), like(rows_gz.sum(axis=0), x)
 
 

@@ -27,7 +27,7 @@ def _qparam(v, axis: Optional[int], ndim: int, dtype: type) -> np.ndarray:
     if axis is None:
         return a.reshape(())
     shape = [1] * ndim
-    shape[axis] = -1
+    shape[axis] = a.size
     return a.reshape(shape)
 
 
@@ -96,7 +96,7 @@ def int8_linear(x_q, w_q, x_scale, w_scale, bias, out_dtype):
     # matmul is the exact integer accumulation (and runs on BLAS, unlike an integer matmul). x is
     # converted a block of rows at a time: an expanded x_q is never materialised in float64.
     k, n = x_q.shape[-1], w_q.shape[0]
-    x2, w = x_q.reshape(-1, k), w_q.astype(np.float64).T
+    x2, w = x_q.reshape(elements(x_q.shape[:-1]), k), w_q.astype(np.float64).T
     acc = np.empty((x2.shape[0], n))
     step = max(1, INT8_BLOCK_ELEMENTS // max(1, k))
     for start in range(0, x2.shape[0], step):
