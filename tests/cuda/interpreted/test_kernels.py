@@ -400,3 +400,28 @@ def test_sdpa_math_kernel_masks_and_causal(gen):
         check("scaled_dot_product_attention", attention.sdpa_math, args)
         g = randn(gen, 2, 5, 6)
         check("scaled_dot_product_attention_backward", attention.sdpa_math_backward, (g, *args), outputs=3)
+
+
+@pytest.mark.parametrize("q_shape,k_shape,v_shape", [((2, 3, 5, 8), (1, 3, 7, 8), (2, 1, 7, 6)), ((2, 3, 5, 8), (3, 7, 8), (7, 8))])
+def test_sdpa_math_kernel_broadcasts_batch_dimensions(gen, q_shape, k_shape, v_shape):
+    """q, k and v whose batch dimensions broadcast (shared key/value heads): the result has the
+    broadcast batch, each gradient its input's shape (summed over what it was broadcast along)."""
+    q, k, v = randn(gen, *q_shape), randn(gen, *k_shape), randn(gen, *v_shape)
+    args = (q, k, v, None, False, 0.35)
+    check("scaled_dot_product_attention", attention.sdpa_math, args)
+    g = randn(gen, *q_shape[:-1], v_shape[-1])
+    check("scaled_dot_product_attention_backward", attention.sdpa_math_backward, (g, *args), outputs=3)
+
+
+def test_softmax_of_0d_runs_on_the_torch_kernel():
+    from hal.plugin import Inputs
+    from hal.registry import get_op
+
+    x = torch.tensor(0.7)
+    from hal_backend_cuda import plugin
+
+    spec = next(k for k in plugin.kernels if k.op == "softmax" and k.name == "triton")
+    inputs = Inputs(get_op("softmax"), (x, 0), "cuda", torch.device("cpu"), "float32", "torch", (9, 0))
+    assert any("0-d" in r for r in spec.not_supported_reasons(inputs))
+    check("softmax", attention.softmax_torch, (x, 0))
+
