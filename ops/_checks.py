@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import torch
 
-from hal.arrays import FLOAT_DTYPES, describe, dtype_name, is_array
+from hal.arrays import FLOAT_DTYPES, describe, dtype_name, is_array, short_repr
 from hal.errors import InvalidArgumentError
 
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
@@ -29,11 +29,8 @@ def fail(op: str, name: str, expected: str, got: Any) -> InvalidArgumentError:
 
 
 def shown(v: Any) -> str:
-    """``repr(v)`` for error messages, short for huge ints (whose repr may run to thousands of
-    digits, or raise beyond Python's 4300-digit limit)."""
-    if is_int(v) and abs(int(v)) >= 10**30:
-        return f"an int of {int(v).bit_length()} bits ({'-' if v < 0 else ''}~2**{int(abs(int(v))).bit_length() - 1})"
-    return repr(v)
+    """``repr(v)`` for error messages, short for huge ints."""
+    return short_repr(int(v) if is_int(v) else v)
 
 
 def shape_of(a: Any) -> tuple[int, ...]:
