@@ -64,6 +64,16 @@ def min_rank(op: str, name: str, a: Any, low: int, what: str = "") -> int:
     return a.ndim
 
 
+def writable(op: str, name: str, a: Any) -> None:
+    """An array an op writes in place must not have elements sharing memory (an expanded view,
+    stride 0 along a dimension of size > 1), as torch's in-place ops require."""
+    if numel(a) <= 1:  # nothing, or one element: nothing can overlap (empty arrays may have 0 strides)
+        return
+    strides = a.stride() if isinstance(a, torch.Tensor) else a.strides
+    if any(int(st) == 0 and int(n) > 1 for st, n in zip(strides, a.shape)):
+        raise fail(op, name, "an array whose elements do not share memory (an expanded view cannot be written in place: clone() it first)", a)
+
+
 def float_dtype(op: str, name: str, a: Any, allowed: Sequence[str] = FLOAT_DTYPES) -> str:
     t = dtype_name(a)
     if t not in allowed:

@@ -118,10 +118,11 @@ def check_per_channel(op: str, name: str, a: Any, channels: int, x_name: str, x:
 
 
 def check_bn_options(
-    op: str, per_channel: int, running_mean: Any, running_var: Any, training: Any, momentum: Any, eps: Any
+    op: str, per_channel: int, running_mean: Any, running_var: Any, training: Any, momentum: Any, eps: Any, write: bool = True
 ) -> None:
     """Batch norm's options; ``per_channel`` is the count of normalised values per channel (batch
-    statistics need more than one)."""
+    statistics need more than one); ``write``: the op updates the running statistics in training
+    (the forward ops; backward ops only read them)."""
     c.boolean(op, "training", training)
     c.number(op, "momentum", momentum, low=0.0, high=1.0)
     c.number(op, "eps", eps, low=0.0)
@@ -129,6 +130,9 @@ def check_bn_options(
         raise c.fail(op, "running_var" if running_var is None else "running_mean", "given together with its twin (both or neither)", "only one of the two")
     if running_mean is None and not training:
         raise c.fail(op, "running_mean", "an array when training=False (eval mode normalises with the running statistics)", "None")
+    if training and running_mean is not None and write:
+        c.writable(op, "running_mean", running_mean)
+        c.writable(op, "running_var", running_var)
     if training and per_channel == 1:  # as torch: none (an empty batch) is fine, one is not
         raise c.fail(op, "x", "large enough for more than one normalised value per channel when training (batch statistics)", f"{per_channel} value per channel")
 
@@ -284,7 +288,7 @@ def _check_batch_norm_backward(grad_out, x, running_mean, running_var, weight, t
     ch = int(x.shape[1])
     for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight)):
         check_per_channel(op, name, a, ch, "x", x)
-    check_bn_options(op, _spatial_count(x), running_mean, running_var, training, 0.1, eps)
+    check_bn_options(op, _spatial_count(x), running_mean, running_var, training, 0.1, eps, write=False)
     return {"eps": float(eps), "training": bool(training)}
 
 
@@ -298,7 +302,7 @@ def _empty_batch_norm_backward(a: Mapping[str, Any]) -> tuple:
 # --- fused_conv_bn_relu -----------------------------------------------------------------------
 
 
-def _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+def _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training, write=True):
     c.rank(op, "x", x, (4,), "(N, C, H, W)")
     if int(x.shape[1]) == 0:  # conv2d gives zero channels then, which the per-channel parameters cannot take
         raise c.fail(op, "x", "an array with channels (torch's conv2d of a zero-channel input has no output channels for batch_norm)", x)
@@ -311,7 +315,7 @@ def _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mea
         c.same_dtype(op, "conv_bias", conv_bias, "x", x)
     for name, a in (("bn_weight", bn_weight), ("bn_bias", bn_bias), ("running_mean", running_mean), ("running_var", running_var)):
         check_per_channel(op, name, a, cout, "x", x)
-    check_bn_options(op, _spatial_count(out_shape), running_mean, running_var, training, momentum, eps)
+    check_bn_options(op, _spatial_count(out_shape), running_mean, running_var, training, momentum, eps, write)
     return geo, out_shape
 
 
@@ -396,7 +400,7 @@ def fused_conv_bn_relu_backward(
 @fused_conv_bn_relu_backward.checker
 def _check_fused_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
     op = "fused_conv_bn_relu_backward"
-    geo, out_shape = _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, 0.1, training)
+    geo, out_shape = _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, 0.1, training, write=False)
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, out_shape, "(the forward output's shape)")
     return {**geo, "eps": float(eps), "training": bool(training)}

@@ -27,6 +27,7 @@ def _check_linear(op: str, x: Any, weight: Any, bias: Any) -> None:
         c.rank(op, "bias", bias, (1,))
         c.shape_is(op, "bias", bias, (int(weight.shape[0]),), "(out_features,)")
         c.same_dtype(op, "bias", bias, "x", x)
+    c.result_fits(op, "x", c.shape_of(x)[:-1] + (int(weight.shape[0]),), c.itemsize(x))
 
 
 def _linear_k(a: dict) -> int:

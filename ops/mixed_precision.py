@@ -35,6 +35,7 @@ def amp_unscale_(tensors: TensorList, inv_scale: ScalarOrTensor) -> Any:
 def _check_amp_unscale(tensors, inv_scale):
     for i, t in enumerate(tensors):
         c.float_dtype("amp_unscale_", f"tensors[{i}]", t)
+        c.writable("amp_unscale_", f"tensors[{i}]", t)
 
 
 def _empty_amp_unscale_(a: Mapping[str, Any]) -> Any:
@@ -119,6 +120,9 @@ def _check_fused_adamw(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, e
             c.dtype_in(op, f"exp_avg_sqs[{i}]", exp_avg_sqs[i], (sdtype,), "all optimizer states of one call share a dtype")
             if master_params is not None:
                 c.dtype_in(op, f"master_params[{i}]", master_params[i], ("float32",), "master weights are float32")
+            for name in ("params", "exp_avgs", "exp_avg_sqs", "master_params"):
+                if name in lists:
+                    c.writable(op, f"{name}[{i}]", lists[name][i])
         if master_params is not None and sdtype not in ("float32", "float64"):
             raise c.fail(op, "exp_avgs[0]", "of dtype float32 (or float64) beside float32 master weights", exp_avgs[0])
         if master_params is None and sdtype not in (pdtype, "float32"):

@@ -224,7 +224,8 @@ def int8_linear(
     cast to out_dtype (float16, bfloat16, float32).
 
     x_q (..., K) int8, w_q (N, K) int8, x_scale one value, w_scale one value or (N,) (per output
-    channel), bias (N,) of any float dtype. The int32 accumulation is exact.
+    channel), scales positive and finite, bias (N,) of any float dtype. The int32 accumulation is
+    exact.
     """
 
 
@@ -247,6 +248,7 @@ def _check_int8_linear(x_q, w_q, x_scale, w_scale, bias, out_dtype):
         c.shape_is(op, "bias", bias, (n,), "(N,)")
         c.float_dtype(op, "bias", bias)
     c.choice(op, "out_dtype", out_dtype, OUT_DTYPES)
+    c.result_fits(op, "x_q", c.shape_of(x_q)[:-1] + (n,), 4)
 
 
 def _empty_int8_linear(a: Mapping[str, Any]) -> Any:

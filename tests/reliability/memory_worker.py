@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import hal
@@ -64,7 +64,7 @@ def run(what: str, call: Callable[[], Any], want: Callable[[], Any]) -> None:
         return
     REPORT["results"] += 1
     expected = reference(want)
-    if expected is None:
+    if expected is None:  # torch cannot compute it under the limit either, or is not trusted there
         return
     REPORT["compared"] += 1
     got_t, want_t = (got, expected) if isinstance(got, tuple) else ((got,), (expected,))
@@ -88,12 +88,21 @@ def conv_calls(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+#: torch 2.13 computes convolution output sizes wrongly from about 2**34 on (F.conv2d of a 4x4 input,
+#: 4x4 kernel, padding = stride = 2**34 gives one output row where the formula gives two; an
+#: overflow in its size arithmetic): beyond this, results are not compared with torch.
+TORCH_SIZES_EXACT = 2**31
+
+
 def conv_case(a: dict[str, Any]) -> None:
     x, w, p, d, s = a["x"], a["weight"], a["padding"], a["dilation"], a["stride"]
     what = f"conv2d x{tuple(x.shape)} w{tuple(w.shape)} padding={p} dilation={d} stride={s}"
-    run(what, lambda: hal.ops.conv2d(x, w, None, s, p, d), lambda: F.conv2d(x, w, None, s, p, d))
+    trusted = max(p, d, s) < TORCH_SIZES_EXACT
+    run(what, lambda: hal.ops.conv2d(x, w, None, s, p, d), lambda: F.conv2d(x, w, None, s, p, d) if trusted else None)
 
-    def torch_grads() -> tuple:
+    def torch_grads() -> Optional[tuple]:
+        if not trusted:
+            return None
         xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
         y = F.conv2d(xl, wl, None, s, p, d)
         return torch.autograd.grad(y, (xl, wl), torch.ones_like(y))
@@ -162,8 +171,8 @@ def issue_examples() -> None:
 
 
 def main() -> None:
-    headroom, examples, seed = (int(v) for v in sys.argv[1:4])
-    torch.manual_seed(seed)
+    headroom, examples, run_seed = (int(v) for v in sys.argv[1:4])
+    torch.manual_seed(run_seed)
     hal.backends()  # load the plugins before the limit: only the calls are measured
     REPORT["limit_active"] = limit_address_space(headroom)
     issue_examples()
@@ -171,8 +180,8 @@ def main() -> None:
     for strategy, case, share in ((conv_calls(), conv_case, 4), (expanded_calls(), expanded_case, 2),
                                   (broadcast_calls(), matmul_broadcast_case, 1), (attention_calls(), attention_case, 1)):
         test = settings(max_examples=max(1, examples * share // 8), deadline=None, database=None,
-                        derandomize=False, suppress_health_check=list(HealthCheck))(given(strategy)(case))
-        test()
+                        suppress_health_check=list(HealthCheck))(given(strategy)(case))
+        seed(run_seed)(test)()  # the parent's seed replays the same calls
     print(json.dumps(REPORT))
 
 
