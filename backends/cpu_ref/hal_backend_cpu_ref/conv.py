@@ -1,12 +1,14 @@
 """Convolution, batch normalisation and conv -> batch-norm -> ReLU, with their gradients (float64).
 
 Arguments arrive canonical: x batched (N, C, H, W), stride and dilation as pairs, padding as
-(top, bottom, left, right). A convolution is a sum over kernel taps: tap (i, j) multiplies the
-input rows ``p * sh - top + i * dh`` (and columns likewise) by ``weight[:, :, i, j]`` and adds into
-output position (p, q), channels split into groups. Padding contributes zeros, so only the output
-positions whose tap lands inside the input are computed: the padded input is never built, and a
-convolution needs memory for its input, weight and output only, whatever its padding and dilation.
-The input gradient adds each tap's contribution back into the input positions it read.
+(top, bottom, left, right). A convolution is a sum over kernel taps: tap (i, j) reads input row
+``p * sh - top + i * dh`` (and column likewise) for output position (p, q) and multiplies it by
+``weight[:, :, i, j]``, channels split into groups. Padding contributes zeros, so the input seen by
+each tap ("columns", an (N, G, C/G, kH, kW, rows, Wo) array) is built only from the output
+positions whose tap lands inside the input, and a block of output rows at a time: the padded input
+is never built, and the memory a convolution needs is its input, weight and output plus one block,
+whatever its padding and dilation. Each block is then one contraction with the weight. The input
+gradient adds each tap's columns gradient back into the input positions it read.
 """
 
 from __future__ import annotations
@@ -21,29 +23,42 @@ from ._common import elements, f64, like, reference, with_result
 
 # --- conv2d ------------------------------------------------------------------------------------
 
-
-def _tap_spans(size: int, out: int, stride: int, before: int, dilation: int, taps: int) -> list[tuple[int, slice, slice]]:
-    """For each tap t along one spatial dimension that lands inside the input for some output
-    position: (t, output positions, input positions), both as slices (strided in the input)."""
-    spans = []
-    for t in range(taps):
-        offset = t * dilation - before  # input position read by output position 0
-        first = max(0, -(offset // stride) if offset < 0 else 0)  # smallest p with p * stride + offset >= 0
-        last = min(out - 1, (size - 1 - offset) // stride)  # largest p with p * stride + offset < size
-        if first <= last:
-            start = first * stride + offset
-            spans.append((t, slice(first, last + 1), slice(start, start + (last - first) * stride + 1, stride)))
-    return spans
+#: elements of the columns of one block of output rows (at least one row's).
+BLOCK_ELEMENTS = 2**23
 
 
-def _taps(x_shape, weight_shape, out_shape, stride, padding, dilation) -> Iterator[tuple[int, int, tuple, tuple]]:
-    """(i, j, output index, input index) of every kernel tap that lands inside the input."""
+def _tap_span(size: int, rows: range, stride: int, before: int, offset_of_tap: int) -> Optional[tuple[slice, slice]]:
+    """(output positions within ``rows``, input positions) where a tap lands inside the input, as
+    slices (output positions relative to rows.start; input positions strided), or None."""
+    offset = offset_of_tap - before  # input position read by output position 0
+    first = max(rows.start, -(offset // stride) if offset < 0 else 0)  # p * stride + offset >= 0
+    last = min(rows.stop - 1, (size - 1 - offset) // stride)  # p * stride + offset < size
+    if first > last:
+        return None
+    start = first * stride + offset
+    return slice(first - rows.start, last - rows.start + 1), slice(start, start + (last - first) * stride + 1, stride)
+
+
+def _taps(x_shape, weight_shape, rows: range, wo: int, stride, padding, dilation) -> Iterator[tuple[int, int, tuple, tuple]]:
+    """(i, j, columns index, input index) of every tap landing inside the input for output rows
+    ``rows`` (indices into (N, G, C/G, H, W) and the block's (N, G, C/G, kH, kW, rows, Wo))."""
     (sh, sw), (dh, dw), (top, _, left, _) = stride, dilation, padding
-    rows = _tap_spans(x_shape[2], out_shape[2], sh, top, dh, weight_shape[2])
-    cols = _tap_spans(x_shape[3], out_shape[3], sw, left, dw, weight_shape[3])
-    for i, out_r, in_r in rows:
-        for j, out_c, in_c in cols:
-            yield i, j, (slice(None), slice(None), slice(None), out_r, out_c), (slice(None), slice(None), slice(None), in_r, in_c)
+    every = (slice(None),) * 3
+    for i in range(weight_shape[2]):
+        r = _tap_span(x_shape[2], rows, sh, top, i * dh)
+        if r is None:
+            continue
+        for j in range(weight_shape[3]):
+            c = _tap_span(x_shape[3], range(wo), sw, left, j * dw)
+            if c is not None:
+                yield i, j, every + (i, j, r[0], c[0]), every + (r[1], c[1])
+
+
+def _row_blocks(x_shape, weight_shape, groups: int, ho: int, wo: int) -> Iterator[range]:
+    per_row = x_shape[0] * x_shape[1] * weight_shape[2] * weight_shape[3] * wo
+    step = max(1, BLOCK_ELEMENTS // max(1, per_row))
+    for start in range(0, ho, step):
+        yield range(start, min(ho, start + step))
 
 
 def _out_hw(x_shape, weight_shape, stride, padding, dilation) -> tuple[int, int]:
@@ -63,6 +78,15 @@ def _grouped(weight: np.ndarray, groups: int) -> np.ndarray:
     return weight.reshape(groups, weight.shape[0] // groups, *weight.shape[1:])
 
 
+def _columns(xg: np.ndarray, weight_shape, rows: range, wo: int, stride, padding, dilation) -> np.ndarray:
+    """What every tap reads for output rows ``rows``: (N, G, C/G, kH, kW, len(rows), Wo), zeros where
+    it lands in the padding."""
+    cols = np.zeros(xg.shape[:3] + tuple(weight_shape[2:]) + (len(rows), wo))
+    for _, _, at, read in _taps(xg.shape[:2] + xg.shape[3:], weight_shape, rows, wo, stride, padding, dilation):
+        cols[at] = xg[read]
+    return cols
+
+
 def _conv(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray], stride, padding, dilation, groups) -> np.ndarray:
     n, o = x.shape[0], weight.shape[0]
     ho, wo = _out_hw(x.shape, weight.shape, stride, padding, dilation)
@@ -70,8 +94,9 @@ def _conv(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray], stride,
         return np.zeros((n, 0, ho, wo))  # as torch: an input without channels gives an output without any
     y = np.zeros((n, groups, o // groups, ho, wo))
     xg, wg = _grouped_x(x, groups), _grouped(weight, groups)
-    for i, j, out_at, in_at in _taps(x.shape, weight.shape, (n, o, ho, wo), stride, padding, dilation):
-        y[out_at] += np.einsum("ngchw,goc->ngohw", xg[in_at], wg[..., i, j], optimize=True)
+    for rows in _row_blocks(x.shape, weight.shape, groups, ho, wo):
+        cols = _columns(xg, weight.shape, rows, wo, stride, padding, dilation)
+        y[..., rows.start : rows.stop, :] = np.einsum("ngcijhw,gocij->ngohw", cols, wg, optimize=True)
     y = y.reshape(n, o, ho, wo)
     return y if bias is None else y + bias[:, None, None]
 
@@ -81,12 +106,16 @@ def _conv_grads(g: np.ndarray, x: np.ndarray, weight: np.ndarray, stride, paddin
     o = weight.shape[0]
     if not x.shape[1]:  # the output has no channels: nothing depends on the weight or the bias
         return np.zeros(x.shape), np.zeros(weight.shape), np.zeros(o)
-    gg = g.reshape(g.shape[0], groups, o // groups, *g.shape[2:])  # (N, G, O/G, Ho, Wo)
+    ho, wo = g.shape[2:]
+    gg = g.reshape(g.shape[0], groups, o // groups, ho, wo)  # (N, G, O/G, Ho, Wo)
     xg, wg = _grouped_x(x, groups), _grouped(weight, groups)
     grad_x, grad_w = np.zeros(xg.shape), np.zeros(wg.shape)
-    for i, j, out_at, in_at in _taps(x.shape, weight.shape, g.shape, stride, padding, dilation):
-        grad_w[..., i, j] += np.einsum("ngohw,ngchw->goc", gg[out_at], xg[in_at], optimize=True)
-        grad_x[in_at] += np.einsum("ngohw,goc->ngchw", gg[out_at], wg[..., i, j], optimize=True)
+    for rows in _row_blocks(x.shape, weight.shape, groups, ho, wo):
+        g_rows = gg[..., rows.start : rows.stop, :]
+        grad_w += np.einsum("ngohw,ngcijhw->gocij", g_rows, _columns(xg, weight.shape, rows, wo, stride, padding, dilation), optimize=True)
+        grad_cols = np.einsum("ngohw,gocij->ngcijhw", g_rows, wg, optimize=True)
+        for _, _, at, read in _taps(x.shape, weight.shape, rows, wo, stride, padding, dilation):
+            grad_x[read] += grad_cols[at]
     return grad_x.reshape(x.shape), grad_w.reshape(weight.shape), g.sum(axis=(0, 2, 3))
 
 
@@ -97,8 +126,13 @@ def _conv_output_elements(inputs: Inputs) -> int:
     return elements((x.shape[0], w.shape[0], ho, wo))
 
 
-#: a convolution's working set: its inputs, the output and a per-tap product of the output's size.
-CONV_FOOTPRINT = with_result(_conv_output_elements)
+def _conv_footprint(inputs: Inputs) -> int:
+    """A convolution's working set: inputs, the output and its gradient's temporaries, and two
+    blocks of columns (the columns and their gradient)."""
+    return with_result(_conv_output_elements)(inputs) + 2 * 8 * BLOCK_ELEMENTS
+
+
+CONV_FOOTPRINT = _conv_footprint
 
 
 @reference("conv2d", CONV_FOOTPRINT)
