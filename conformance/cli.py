@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
 import time
@@ -81,6 +82,18 @@ def plugin_problem(backend: Optional[str]) -> Optional[str]:
     return None
 
 
+def full_report_in(directory: Path) -> Optional[str]:
+    """A description of the full run whose report.json is in ``directory`` (None when there is
+    none: no file, an unreadable one, or a quick run's)."""
+    try:
+        doc = json.loads((directory / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("mode") != "full":
+        return None
+    return f"a full run of backend {doc.get('backend', '?')} started {doc.get('started', '?')}"
+
+
 def run(args: argparse.Namespace) -> int:
     from . import report
     from .parallel import run_parallel
@@ -98,6 +111,14 @@ def run(args: argparse.Namespace) -> int:
         poison=not args.no_poison,
         strict_xpass=args.strict_xpass,
     )
+    full = full_report_in(args.report_dir) if args.quick and not args.list else None
+    if full is not None:
+        print(
+            f"hal conformance: --quick would replace the report of {full} in {args.report_dir}; write the quick "
+            f"run elsewhere with --report-dir DIR (or move {args.report_dir / 'report.json'} away first)",
+            file=sys.stderr,
+        )
+        return 2
     if args.jobs is not None and args.jobs < 1:
         print(f"hal conformance: --jobs {args.jobs}: give a number of processes, 1 or more", file=sys.stderr)
         return 2

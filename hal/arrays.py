@@ -97,7 +97,15 @@ def describe(a: Any) -> str:
         return f"a {dtype_name(a)} {what} of shape {tuple(a.shape)} on {device_label(a)}"
     if isinstance(a, (list, tuple)):
         return f"a {type(a).__name__} of {len(a)} items"
-    return f"{a!r} ({type(a).__name__})"
+    return f"{short_repr(a)} ({type(a).__name__})"
+
+
+def short_repr(v: Any) -> str:
+    """``repr(v)``, short for huge ints, whose repr runs to thousands of digits (and raises beyond
+    Python's 4300-digit limit)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**30:
+        return f"an int of {v.bit_length()} bits ({'-' if v < 0 else ''}~2**{v.bit_length() - 1})"
+    return repr(v)
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:

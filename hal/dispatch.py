@@ -539,17 +539,27 @@ class Dispatcher:
         plan = self._backend_order(decl, inputs, choice, rt, decision)
         if plan is None:
             return decision, None
-        if decl.empty is not None and _has_zero_size(decl, inputs.args):
-            state = plan[0][0]
-            decision.backend, decision.kernel = state.name, "empty"
-            decision.candidates.append(Candidate(state.name, "empty", [], chosen=True, note="a zero-size dimension: the op's empty rule"))
-            return decision, _empty_runner(decl)
         for position, (state, mode) in enumerate(plan):
             target = self._try_backend(decl, inputs, choice, state, mode, position, decision)
             if decision.error is not None or target is not None:
+                if target is not None and decision.kernel != "composite" and decl.empty is not None and _has_zero_size(decl, inputs.args):
+                    return decision, self._empty_instead(decl, decision)
                 return decision, target
         decision.error = UnsupportedError(self._no_kernel_message(decl, decision, rt))
         return decision, None
+
+    @staticmethod
+    def _empty_instead(decl: OpDecl, decision: Decision) -> Callable[..., Any]:
+        """Inputs with a zero-size dimension: the op's empty rule answers in place of the kernel
+        chosen for them (the same choice, errors and forcing as other inputs; kernels never see
+        zero-size arrays)."""
+        chosen = decision.chosen
+        if chosen is not None:
+            chosen.chosen = False
+        decision.candidates.append(Candidate(decision.backend or "", "empty", [], chosen=True,
+                                             note=f"a zero-size dimension: the op's empty rule instead of {decision.kernel}"))
+        decision.kernel = "empty"
+        return _empty_runner(decl)
 
     def _backend_order(
         self, decl: OpDecl, inputs: Inputs, choice: Choice, rt: Runtime, decision: Decision
@@ -734,7 +744,9 @@ class Dispatcher:
                 return run(*args)
 
             return count_call, run_fallback
-        fn = _writing(decl, target, inputs) if (decl.mutates and inputs.array_type == "torch") else target
+        fn = _writing(decl, target) if (decl.mutates and inputs.array_type == "torch") else target
+        if decl.values is not None and inputs.device_kind == "cpu":
+            fn = _validating(decl, fn)
         if unbatched is not None:
             fn = _rebatching(fn, unbatched)
         if decision.route == "autograd":
@@ -887,7 +899,19 @@ def _rebatching(fn: Callable[..., Any], i: int) -> Callable[..., Any]:
     return run
 
 
-def _writing(decl: OpDecl, fn: Callable[..., Any], inputs: Inputs) -> Callable[..., Any]:
+def _validating(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` after the op's value check (host-resident arrays: reading them costs no synchronisation)."""
+    check, names = decl.values, decl.param_names
+    assert check is not None
+
+    def run(*a: Any) -> Any:
+        check(dict(zip(names, a)))
+        return fn(*a)
+
+    return run
+
+
+def _writing(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
     """An in-place kernel on torch tensors: run without grad recording, then bump the version
     counter of every tensor it wrote (kernels that write through pointers or NumPy views do not),
     so that autograd notices a saved tensor that changed, as with torch's own in-place ops."""
@@ -1196,8 +1220,6 @@ def kernel_names(op: str) -> set[str]:
     decl = OPS.get(op)
     if decl is not None and decl.fallback_composite is not None:
         names.add("composite")
-    if decl is not None and decl.empty is not None:
-        names.add("empty")
     return names
 
 

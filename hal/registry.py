@@ -15,7 +15,8 @@ call as ``hal.ops.matmul``. That function carries decorators for the rest of the
 - ``@matmul.composite(...)``: a decomposition into other ops, used where no kernel runs the inputs
   (``fallback=True``) and/or where a call needs autograd (``training=True``, optionally ``when`` a
   predicate of the canonical arguments holds);
-- ``@matmul.empty``: the results for inputs with a zero-size dimension (kernels never see those).
+- ``@matmul.empty``: the results for inputs with a zero-size dimension (kernels never see those);
+- ``@matmul.values``: a check of argument values run on every call whose arrays are in host memory.
 
 The core reads these fields and nothing else about an op: it holds no table keyed by op names and
 never imports ``hal.ops``. Modules that need to know about every declaration (the dispatcher builds
@@ -134,6 +135,9 @@ class OpDecl:
     fake: Optional[Callable[[Named], Any]] = None
     #: the results for inputs with a zero-size dimension (see ``empty``).
     empty: Optional[Callable[[Named], Any]] = None
+    #: a check of argument values (not only shapes and dtypes) run on every call whose arrays are in
+    #: host memory, where reading them is free (see ``values``).
+    values: Optional[Callable[[Named], None]] = None
     #: decompositions into other ops (see ``composite``).
     decompositions: tuple[Decomposition, ...] = ()
     #: the public function (set by ``declare``).
@@ -322,6 +326,14 @@ def attach_decorators(entry: Any, decl: OpDecl) -> None:
         decl.empty = fn
         return fn
 
+    def values(fn: Callable[[Named], None]) -> Callable[[Named], None]:
+        """Register a check of the values held by the op's arrays (a quantisation scale that is 0,
+        say), called with the canonical arguments by name on every call whose arrays are in host
+        memory, before the kernel; it raises hal.InvalidArgumentError. Device arrays are not read
+        (that would synchronise with the device): their kernels handle bad values."""
+        decl.values = fn
+        return fn
+
     def composite(fn: Optional[Callable[..., Any]] = None, *, fallback: bool = True, training: bool = False,
                   when: Optional[Callable[[Named], bool]] = None) -> Any:
         """Register a decomposition of the op into other ops (called with canonical arguments).
@@ -341,6 +353,7 @@ def attach_decorators(entry: Any, decl: OpDecl) -> None:
     entry.checker = checker
     entry.fake = fake
     entry.empty = empty
+    entry.values = values
     entry.composite = composite
 
 

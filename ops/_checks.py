@@ -12,10 +12,15 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import torch
 
-from hal.arrays import FLOAT_DTYPES, describe, dtype_name, is_array
+from hal.arrays import FLOAT_DTYPES, describe, dtype_name, is_array, short_repr
 from hal.errors import InvalidArgumentError
 
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
+
+#: the largest int a kernel can take (sizes, strides and options are int64 in torch and C++).
+INT64_MAX = 2**63 - 1
+#: the largest array hal creates, in bytes: torch sizes its storage in int64 bytes.
+MAX_RESULT_BYTES = INT64_MAX
 
 
 def fail(op: str, name: str, expected: str, got: Any) -> InvalidArgumentError:
@@ -23,8 +28,18 @@ def fail(op: str, name: str, expected: str, got: Any) -> InvalidArgumentError:
     return InvalidArgumentError(op, name, expected, got if isinstance(got, str) else describe(got))
 
 
+def shown(v: Any) -> str:
+    """``repr(v)`` for error messages, short for huge ints."""
+    return short_repr(int(v) if is_int(v) else v)
+
+
 def shape_of(a: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in a.shape)
+
+
+def itemsize(a: Any) -> int:
+    """Bytes per element of an array."""
+    return int(a.element_size()) if isinstance(a, torch.Tensor) else int(a.itemsize)
 
 
 def numel(a: Any) -> int:
@@ -49,10 +64,14 @@ def min_rank(op: str, name: str, a: Any, low: int, what: str = "") -> int:
     return a.ndim
 
 
-def non_empty(op: str, name: str, a: Any) -> None:
-    """hal kernels do not take empty arrays: every dimension must be at least 1."""
-    if any(s == 0 for s in a.shape):
-        raise fail(op, name, "a non-empty array (every dimension >= 1)", a)
+def writable(op: str, name: str, a: Any) -> None:
+    """An array an op writes in place must not have elements sharing memory (an expanded view,
+    stride 0 along a dimension of size > 1), as torch's in-place ops require."""
+    if numel(a) <= 1:  # nothing, or one element: nothing can overlap (empty arrays may have 0 strides)
+        return
+    strides = a.stride() if isinstance(a, torch.Tensor) else a.strides
+    if any(int(st) == 0 and int(n) > 1 for st, n in zip(strides, a.shape)):
+        raise fail(op, name, "an array whose elements do not share memory (an expanded view cannot be written in place: clone() it first)", a)
 
 
 def float_dtype(op: str, name: str, a: Any, allowed: Sequence[str] = FLOAT_DTYPES) -> str:
@@ -99,7 +118,14 @@ def integer(op: str, name: str, v: Any, low: Optional[int] = None, high: Optiona
     v = int(v)
     if (low is not None and v < low) or (high is not None and v > high):
         bounds = f">= {low}" if high is None else (f"<= {high}" if low is None else f"in [{low}, {high}]")
-        raise fail(op, name, f"an int {bounds}", repr(v))
+        raise fail(op, name, f"an int {bounds}", shown(v))
+    return in_int64(op, name, v)
+
+
+def in_int64(op: str, name: str, v: int) -> int:
+    """``v``, which kernels take as an int64, must fit in one."""
+    if not -INT64_MAX - 1 <= v <= INT64_MAX:
+        raise fail(op, name, "an int that fits in 64 bits (|value| < 2**63)", shown(v))
     return v
 
 
@@ -115,7 +141,10 @@ def number(
     """A finite Python number within bounds, as a float."""
     if not is_number(v):
         raise fail(op, name, "a Python number", v)
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond float64's range (10**400)
+        raise fail(op, name, "a finite number (within float64's range, below 1.8e308)", shown(v)) from None
     if not math.isfinite(f):
         raise fail(op, name, "a finite number", repr(v))
     too_low = low is not None and (f < low or (low_open and f == low))
@@ -127,7 +156,7 @@ def number(
             bounds = f"{'>' if low_open else '>='} {low:g}"
         else:
             bounds = f"{'<' if high_open else '<='} {high:g}"
-        raise fail(op, name, f"a number {bounds}", repr(v))
+        raise fail(op, name, f"a number {bounds}", shown(v))
     return f
 
 
@@ -167,8 +196,8 @@ def int_pair(op: str, name: str, v: Any, low: int = 1) -> tuple[int, int]:
     if not isinstance(v, (tuple, list)) or len(v) != 2 or not all(is_int(x) for x in v):
         raise fail(op, name, "an int or a pair of ints", v)
     if any(int(x) < low for x in v):
-        raise fail(op, name, f"ints >= {low}", repr(tuple(v)))
-    return int(v[0]), int(v[1])
+        raise fail(op, name, f"ints >= {low}", ", ".join(map(shown, v)))
+    return in_int64(op, name, int(v[0])), in_int64(op, name, int(v[1]))
 
 
 def int_tuple(op: str, name: str, v: Any, low: int = 1) -> tuple[int, ...]:
@@ -180,8 +209,36 @@ def int_tuple(op: str, name: str, v: Any, low: int = 1) -> tuple[int, ...]:
     if not isinstance(v, (tuple, list)) or not all(is_int(x) for x in v):
         raise fail(op, name, "an int or a sequence of ints", v)
     if any(int(x) < low for x in v):
-        raise fail(op, name, f"ints >= {low}", repr(tuple(v)))
-    return tuple(int(x) for x in v)
+        raise fail(op, name, f"ints >= {low}", ", ".join(map(shown, v)))
+    return tuple(in_int64(op, name, int(x)) for x in v)
+
+
+def result_fits(op: str, name: str, shape: Sequence[int], itemsize: int, what: str = "result") -> None:
+    """A result of ``shape`` must be creatable: at most :data:`MAX_RESULT_BYTES` bytes. ``name`` is
+    the argument that makes it this large (padding, a broadcast operand)."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if n * itemsize > MAX_RESULT_BYTES:
+        raise fail(
+            op,
+            name,
+            f"small enough for a {what} of at most 2**63 - 1 bytes",
+            f"a {what} of shape {tuple(int(s) for s in shape)} ({n} elements, {n * itemsize} bytes)",
+        )
+
+
+def broadcast_shapes(a: Sequence[int], b: Sequence[int]) -> Optional[tuple[int, ...]]:
+    """The broadcast of two shapes (NumPy's and torch's rules: a size-1 dimension takes the other's
+    size, 0 included), or None when they do not broadcast."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = int(a[-i]) if i <= len(a) else 1
+        y = int(b[-i]) if i <= len(b) else 1
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(y if x == 1 else x)
+    return tuple(reversed(out))
 
 
 def broadcasts_to(op: str, name: str, a: Any, target: Sequence[int], target_name: str) -> None:

@@ -9,6 +9,7 @@ from hal.registry import declare
 from hal.types import IntPair, OptionalTensor, Padding, Tensor
 
 from . import _checks as c
+from . import _empty as e
 from ._fake import conv_out, like, param_like
 from ._tolerances import REDUCTION
 
@@ -53,10 +54,12 @@ def conv_geometry(
     """Check a 2-D convolution's inputs and return canonical stride, padding (top, bottom, left,
     right), dilation and groups, plus the output shape under ``"out_shape"``."""
     c.rank(op, x_name, x, (3, 4), "(N, C, H, W) or (C, H, W)")
-    c.non_empty(op, x_name, x)
+    if any(int(s) == 0 for s in x.shape[-2:]):
+        raise c.fail(op, x_name, "an array of height and width >= 1 (as torch, only the batch and the channels may be empty)", x)
     c.float_dtype(op, x_name, x)
     c.rank(op, w_name, weight, (4,), "(out_channels, in_channels / groups, kH, kW)")
-    c.non_empty(op, w_name, weight)
+    if int(weight.shape[0]) == 0 or int(weight.shape[2]) == 0 or int(weight.shape[3]) == 0:
+        raise c.fail(op, w_name, "an array with out_channels, kH and kW >= 1 (as torch)", weight)
     c.same_dtype(op, w_name, weight, x_name, x)
     g = c.integer(op, "groups", groups, low=1)
     sh, sw = c.int_pair(op, "stride", stride)
@@ -81,24 +84,28 @@ def conv_geometry(
     else:
         ph, pw = c.int_pair(op, "padding", padding, low=0)
         pads = (ph, ph, pw, pw)
-    h, w = int(x.shape[-2]), int(x.shape[-1])
-    ho = (h + pads[0] + pads[1] - dh * (kh - 1) - 1) // sh + 1
-    wo = (w + pads[2] + pads[3] - dw * (kw - 1) - 1) // sw + 1
-    if ho < 1 or wo < 1:
+    batch = (int(x.shape[0]),) if x.ndim == 4 else ()
+    out_shape = batch + conv_out_shape(c.shape_of(x)[-3:], c.shape_of(weight), (sh, sw), pads, (dh, dw))
+    if out_shape[-2] < 1 or out_shape[-1] < 1:
         raise c.fail(
             op,
             x_name,
             f"at least as large as the dilated kernel ({dh * (kh - 1) + 1}x{dw * (kw - 1) + 1}) after padding",
             x,
         )
-    batch = (int(x.shape[0]),) if x.ndim == 4 else ()
-    return {
-        "stride": (sh, sw),
-        "padding": pads,
-        "dilation": (dh, dw),
-        "groups": g,
-        "out_shape": batch + (cout, ho, wo),
-    }
+    c.result_fits(op, "padding" if any(pads) else x_name, out_shape, c.itemsize(x), "convolution output")
+    return {"stride": (sh, sw), "padding": pads, "dilation": (dh, dw), "groups": g, "out_shape": out_shape}
+
+
+def conv_out_shape(chw: tuple[int, ...], weight_shape: tuple[int, ...], stride, padding, dilation) -> tuple[int, int, int]:
+    """(channels, Ho, Wo) of a convolution of a (C, H, W) input with canonical stride, padding and
+    dilation. As torch, an input with zero channels gives an output with zero channels."""
+    (sh, sw), (top, bottom, left, right), (dh, dw) = stride, padding, dilation
+    cin, h, w = (int(s) for s in chw)
+    kh, kw = int(weight_shape[2]), int(weight_shape[3])
+    ho = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + left + right - dw * (kw - 1) - 1) // sw + 1
+    return (int(weight_shape[0]) if cin else 0, ho, wo)
 
 
 def check_per_channel(op: str, name: str, a: Any, channels: int, x_name: str, x: Any) -> None:
@@ -112,10 +119,11 @@ def check_per_channel(op: str, name: str, a: Any, channels: int, x_name: str, x:
 
 
 def check_bn_options(
-    op: str, per_channel: int, running_mean: Any, running_var: Any, training: Any, momentum: Any, eps: Any
+    op: str, per_channel: int, running_mean: Any, running_var: Any, training: Any, momentum: Any, eps: Any, write: bool = True
 ) -> None:
     """Batch norm's options; ``per_channel`` is the count of normalised values per channel (batch
-    statistics need more than one)."""
+    statistics need more than one); ``write``: the op updates the running statistics in training
+    (the forward ops; backward ops only read them)."""
     c.boolean(op, "training", training)
     c.number(op, "momentum", momentum, low=0.0, high=1.0)
     c.number(op, "eps", eps, low=0.0)
@@ -123,7 +131,10 @@ def check_bn_options(
         raise c.fail(op, "running_var" if running_var is None else "running_mean", "given together with its twin (both or neither)", "only one of the two")
     if running_mean is None and not training:
         raise c.fail(op, "running_mean", "an array when training=False (eval mode normalises with the running statistics)", "None")
-    if training and per_channel < 2:
+    if training and running_mean is not None and write:
+        c.writable(op, "running_mean", running_mean)
+        c.writable(op, "running_var", running_var)
+    if training and per_channel == 1:  # as torch: none (an empty batch) is fine, one is not
         raise c.fail(op, "x", "large enough for more than one normalised value per channel when training (batch statistics)", f"{per_channel} value per channel")
 
 
@@ -165,6 +176,16 @@ def _fake_conv2d(a):
     return like(a["x"], conv_out(a, "x", "weight"))
 
 
+def _conv_out(a: Mapping[str, Any], w_name: str) -> tuple[int, ...]:
+    x = a["x"]
+    return (int(x.shape[0]),) + conv_out_shape(c.shape_of(x)[1:], c.shape_of(a[w_name]), a["stride"], a["padding"], a["dilation"])
+
+
+def _empty_conv2d(a: Mapping[str, Any]) -> Any:
+    """An empty batch or zero input channels: an empty output (zero channels for the latter)."""
+    return e.zeros(a["x"], _conv_out(a, "weight"))
+
+
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="conv2d", reduction=_conv_backward_k)
 def conv2d_backward(
     grad_out: Tensor,
@@ -194,6 +215,12 @@ def _check_conv2d_backward(grad_out, x, weight, stride, padding, dilation, group
 @conv2d_backward.fake
 def _fake_conv2d_backward(a):
     return like(a["x"]), like(a["weight"]), like(a["x"], (a["weight"].shape[0],))
+
+
+def _empty_conv2d_backward(a: Mapping[str, Any]) -> tuple:
+    """Sums over no positions: zero gradients of x, weight and bias (bias of out_channels)."""
+    x, w = a["x"], a["weight"]
+    return e.zeros_like(x), e.zeros(x, w.shape), e.zeros(x, (int(w.shape[0]),))
 
 
 # --- batch_norm -------------------------------------------------------------------------------
@@ -234,7 +261,6 @@ def batch_norm(
 def _check_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
     op = "batch_norm"
     c.min_rank(op, "x", x, 2, "(N, C, ...)")
-    c.non_empty(op, "x", x)
     c.float_dtype(op, "x", x)
     ch = int(x.shape[1])
     for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
@@ -246,6 +272,12 @@ def _check_batch_norm(x, running_mean, running_var, weight, bias, training, mome
 @batch_norm.fake
 def _fake_batch_norm(a):
     return like(a["x"])
+
+
+def _empty_batch_norm(a: Mapping[str, Any]) -> Any:
+    """An empty output; the running statistics stay as they are (torch updates nothing from an
+    empty batch)."""
+    return e.zeros_like(a["x"])
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="batch_norm", reduction=_bn_reduction)
@@ -269,14 +301,13 @@ def batch_norm_backward(
 def _check_batch_norm_backward(grad_out, x, running_mean, running_var, weight, training, eps):
     op = "batch_norm_backward"
     c.min_rank(op, "x", x, 2, "(N, C, ...)")
-    c.non_empty(op, "x", x)
     c.float_dtype(op, "x", x)
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
     ch = int(x.shape[1])
     for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight)):
         check_per_channel(op, name, a, ch, "x", x)
-    check_bn_options(op, _spatial_count(x), running_mean, running_var, training, 0.1, eps)
+    check_bn_options(op, _spatial_count(x), running_mean, running_var, training, 0.1, eps, write=False)
     return {"eps": float(eps), "training": bool(training)}
 
 
@@ -287,11 +318,20 @@ def _fake_batch_norm_backward(a):
     return like(x), param_like(w, x, ch), param_like(None, x, ch, fallback=w)
 
 
+def _empty_batch_norm_backward(a: Mapping[str, Any]) -> tuple:
+    """Zero gradients; those of weight and bias in the weight's dtype (x's when there is none)."""
+    x, ch = a["x"], (int(a["x"].shape[1]),)
+    p = e.dtype_of(a["weight"], x)
+    return e.zeros_like(x), e.zeros(x, ch, p), e.zeros(x, ch, p)
+
+
 # --- fused_conv_bn_relu -----------------------------------------------------------------------
 
 
-def _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+def _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training, write=True):
     c.rank(op, "x", x, (4,), "(N, C, H, W)")
+    if int(x.shape[1]) == 0:  # conv2d gives zero channels then, which the per-channel parameters cannot take
+        raise c.fail(op, "x", "an array with channels (torch's conv2d of a zero-channel input has no output channels for batch_norm)", x)
     geo = conv_geometry(op, x, conv_weight, "x", "conv_weight", stride, padding, dilation, groups)
     out_shape = geo.pop("out_shape")
     cout = int(conv_weight.shape[0])
@@ -301,7 +341,7 @@ def _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mea
         c.same_dtype(op, "conv_bias", conv_bias, "x", x)
     for name, a in (("bn_weight", bn_weight), ("bn_bias", bn_bias), ("running_mean", running_mean), ("running_var", running_var)):
         check_per_channel(op, name, a, cout, "x", x)
-    check_bn_options(op, _spatial_count(out_shape), running_mean, running_var, training, momentum, eps)
+    check_bn_options(op, _spatial_count(out_shape), running_mean, running_var, training, momentum, eps, write)
     return geo, out_shape
 
 
@@ -354,6 +394,13 @@ def _fake_fused(a):
     return like(a["x"], conv_out(a, "x", "conv_weight"))
 
 
+
+
+def _empty_fused_conv_bn_relu(a: Mapping[str, Any]) -> Any:
+    """An empty batch: an empty output, running statistics untouched (as batch_norm)."""
+    return e.zeros(a["x"], _conv_out(a, "conv_weight"))
+
+
 @fused_conv_bn_relu.composite(training=True)
 def _fused_composite(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     """conv2d -> batch_norm -> ReLU: the fallback, and the training route (each op saves its own
@@ -390,7 +437,7 @@ def fused_conv_bn_relu_backward(
 @fused_conv_bn_relu_backward.checker
 def _check_fused_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
     op = "fused_conv_bn_relu_backward"
-    geo, out_shape = _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, 0.1, training)
+    geo, out_shape = _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, 0.1, training, write=False)
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, out_shape, "(the forward output's shape)")
     return {**geo, "eps": float(eps), "training": bool(training)}
@@ -401,6 +448,29 @@ def _fake_fused_backward(a):
     x, cw = a["x"], a["conv_weight"]
     cout = (cw.shape[0],)
     return like(x), like(cw, dtype=x.dtype), like(x, cout), param_like(a["bn_weight"], x, cout), param_like(a["bn_bias"], x, cout)
+
+
+def _empty_fused_conv_bn_relu_backward(a: Mapping[str, Any]) -> tuple:
+    """Zero gradients of x, the convolution's weight and bias, and the batch norm's weight and
+    bias (each in its parameter's dtype, x's where the parameter is None)."""
+    x, w = a["x"], a["conv_weight"]
+    cout = (int(w.shape[0]),)
+    return (
+        e.zeros_like(x),
+        e.zeros(x, w.shape),
+        e.zeros(x, cout),
+        e.zeros(x, cout, e.dtype_of(a["bn_weight"], x)),
+        e.zeros(x, cout, e.dtype_of(a["bn_bias"], x)),
+    )
+
+
+# zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)
+conv2d.empty(_empty_conv2d)
+conv2d_backward.empty(_empty_conv2d_backward)
+batch_norm.empty(_empty_batch_norm)
+batch_norm_backward.empty(_empty_batch_norm_backward)
+fused_conv_bn_relu.empty(_empty_fused_conv_bn_relu)
+fused_conv_bn_relu_backward.empty(_empty_fused_conv_bn_relu_backward)
 
 
 __all__ = [

@@ -9,6 +9,7 @@ from hal.registry import declare
 from hal.types import ScalarOrTensor, Tensor
 
 from . import _checks as c
+from . import _empty as e
 from ._fake import like, number_grad
 from ._tolerances import ELEMENTWISE, REDUCTION
 
@@ -16,16 +17,19 @@ from ._tolerances import ELEMENTWISE, REDUCTION
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 
 
-def check_affine(op: str, x, scale, shift, act) -> None:
-    c.non_empty(op, "x", x)
+def check_affine(op: str, x, scale, shift, act) -> dict[str, float]:
+    """Validate the affine parameters; numbers come back as floats (kernels receive those: an int
+    beyond a float's range is refused here, not by a library's conversion)."""
     c.float_dtype(op, "x", x)
+    canon = {}
     for name, v in (("scale", scale), ("shift", shift)):
         if is_array(v):
             c.float_dtype(op, name, v)
             c.broadcasts_to(op, name, v, c.shape_of(x), "x")
         else:
-            c.number(op, name, v)
+            canon[name] = c.number(op, name, v)
     c.choice(op, "act", act, ACTIVATIONS)
+    return canon
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, backward="scale_shift_act_backward", gradients=("x", "scale", "shift"))
@@ -39,7 +43,11 @@ def scale_shift_act(x: Tensor, scale: ScalarOrTensor = 1.0, shift: ScalarOrTenso
 
 @scale_shift_act.checker
 def _check_scale_shift_act(x, scale, shift, act):
-    check_affine("scale_shift_act", x, scale, shift, act)
+    return check_affine("scale_shift_act", x, scale, shift, act)
+
+
+def _empty_scale_shift_act(a: Mapping[str, Any]) -> Any:
+    return e.zeros_like(a["x"])
 
 
 def _broadcast_reduction(a: Mapping[str, Any]) -> int:
@@ -60,9 +68,10 @@ def scale_shift_act_backward(grad_out: Tensor, x: Tensor, scale: ScalarOrTensor 
 
 @scale_shift_act_backward.checker
 def _check_scale_shift_act_backward(grad_out, x, scale, shift, act):
-    check_affine("scale_shift_act_backward", x, scale, shift, act)
+    canon = check_affine("scale_shift_act_backward", x, scale, shift, act)
     c.same_dtype("scale_shift_act_backward", "grad_out", grad_out, "x", x)
     c.shape_is("scale_shift_act_backward", "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
+    return canon
 
 
 @scale_shift_act.fake
@@ -74,6 +83,17 @@ def _fake_scale_shift_act(a):
 def _fake_scale_shift_act_backward(a):
     x = a["x"]
     return like(x), number_grad(a["scale"], x), number_grad(a["shift"], x)
+
+
+def _empty_scale_shift_act_backward(a: Mapping[str, Any]) -> tuple:
+    """Zero gradients: grad_scale and grad_shift of their parameter's shape (0-d for numbers)."""
+    x = a["x"]
+    return (e.zeros_like(x), *(e.zeros(x, a[n].shape if is_array(a[n]) else ()) for n in ("scale", "shift")))
+
+
+# zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)
+scale_shift_act.empty(_empty_scale_shift_act)
+scale_shift_act_backward.empty(_empty_scale_shift_act_backward)
 
 
 __all__ = ["scale_shift_act", "scale_shift_act_backward", "ACTIVATIONS"]

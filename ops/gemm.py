@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from hal.arrays import FLOAT_DTYPES
 from hal.registry import declare
 from hal.types import OptionalTensor, Tensor
 
 from . import _checks as c
+from . import _empty as e
 from ._fake import like, matmul_shape as fake_matmul_shape, param_like
 from ._tolerances import REDUCTION
 from .elementwise import ACTIVATIONS
@@ -18,10 +19,8 @@ from .elementwise import ACTIVATIONS
 
 def _check_linear(op: str, x: Any, weight: Any, bias: Any) -> None:
     c.min_rank(op, "x", x, 1, "(..., in_features)")
-    c.non_empty(op, "x", x)
     c.float_dtype(op, "x", x)
     c.rank(op, "weight", weight, (2,), "(out_features, in_features)")
-    c.non_empty(op, "weight", weight)
     c.same_dtype(op, "weight", weight, "x", x)
     if int(weight.shape[1]) != int(x.shape[-1]):
         raise c.fail(op, "weight", f"of shape (out_features, {int(x.shape[-1])}) to match x's last dimension", weight)
@@ -29,6 +28,7 @@ def _check_linear(op: str, x: Any, weight: Any, bias: Any) -> None:
         c.rank(op, "bias", bias, (1,))
         c.shape_is(op, "bias", bias, (int(weight.shape[0]),), "(out_features,)")
         c.same_dtype(op, "bias", bias, "x", x)
+    c.result_fits(op, "x", c.shape_of(x)[:-1] + (int(weight.shape[0]),), c.itemsize(x))
 
 
 def _linear_k(a: dict) -> int:
@@ -48,6 +48,22 @@ def linear(x: Tensor, weight: Tensor, bias: OptionalTensor = None, act: str = "n
 def _check_linear_entry(x, weight, bias, act):
     _check_linear("linear", x, weight, bias)
     c.choice("linear", "act", act, ACTIVATIONS)
+
+
+def _pre_activation_row(a: Mapping[str, Any]) -> Any:
+    """x @ weight.T + bias for K = 0: every row is the bias (zeros without one), shape (N,)."""
+    return a["bias"] if a["bias"] is not None else e.zeros(a["x"], (int(a["weight"].shape[0]),))
+
+
+def _empty_linear(a: Mapping[str, Any]) -> Any:
+    """An empty result, or for K = 0 (a sum over nothing) ``act(bias)`` in every row, as torch."""
+    from hal.ops import scale_shift_act
+
+    x = a["x"]
+    shape = c.shape_of(x)[:-1] + (int(a["weight"].shape[0]),)
+    if 0 in shape:
+        return e.zeros(x, shape)
+    return e.broadcast_copy(scale_shift_act(_pre_activation_row(a), 1.0, 0.0, a["act"]), shape)
 
 
 @linear.composite
@@ -76,7 +92,9 @@ def _fake_linear(a):
 
 def _linear_backward_k(a: dict) -> int:
     """grad_weight sums over the rows of x, grad_x over the output features."""
-    rows = c.numel(a["x"]) // int(a["x"].shape[-1])
+    rows = 1
+    for size in a["x"].shape[:-1]:
+        rows *= int(size)
     return max(rows, int(a["weight"].shape[0]))
 
 
@@ -97,6 +115,21 @@ def _check_linear_backward(grad_out, x, weight, bias, act):
     c.shape_is(op, "grad_out", grad_out, c.shape_of(x)[:-1] + (int(weight.shape[0]),), "(..., out_features)")
 
 
+def _empty_linear_backward(a: Mapping[str, Any]) -> tuple:
+    """Zero grad_x and grad_weight (sums over nothing, or empty); grad_bias sums grad_out * act'
+    over the rows, which for K = 0 is the activation's slope at the bias."""
+    from hal.ops import scale_shift_act_backward
+
+    g, x, w = a["grad_out"], a["x"], a["weight"]
+    n = int(w.shape[0])
+    if e.has_empty(g):
+        grad_bias = e.zeros(x, (n,))
+    else:  # K = 0: the pre-activation is the bias in every row
+        rows = g.reshape(-1, n)
+        grad_bias = scale_shift_act_backward(rows, e.zeros_like(rows), 1.0, _pre_activation_row(a), a["act"])[2]
+    return e.zeros_like(x), e.zeros(x, w.shape), grad_bias
+
+
 # --- matmul ---------------------------------------------------------------------------------
 
 
@@ -111,17 +144,12 @@ def matmul_shape(op: str, a: Any, b: Any) -> tuple[int, ...]:
         raise c.fail(op, "b", f"an array whose contraction dimension is {ka} (a's last dimension)", b)
     if len(sa) == 1 and len(sb) == 1:
         return ()
-    ba, bb = sa[:-2], sb[:-2]
-    batch = []
-    for i in range(max(len(ba), len(bb))):
-        x = ba[len(ba) - 1 - i] if i < len(ba) else 1
-        y = bb[len(bb) - 1 - i] if i < len(bb) else 1
-        if x != y and 1 not in (x, y):
-            raise c.fail(op, "b", f"batch dimensions broadcastable with a's {tuple(ba)}", b)
-        batch.append(max(x, y))
+    batch = c.broadcast_shapes(sa[:-2], sb[:-2])
+    if batch is None:
+        raise c.fail(op, "b", f"batch dimensions broadcastable with a's {sa[:-2]}", b)
     rows = () if len(sa) == 1 else (sa[-2],)
     cols = () if len(sb) == 1 else (sb[-1],)
-    return tuple(reversed(batch)) + rows + cols
+    return batch + rows + cols
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="matmul_backward", gradients=("a", "b"), reduction=lambda a: int(a["a"].shape[-1]))
@@ -131,11 +159,14 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 @matmul.checker
 def _check_matmul(a, b):
-    for name, v in (("a", a), ("b", b)):
-        c.non_empty("matmul", name, v)
     c.float_dtype("matmul", "a", a)
     c.same_dtype("matmul", "b", b, "a", a)
-    matmul_shape("matmul", a, b)
+    c.result_fits("matmul", "b", matmul_shape("matmul", a, b), c.itemsize(a))
+
+
+def _empty_matmul(a: Mapping[str, Any]) -> Any:
+    """Zeros: empty, or sums over an empty contraction (K = 0)."""
+    return e.zeros(a["a"], matmul_shape("matmul", a["a"], a["b"]))
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="matmul", reduction=lambda a: max(int(s) for s in a["grad_out"].shape) if a["grad_out"].ndim else 1)
@@ -146,12 +177,15 @@ def matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor) -> tuple:
 @matmul_backward.checker
 def _check_matmul_backward(grad_out, a, b):
     op = "matmul_backward"
-    for name, v in (("a", a), ("b", b)):
-        c.non_empty(op, name, v)
     c.float_dtype(op, "a", a)
     c.same_dtype(op, "b", b, "a", a)
     c.same_dtype(op, "grad_out", grad_out, "a", a)
     c.shape_is(op, "grad_out", grad_out, matmul_shape(op, a, b), "(the forward result's shape)")
+
+
+def _empty_matmul_backward(a: Mapping[str, Any]) -> tuple:
+    """Zero gradients: with any operand or the result empty, every product sums over nothing."""
+    return e.zeros_like(a["a"]), e.zeros_like(a["b"])
 
 
 # --- grouped_gemm ----------------------------------------------------------------------------
@@ -159,10 +193,8 @@ def _check_matmul_backward(grad_out, a, b):
 
 def _check_grouped(op: str, x: Any, weight: Any, group_sizes: Any) -> None:
     c.rank(op, "x", x, (2,), "(total_rows, K)")
-    c.non_empty(op, "x", x)
     c.float_dtype(op, "x", x)
     c.rank(op, "weight", weight, (3,), "(groups, K, N)")
-    c.non_empty(op, "weight", weight)
     c.same_dtype(op, "weight", weight, "x", x)
     if int(weight.shape[1]) != int(x.shape[1]):
         raise c.fail(op, "weight", f"of shape (groups, {int(x.shape[1])}, N) to match x's K", weight)
@@ -184,6 +216,11 @@ def grouped_gemm(x: Tensor, weight: Tensor, group_sizes: Tensor) -> Tensor:
 @grouped_gemm.checker
 def _check_grouped_gemm(x, weight, group_sizes):
     _check_grouped("grouped_gemm", x, weight, group_sizes)
+
+
+def _empty_grouped_gemm(a: Mapping[str, Any]) -> Any:
+    """(total_rows, N) zeros: no rows, no output columns, or K = 0."""
+    return e.zeros(a["x"], (int(a["x"].shape[0]), int(a["weight"].shape[2])))
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="grouped_gemm", reduction=lambda a: max(int(a["x"].shape[0]), int(a["weight"].shape[2])))
@@ -223,6 +260,19 @@ def _fake_grouped_gemm(a):
 @grouped_gemm_backward.fake
 def _fake_grouped_gemm_backward(a):
     return like(a["x"]), like(a["weight"])
+
+
+def _empty_grouped_gemm_backward(a: Mapping[str, Any]) -> tuple:
+    return e.zeros_like(a["x"]), e.zeros_like(a["weight"])
+
+
+# zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)
+linear.empty(_empty_linear)
+linear_backward.empty(_empty_linear_backward)
+matmul.empty(_empty_matmul)
+matmul_backward.empty(_empty_matmul_backward)
+grouped_gemm.empty(_empty_grouped_gemm)
+grouped_gemm_backward.empty(_empty_grouped_gemm_backward)
 
 
 __all__ = ["linear", "linear_backward", "matmul", "matmul_backward", "grouped_gemm", "grouped_gemm_backward"]

@@ -192,7 +192,7 @@ def _lce_composite(x, weight, target, bias, ignore_index, label_smoothing, reduc
     n, v = int(x.shape[0]), int(weight.shape[0])
     step = max(1, COMPOSITE_BLOCK_ELEMENTS // v)
     parts = [cross_entropy(linear(x[i : i + step], weight, bias), target[i : i + step], ignore_index, label_smoothing, "none")
-             for i in range(0, n, step)]
+             for i in range(0, max(n, 1), step)]  # one (empty) block for an empty batch
     losses = _concat(parts)
     if reduction == "none":
         return losses

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -11,6 +11,7 @@ from hal.registry import declare
 from hal.types import OptionalScalarOrTensor, OptionalTensorList, ScalarOrTensor, TensorList
 
 from . import _checks as c
+from . import _empty as e
 from ._tolerances import ELEMENTWISE
 
 
@@ -36,6 +37,16 @@ def amp_unscale_(tensors: TensorList, inv_scale: ScalarOrTensor) -> Any:
 def _check_amp_unscale(tensors, inv_scale):
     for i, t in enumerate(tensors):
         c.float_dtype("amp_unscale_", f"tensors[{i}]", t)
+        c.writable("amp_unscale_", f"tensors[{i}]", t)
+
+
+def _empty_amp_unscale_(a: Mapping[str, Any]) -> Any:
+    """Empty tensors hold nothing to scale or check: the op runs on the others (0.0 when none)."""
+    from hal.ops import amp_unscale_
+
+    tensors = a["tensors"]
+    kept = [t for t in tensors if not e.has_empty(t)]
+    return amp_unscale_(kept, a["inv_scale"]) if kept else e.zeros(tensors[0], (), "float32")
 
 
 #: fused_adamw_'s scalars change every step (schedules, step counts): validated per call, not cached.
@@ -111,6 +122,9 @@ def _check_fused_adamw(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, e
             c.dtype_in(op, f"exp_avg_sqs[{i}]", exp_avg_sqs[i], (sdtype,), "all optimizer states of one call share a dtype")
             if master_params is not None:
                 c.dtype_in(op, f"master_params[{i}]", master_params[i], ("float32",), "master weights are float32")
+            for name in ("params", "exp_avgs", "exp_avg_sqs", "master_params"):
+                if name in lists:
+                    c.writable(op, f"{name}[{i}]", lists[name][i])
         if master_params is not None and sdtype not in ("float32", "float64"):
             raise c.fail(op, "exp_avgs[0]", "of dtype float32 (or float64) beside float32 master weights", exp_avgs[0])
         if master_params is None and sdtype not in (pdtype, "float32"):
@@ -126,6 +140,24 @@ def _fake_amp_unscale(a):
 @fused_adamw_.fake
 def _fake_fused_adamw(a):
     return None
+
+
+def _empty_fused_adamw_(a: Mapping[str, Any]) -> None:
+    """Empty parameters have nothing to step: the op runs on the others (nothing when none)."""
+    from hal.ops import fused_adamw_
+
+    keep = [i for i, p in enumerate(a["params"]) if not e.has_empty(p)]
+    if not keep:
+        return None
+    lists = {name: [a[name][i] for i in keep] for name in (*LISTS, "master_params") if a[name] is not None}
+    scalars = {name: a[name] for name in ("lr", "beta1", "beta2", "eps", "weight_decay", "step", "inv_scale", "found_inf")}
+    fused_adamw_(**{"master_params": None, **lists}, **scalars)
+    return None
+
+
+# zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)
+amp_unscale_.empty(_empty_amp_unscale_)
+fused_adamw_.empty(_empty_fused_adamw_)
 
 
 __all__ = ["amp_unscale_", "fused_adamw_"]

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
-from hal.arrays import FLOAT_DTYPES, dtype_name, torch_dtype
+from hal.arrays import FLOAT_DTYPES, dtype_name
 from hal.registry import declare
 from hal.types import OptionalTensor, ShapeLike, Tensor
 
 from . import _checks as c
+from . import _empty as e
 from ._fake import like, param_like
 from ._tolerances import REDUCTION
 
 
 def _check_norm(op: str, x: Any, normalized_shape: Any, params: dict[str, Any]) -> tuple[int, ...]:
-    c.non_empty(op, "x", x)
     c.float_dtype(op, "x", x)
-    shape = c.int_tuple(op, "normalized_shape", normalized_shape)
+    shape = c.int_tuple(op, "normalized_shape", normalized_shape, low=0)
     if not shape or c.shape_of(x)[-len(shape):] != shape or x.ndim < len(shape):
         raise c.fail(op, "x", f"an array whose trailing dimensions are normalized_shape {shape}", x)
     for name, a in params.items():
@@ -36,9 +36,11 @@ def _norm_k(a: dict) -> int:
 
 
 def default_rms_eps(x: Any) -> float:
-    """torch's default eps of rms_norm: the machine epsilon of x's dtype (torch.finfo, since
-    NumPy's finfo does not know bfloat16)."""
-    return float(torch.finfo(torch_dtype(dtype_name(x))).eps)
+    """torch's default eps of rms_norm: the machine epsilon of the dtype torch computes x in (its
+    "opmath" type): float64's for float64 x, float32's for every other dtype. Half-precision x is
+    upcast to float32 before the mean of squares, so its eps is float32's (1.19e-7), not float16's
+    (9.8e-4) or bfloat16's (7.8e-3), which would dominate mean(x^2) for inputs of magnitude 1e-3."""
+    return float(torch.finfo(torch.float64 if dtype_name(x) == "float64" else torch.float32).eps)
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="layer_norm_backward", gradients=("x", "weight", "bias"), reduction=_norm_k)
@@ -59,6 +61,10 @@ def _check_layer_norm(x, normalized_shape, weight, bias, eps):
     return {"normalized_shape": shape, "eps": c.number("layer_norm", "eps", eps, low=0.0)}
 
 
+def _empty_layer_norm(a: Mapping[str, Any]) -> Any:
+    return e.zeros_like(a["x"])
+
+
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="layer_norm", reduction=_norm_k)
 def layer_norm_backward(grad_out: Tensor, x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None, eps: float = 1e-5) -> tuple:
     """Gradients of layer_norm: (grad_x, grad_weight, grad_bias); statistics recomputed from x.
@@ -76,10 +82,17 @@ def _check_layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
     return {"normalized_shape": shape, "eps": c.number(op, "eps", eps, low=0.0)}
 
 
+def _empty_layer_norm_backward(a: Mapping[str, Any]) -> tuple:
+    """Zero gradients; grad_weight and grad_bias sum over no rows (or are empty)."""
+    x, shape = a["x"], a["normalized_shape"]
+    return e.zeros_like(x), e.zeros(x, shape), e.zeros(x, shape)
+
+
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="rms_norm_backward", gradients=("x", "weight"), reduction=_norm_k)
 def rms_norm(x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None, eps: Optional[float] = None) -> Tensor:
     """RMS normalisation ``x / sqrt(mean(x^2) + eps) * weight`` over the trailing dimensions, as
-    ``F.rms_norm``; eps None means the machine epsilon of x's dtype (kernels receive a float)."""
+    ``F.rms_norm``; eps None means torch's default, the machine epsilon of float32 (of float64 for
+    float64 x), half-precision x included (kernels receive a float)."""
 
 
 def _rms_eps(op: str, x: Any, eps: Any) -> float:
@@ -90,6 +103,10 @@ def _rms_eps(op: str, x: Any, eps: Any) -> float:
 def _check_rms_norm(x, normalized_shape, weight, eps):
     shape = _check_norm("rms_norm", x, normalized_shape, {"weight": weight})
     return {"normalized_shape": shape, "eps": _rms_eps("rms_norm", x, eps)}
+
+
+def _empty_rms_norm(a: Mapping[str, Any]) -> Any:
+    return e.zeros_like(a["x"])
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="rms_norm", reduction=_norm_k)
@@ -129,6 +146,18 @@ def _fake_rms_norm(a):
 @rms_norm_backward.fake
 def _fake_rms_norm_backward(a):
     return like(a["x"]), _norm_param_grad(a)
+
+
+def _empty_rms_norm_backward(a: Mapping[str, Any]) -> tuple:
+    x = a["x"]
+    return e.zeros_like(x), e.zeros(x, a["normalized_shape"])
+
+
+# zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)
+layer_norm.empty(_empty_layer_norm)
+layer_norm_backward.empty(_empty_layer_norm_backward)
+rms_norm.empty(_empty_rms_norm)
+rms_norm_backward.empty(_empty_rms_norm_backward)
 
 
 __all__ = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]

@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from hal.ops.attention import attention_batch
+
 from . import Call, Draw, Table, backward_call, case, from_table
 
 # --- softmax ------------------------------------------------------------------------------------
@@ -38,7 +40,7 @@ def softmax_args(d: Draw, shape: tuple[int, ...], dim: int = -1, layout: str = "
 
 def _softmax_probs(d: Draw, shape: tuple[int, ...], dim: int) -> np.ndarray:
     z = np.moveaxis(d.rng.standard_normal(shape), dim, -1)
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    e = np.exp(z - z.max(axis=-1, keepdims=True, initial=-np.inf))
     return np.moveaxis(e / e.sum(axis=-1, keepdims=True), -1, dim)
 
 
@@ -57,13 +59,32 @@ SOFTMAX_SHAPES: Table = {
     "noncontig": (dict(shape=(6, 9, 40), layout="noncontig"), False, True),
 }
 
-SOFTMAX = from_table(SOFTMAX_SHAPES, softmax_args) + [
+def _softmax_0d(d: Draw, dim: int) -> Call:
+    """A 0-d x: a softmax over one value, 1 (as torch, for dim 0 or -1)."""
+    return Call({"x": d.tensor(d.rng.standard_normal()), "dim": dim})
+
+
+def _softmax_backward_0d(d: Draw) -> Call:
+    return Call({"grad_out": d.tensor(d.rng.standard_normal()), "out": d.tensor(1.0), "dim": -1})
+
+
+SOFTMAX_SHAPES_EMPTY: Table = {
+    "empty_rows": (dict(shape=(0, 7)), True, True),
+    "empty_reduced_dim": (dict(shape=(3, 0)), False, True),
+    "empty_middle_dim": (dict(shape=(2, 0, 5), dim=1), False, True),
+}
+
+SOFTMAX = from_table({**SOFTMAX_SHAPES, **SOFTMAX_SHAPES_EMPTY}, softmax_args) + [
     case("large_values", softmax_args, shape=(4, 100), values="big"),
     case("fp16_underflow", softmax_args, shape=(4, 100), values="tiny", dtypes=("float16",)),
     case("neg_inf_logits", softmax_args, shape=(6, 17), specials="neg_inf"),
     case("nan_propagation", softmax_args, shape=(5, 12), specials="nan"),
+    case("scalar_0d", _softmax_0d, quick=True, dim=-1),
+    case("scalar_0d_dim0", _softmax_0d, dim=0),
 ]
-SOFTMAX_BACKWARD = from_table(SOFTMAX_SHAPES, softmax_backward_args, backward=True)
+SOFTMAX_BACKWARD = from_table({**SOFTMAX_SHAPES, **SOFTMAX_SHAPES_EMPTY}, softmax_backward_args, backward=True) + [
+    case("scalar_0d", _softmax_backward_0d),
+]
 
 # --- scaled_dot_product_attention ------------------------------------------------------------------
 
@@ -78,17 +99,20 @@ def sdpa_args(
     scale: Optional[float] = None,
     heads_transposed: bool = False,
     magnitude: float = 1.0,
+    k_batch: Optional[tuple[int, ...]] = None,
+    v_batch: Optional[tuple[int, ...]] = None,
 ) -> Call:
     """q of shape ``q`` = (..., L, E); k (..., s, E), v (..., s, ev). ``mask``: "bool" (L, S) broadcast,
-    "float" additive (B, 1, L, S), or "empty_row" (a bool mask whose first query row is all False)."""
+    "float" additive (B, 1, L, S), or "empty_row" (a bool mask whose first query row is all False).
+    ``k_batch`` / ``v_batch``: batch dimensions of k / v that broadcast against q's (default q's)."""
     *batch, length, e = q
-    ev = ev or e
+    ev = e if ev is None else ev
 
-    def qkv(seq: int, feat: int) -> Any:
+    def qkv(seq: int, feat: int, own: Optional[tuple[int, ...]] = None) -> Any:
         if heads_transposed:  # drawn as (B, L, H, E), used as the (B, H, L, E) view
             b, h = batch
             return d.normal(b, seq, h, feat, std=magnitude).transpose(1, 2)
-        return d.normal(*batch, seq, feat, std=magnitude)
+        return d.normal(*(batch if own is None else own), seq, feat, std=magnitude)
 
     attn_mask = None
     if mask == "bool":
@@ -100,14 +124,14 @@ def sdpa_args(
         attn_mask[0, :] = False
     elif mask == "float":
         attn_mask = d.normal(batch[0], *([1] * (len(batch) - 1)), length, s)
-    args = {"q": qkv(length, e), "k": qkv(s, e), "v": qkv(s, ev), "attn_mask": attn_mask, "is_causal": causal, "scale": scale}
+    args = {"q": qkv(length, e), "k": qkv(s, e, k_batch), "v": qkv(s, ev, v_batch), "attn_mask": attn_mask, "is_causal": causal, "scale": scale}
     return Call(args)
 
 
 def _sdpa_backward(d: Draw, **kw: Any) -> Call:
     fwd = sdpa_args(d, **kw)
-    q, v = fwd.args["q"], fwd.args["v"]
-    return backward_call("scaled_dot_product_attention_backward", d, fwd, tuple(q.shape[:-1]) + (int(v.shape[-1]),))
+    q, k, v = fwd.args["q"], fwd.args["k"], fwd.args["v"]
+    return backward_call("scaled_dot_product_attention_backward", d, fwd, attention_batch(q, k, v) + (int(q.shape[-2]), int(v.shape[-1])))
 
 
 SDPA_SHAPES: Table = {
@@ -126,6 +150,21 @@ SDPA_SHAPES: Table = {
     "heads_transposed_views": (dict(q=(2, 4, 12, 16), s=12, heads_transposed=True), False, True),
     # logits of about +-1000: exp overflows even in float64 unless the row maximum is subtracted
     "large_logits": (dict(q=(1, 2, 8, 16), s=8, magnitude=math.sqrt(250.0)), False, False),
+    # batch dimensions broadcasting between q, k and v (as torch's): shared key/value heads, a
+    # batch of one, k and v of fewer dimensions
+    "broadcast_batch": (dict(q=(2, 3, 6, 8), s=5, k_batch=(1, 3), v_batch=(2, 1)), True, True),
+    "broadcast_kv_heads": (dict(q=(2, 4, 6, 8), s=7, k_batch=(2, 1), v_batch=(2, 1), causal=True), False, True),
+    "broadcast_query_batch": (dict(q=(1, 2, 5, 8), s=6, k_batch=(3, 2), v_batch=(3, 2)), False, True),
+    "broadcast_ranks": (dict(q=(2, 3, 5, 8), s=7, k_batch=(3,), v_batch=(), mask="bool"), False, True),
+    # zero-size dimensions: no batch, no queries, no keys (zeros: nothing to attend to), no
+    # features (every score 0: uniform attention), no value features
+    "empty_batch": (dict(q=(0, 2, 4, 8), s=5), True, True),
+    "empty_queries": (dict(q=(1, 2, 0, 8), s=5), False, True),
+    "empty_keys": (dict(q=(1, 2, 4, 8), s=0), False, True),
+    "empty_keys_causal": (dict(q=(2, 4, 8), s=0, causal=True), False, True),
+    "empty_features": (dict(q=(1, 2, 4, 0), s=5, ev=6), False, True),
+    "empty_features_causal_mask": (dict(q=(1, 2, 4, 0), s=6, ev=3, causal=True), False, True),
+    "empty_value_features": (dict(q=(1, 2, 4, 8), s=5, ev=0), False, True),
 }
 
 SDPA = from_table(SDPA_SHAPES, sdpa_args) + [

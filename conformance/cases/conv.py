@@ -50,7 +50,7 @@ def conv_args(
     values: str = "unit",
 ) -> Call:
     kh, kw = _pair(k)
-    fan_in = cin // groups * kh * kw
+    fan_in = max(1, cin // groups * kh * kw)
     mag = d.magnitude(values)
     shape = (cin, h, w) if unbatched else (n, cin, h, w)
     args = {
@@ -97,6 +97,10 @@ GEOMETRIES: Table = {
     "long_reduction": (dict(n=1, cin=256, h=5, w=5, cout=8, k=3, padding=1), False, True),
     "large_values": (dict(n=1, cin=8, h=8, w=8, cout=8, k=3, padding=1, values="big"), False, False),
     "fp16_underflow": (dict(n=1, cin=8, h=8, w=8, cout=8, k=3, padding=1, values="tiny", dtypes=("float16",)), False, False),
+    # zero-size dimensions torch accepts: an empty batch, an input without channels (torch gives an
+    # output without channels then)
+    "empty_batch": (dict(n=0, cin=3, h=8, w=8, cout=4, k=3, padding=1), True, True),
+    "empty_channels": (dict(n=2, cin=0, h=6, w=5, cout=4, k=3, stride=2), False, True),
 }
 
 
@@ -153,6 +157,11 @@ BN_CASES: Table = {
     "large_offset_train": (dict(shape=(4, 8, 6, 6), training=True, offset=100.0), False, True),
     # batch statistics of values whose squares overflow fp16 (running stats would overflow too)
     "large_values_train": (dict(shape=(4, 8, 6, 6), training=True, stats=False, values="big"), False, False),
+    # zero-size dimensions: nothing to normalise, running statistics left as they are
+    "empty_batch_train": (dict(shape=(0, 4, 3, 3), training=True), True, True),
+    "empty_batch_eval": (dict(shape=(0, 4, 3), training=False), False, True),
+    "empty_spatial_train": (dict(shape=(2, 4, 0), training=True), False, True),
+    "empty_channels_train": (dict(shape=(3, 0, 5), training=True, affine=False), False, True),  # torch fails with 0-element weights
 }
 
 
@@ -223,6 +232,8 @@ FUSED_CASES: Table = {
     "channels_last_train": (dict(training=True, n=2, cin=16, h=6, w=6, cout=16, k=3, padding=1, layout="channels_last", w_layout="channels_last"), False, True),
     "noncontig_eval": (dict(training=False, n=2, cin=6, h=7, w=9, cout=8, k=3, padding=1, layout="noncontig"), False, True),
     "large_values_eval": (dict(training=False, n=1, cin=8, h=6, w=6, cout=8, k=3, padding=1, values="big"), False, False),
+    "empty_batch_train": (dict(training=True, n=0, cin=4, h=6, w=6, cout=8, k=3, padding=1), True, True),
+    "empty_batch_eval": (dict(training=False, n=0, cin=4, h=6, w=6, cout=8, k=3, padding=1), False, True),
 }
 
 

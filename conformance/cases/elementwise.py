@@ -83,4 +83,13 @@ BACKWARD += [
     case("channels_last_sigmoid", _backward, shape=(2, 8, 6, 6), act="sigmoid", params="channel", layout="channels_last"),
 ]
 
+# zero-size dimensions: an empty batch (per-channel parameters), rows of no features (per-feature
+# parameters of no elements)
+for _cases, _build in ((FORWARD, ssa_args), (BACKWARD, _backward)):
+    _cases += [
+        case("empty_batch_per_channel", _build, quick=True, shape=(0, 4, 3, 3), act="gelu", params="channel"),
+        case("empty_features_row", _build, shape=(3, 0), act="silu", params="row"),
+        case("empty_scalar_params", _build, shape=(2, 0, 5), act="sigmoid"),
+    ]
+
 CASES = {"scale_shift_act": FORWARD, "scale_shift_act_backward": BACKWARD}

@@ -35,7 +35,7 @@ def linear_args(
     mag = d.magnitude(values)
     args = {
         "x": d.normal(*x, std=mag, layout=layout),
-        "weight": d.normal(n, k, std=1 / math.sqrt(k), layout=w_layout),
+        "weight": d.normal(n, k, std=1 / math.sqrt(max(1, k)), layout=w_layout),
         "bias": d.normal(n, std=0.5 * mag, mean=bias_mean * mag) if bias else None,
         "act": act,
     }
@@ -62,6 +62,12 @@ LINEAR_SHAPES: Table = {
     "transposed_weight": (dict(x=(8, 48), n=40, w_layout="transposed"), True, True),
     "large_values": (dict(x=(4, 64), n=32, values="big"), False, False),
     "fp16_underflow": (dict(x=(4, 64), n=32, values="tiny", dtypes=("float16",)), False, False),
+    # zero-size dimensions: no rows, no output features, or K = 0 (act(bias) in every row)
+    "empty_rows": (dict(x=(0, 16), n=8, act="gelu"), True, True),
+    "empty_batch_3d": (dict(x=(2, 0, 16), n=8), False, True),
+    "empty_out_features": (dict(x=(3, 4), n=0), False, True),
+    "empty_k_sigmoid": (dict(x=(3, 0), n=5, act="sigmoid"), True, True),
+    "empty_k_no_bias": (dict(x=(2, 3, 0), n=5, bias=False, act="relu"), False, True),
 }
 
 LINEAR = from_table(LINEAR_SHAPES, linear_args)
@@ -87,7 +93,7 @@ def matmul_args(
 ) -> Call:
     k = a[-1]
     mag = d.magnitude(values)
-    return Call({"a": d.normal(*a, std=mag, layout=a_layout), "b": d.normal(*b, std=1 / math.sqrt(k), layout=b_layout)}, scale=mag)
+    return Call({"a": d.normal(*a, std=mag, layout=a_layout), "b": d.normal(*b, std=1 / math.sqrt(max(1, k)), layout=b_layout)}, scale=mag)
 
 
 def _matmul_backward(d: Draw, **kw: Any) -> Call:
@@ -110,6 +116,12 @@ MATMUL_SHAPES: Table = {
     "noncontig_a": (dict(a=(6, 20, 33), b=(33, 12), a_layout="noncontig"), False, True),
     "large_values": (dict(a=(16, 32), b=(32, 8), values="big"), False, False),
     "fp16_underflow": (dict(a=(16, 32), b=(32, 8), values="tiny", dtypes=("float16",)), False, False),
+    # zero-size dimensions: K = 0 gives zeros, empty rows or batches give empty results
+    "empty_k": (dict(a=(3, 0), b=(0, 4)), True, True),
+    "empty_vector_dot": (dict(a=(0,), b=(0,)), False, True),
+    "empty_rows": (dict(a=(0, 5), b=(5, 3)), False, True),
+    "empty_batch_broadcast": (dict(a=(0, 3, 2), b=(2, 4)), False, True),
+    "empty_cols_batched": (dict(a=(2, 3, 4), b=(2, 4, 0)), False, True),
 }
 
 MATMUL = from_table(MATMUL_SHAPES, matmul_args)
@@ -140,7 +152,7 @@ def grouped_args(
     mag = d.magnitude(values)
     args = {
         "x": d.normal(sum(sizes), k, std=mag, layout=layout),
-        "weight": d.normal(len(sizes), k, n, std=1 / math.sqrt(k), layout=w_layout),
+        "weight": d.normal(len(sizes), k, n, std=1 / math.sqrt(max(1, k)), layout=w_layout),
         "group_sizes": d.tensor(sizes, dtype=sizes_dtype),
     }
     return Call(args, scale=mag)
@@ -161,6 +173,11 @@ GROUPED_SHAPES: Table = {
     "noncontig_x": (dict(sizes=None, groups=3, rows=30, k=20, n=12, layout="noncontig"), False, True),
     "transposed_weight": (dict(sizes=None, groups=4, rows=32, k=24, n=16, w_layout="transposed"), True, True),
     "large_values": (dict(sizes=[4, 6], k=32, n=8, values="big"), False, False),
+    # experts with no tokens at all, no experts, K = 0, N = 0
+    "empty_all_groups": (dict(sizes=[0, 0, 0], k=8, n=4), True, True),
+    "empty_no_groups": (dict(sizes=[], k=8, n=4), False, True),
+    "empty_k": (dict(sizes=[2, 0, 3], k=0, n=4), False, True),
+    "empty_n": (dict(sizes=[2, 3], k=6, n=0), False, True),
 }
 
 GROUPED = from_table(GROUPED_SHAPES, grouped_args)

@@ -28,7 +28,7 @@ def unscale_args(d: Draw, shapes: list[tuple[int, ...]], inv_scale: float, as_te
     tensors = []
     for i, shape in enumerate(shapes):
         raw = np.clip(d.rng.standard_normal(shape) * grads_scale * 2e-3, -6e4, 6e4)
-        if special is not None and i == len(shapes) // 2:
+        if special is not None and i == len(shapes) // 2 and raw.size:
             raw.reshape(-1)[d.rng.integers(0, raw.size)] = special
         tensors.append(d.tensor(raw))
     inv = d.tensor([inv_scale], dtype="float32") if as_tensor else inv_scale
@@ -43,6 +43,10 @@ AMP_UNSCALE = [
     case("single_tensor", unscale_args, shapes=[(31, 17)], inv_scale=2.0**-8),
     case("inf_in_one", unscale_args, quick=True, shapes=SHAPES, inv_scale=2.0**-10, special=float("inf")),
     case("nan_in_one", unscale_args, shapes=SHAPES, inv_scale=2.0**-10, as_tensor=True, special=float("nan")),
+    # empty tensors hold nothing to scale or flag
+    case("empty_tensor_among", unscale_args, quick=True, shapes=[(0,), (3, 7), (2, 0)], inv_scale=2.0**-10),
+    case("empty_all", unscale_args, shapes=[(0,), (0, 4)], inv_scale=2.0**-10),
+    case("empty_among_inf", unscale_args, shapes=[(0,), (5,), (0, 3)], inv_scale=0.5, special=float("inf")),
 ]
 
 
@@ -100,6 +104,10 @@ FUSED_ADAMW = [
     case("no_weight_decay", adamw_args, shapes=PARAMS, weight_decay=0.0),
     case("single_param", adamw_args, shapes=[(257, 3)]),
     case("many_small_params", adamw_args, shapes=[(n,) for n in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71)]),
+    # empty parameters have nothing to step
+    case("empty_param_among", adamw_args, quick=True, shapes=[(64,), (0,), (3, 0)]),
+    case("empty_all", adamw_args, shapes=[(0,), (0, 5)]),
+    case("empty_master_weights", adamw_args, shapes=[(0, 3), (9,)], state_dtype="float32", master=True, inv_scale="tensor", dtypes=HALF),
 ]
 
 CASES = {"amp_unscale_": AMP_UNSCALE, "fused_adamw_": FUSED_ADAMW}

@@ -55,13 +55,17 @@ SHAPES: Table = {
     "large_offset": (dict(shape=(4, 256), offset=100.0), False, True),
     "large_values": (dict(shape=(4, 256), values="big"), False, False),
     "eps_large": (dict(shape=(6, 20), eps=0.1), False, False),
+    # zero-size dimensions: no rows, or rows of no features
+    "empty_rows": (dict(shape=(0, 16)), True, True),
+    "empty_batch_3d": (dict(shape=(2, 0, 8)), False, True),
+    "empty_features": (dict(shape=(3, 0)), False, True),
 }
 
 
 def _cases(op: str, backward: bool) -> list:
     build = _backward if backward else norm_args
     out = from_table(SHAPES, build, backward, op=op)
-    if op == "rms_norm":  # eps None resolves to the machine epsilon of x's dtype
+    if op == "rms_norm":  # eps None resolves to torch's default (float32's epsilon; float64's for float64)
         out.append(case("default_eps", build, quick=True, op=op, shape=(3, 64), eps=None))
     return out
 

@@ -69,6 +69,9 @@ QUANTIZE = [
     case("scale_0d_tensors", _quantize_0d),
     case("noncontig", quantize_args, shape=(6, 9, 12), layout="noncontig"),
     case("odd_shape", quantize_args, shape=(7, 11, 3), zp=-7),
+    case("empty_x", quantize_args, quick=True, shape=(0, 5)),
+    case("empty_x_per_channel", quantize_args, shape=(0, 4), axis=1),
+    case("empty_channels", quantize_args, shape=(3, 0), axis=1, qdtype="uint8"),
 ]
 
 
@@ -103,6 +106,9 @@ DEQUANTIZE = [
     case("scale_float64", dequantize_args, shape=(6, 7), scale_dtype="float64"),
     case("noncontig", dequantize_args, shape=(5, 8, 10), layout="noncontig"),
     case("odd_shape", dequantize_args, shape=(7, 11, 3)),
+    case("empty_q", dequantize_args, quick=True, shape=(0, 6)),
+    case("empty_q_scale_float16", dequantize_args, shape=(4, 0), scale_dtype="float16"),
+    case("empty_channels", dequantize_args, shape=(2, 0), axis=1),
 ]
 
 
@@ -117,8 +123,11 @@ def fake_args(
     std: float = 1.0,
     layout: str = "contiguous",
     ties: bool = False,
+    specials: tuple[float, ...] = (),
 ) -> Call:
+    """``specials``: values written at the start of x (NaN becomes quant_min's value, as torch)."""
     raw = _values(d, shape, std, ties)
+    raw.reshape(-1)[: len(specials)] = specials
     if axis is not None:
         n = shape[axis]
         scale_v: Any = d.uniform(n, low=0.01, high=0.05, dtype="float32")
@@ -143,6 +152,12 @@ FAKE_CASES: Table = {
     "saturation": (dict(shape=(10, 20), scale=0.01, std=10.0), False, True),
     "noncontig": (dict(shape=(6, 9, 12), layout="noncontig"), False, True),
     "odd_shape": (dict(shape=(7, 11, 3), zp=3), False, False),
+    # torch clamps with fmin/fmax: NaN gives quant_min, infinities saturate (per tensor; torch's
+    # per-channel kernel is undefined for infinities, so only NaN is drawn there)
+    "nan_inf_per_tensor": (dict(shape=(4, 9), zp=2, specials=(float("nan"), float("inf"), -float("inf"), float("nan"))), True, True),
+    "nan_per_channel": (dict(shape=(3, 6), axis=1, specials=(float("nan"), 0.5, float("nan"))), False, True),
+    "empty_x": (dict(shape=(0, 7)), True, True),
+    "empty_channels": (dict(shape=(4, 0), axis=1), False, True),
 }
 FAKE = from_table(FAKE_CASES, fake_args)
 FAKE_BACKWARD = from_table(FAKE_CASES, _fake_backward, backward=True)
@@ -161,7 +176,7 @@ def int8_linear_args(
     """Scales chosen so results are of unit scale: int8 data has std ~73, a K-term dot product
     std ~73^2 sqrt(K)."""
     k = x[-1]
-    unit = 1.0 / (73.0**2 * math.sqrt(k))
+    unit = 1.0 / (73.0**2 * math.sqrt(max(1, k)))
     x_scale = math.sqrt(unit) * d.scalar(0.8, 1.25)
     args = {
         "x_q": d.integers(*x, low=-127, high=127, dtype="int8", layout=layout),
@@ -187,6 +202,12 @@ INT8_LINEAR += [
     case("float16_bias_0d_x_scale", int8_linear_args, x=(5, 32), n=16, bias="float16", x_scale_tensor=True),
     case("long_k", int8_linear_args, x=(4, 4096), n=8),
     case("noncontig_x", int8_linear_args, x=(6, 10, 40), n=12, layout="noncontig"),
+    # zero-size dimensions: no rows, no output features, K = 0 (the bias in every row)
+    case("empty_rows", int8_linear_args, quick=True, x=(0, 16), n=8),
+    case("empty_batch_3d", int8_linear_args, x=(2, 0, 16), n=8, out_dtype="float32"),
+    case("empty_out_features", int8_linear_args, x=(3, 16), n=0),
+    case("empty_k", int8_linear_args, x=(4, 0), n=8, out_dtype="bfloat16"),
+    case("empty_k_no_bias", int8_linear_args, x=(4, 0), n=8, bias=None, per_channel=False),
 ]
 
 CASES = {

@@ -1,11 +1,20 @@
-"""The ``hal`` command line (also ``python -m hal``): info, conformance, bench."""
+"""The ``hal`` command line (also ``python -m hal``): info, conformance, bench, and ``--version``.
+
+Output piped into a program that stops reading early (``hal info --json | head``) ends the command
+quietly with status 141 (128 + SIGPIPE), as a command killed by SIGPIPE ends, instead of a
+``BrokenPipeError`` traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Optional, Sequence
+
+#: exit status after the reader of stdout went away (128 + SIGPIPE, what a shell shows for it).
+EXIT_BROKEN_PIPE = 141
 
 #: sub-command -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
 COMMANDS = {
@@ -16,7 +25,22 @@ COMMANDS = {
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a broken pipe shows here when the output was still buffered
+        return status
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that flush cannot fail too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
+    from hal.version import API_VERSION, __version__
+
     parser = argparse.ArgumentParser(prog="hal", description="hal: hardware abstraction layer for deep-learning ops")
+    parser.add_argument("--version", action="version", version=f"hal {__version__} (plugin API {API_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     modules = {}
     for name, (module_name, help_text) in COMMANDS.items():

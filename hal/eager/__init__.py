@@ -33,10 +33,11 @@ plugin.define_backend(priority=PRIORITY, device_types=("cpu", "cuda", "rocm"), a
 _TABLE: dict[str, Callable[..., Any]] = {}
 for _family in FAMILIES:
     _module = importlib.import_module(f"hal.eager.{_family}")
+    _checks = getattr(_module, "CHECKS", {})  # an op's capability check, where torch's call needs one
     for _name in _module.__all__:
         _fn = getattr(_module, _name)
         _TABLE[_name] = _fn
-        plugin.kernel(_name, name="torch", fused=False)(_fn)
+        plugin.kernel(_name, name="torch", fused=False, check=_checks.get(_name))(_fn)
 
 
 def eager(op: str) -> Callable[..., Any]:

@@ -12,10 +12,31 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from hal.plugin import Inputs
+
 from .elementwise import filled_leaf, leaf
 
 Pair = tuple[int, int]
 Pads = tuple[int, int, int, int]
+
+
+#: how much larger than its input and output a padded input may be before these kernels decline
+#: (torch's convolutions materialise it; cpu_ref computes only the taps that land on the input)
+PADDING_RATIO = 4
+
+
+def padding_in_proportion(inputs: Inputs) -> list[str]:
+    """A check: the padded input torch would build stays within PADDING_RATIO of the call's own
+    arrays (huge padding or dilation around a small input would allocate far beyond them)."""
+    x = inputs["x"]
+    top, bottom, left, right = inputs["padding"]
+    n, c, h, w = (int(s) for s in x.shape)
+    padded = n * c * (h + top + bottom) * (w + left + right)
+    own = sum(int(a.numel()) for a in inputs.args if isinstance(a, torch.Tensor))
+    if padded <= PADDING_RATIO * own + (1 << 20):
+        return []
+    return [f"the padding makes a padded input of {padded} elements, {padded // max(1, own)}x the call's arrays "
+            "(torch would allocate it; cpu_ref computes only the taps that land on the input)"]
 
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: Pair, padding: Pads, dilation: Pair, groups: int) -> torch.Tensor:
@@ -56,6 +77,9 @@ def batch_norm_backward(
     """(grad_x, grad_weight, grad_bias) by autograd; in training the running stats are not passed
     (they are not read, and must not be updated by a backward)."""
     rm, rv = (None, None) if training else (running_mean, running_var)
+    if x.shape[1] == 0:  # no channels: F.batch_norm cannot take the 0-element weight to differentiate
+        p = x if weight is None else weight
+        return torch.zeros_like(x), p.new_zeros((0,)), p.new_zeros((0,))
     with torch.enable_grad():
         xg = leaf(x)
         w = leaf(weight) if weight is not None else filled_leaf(x.shape[1], 1.0, x)
@@ -119,3 +143,7 @@ __all__ = [
     "fused_conv_bn_relu",
     "fused_conv_bn_relu_backward",
 ]
+
+#: capability checks of these functions as kernels of the eager backend: torch would allocate the
+#: padded input of a huge padding, far beyond the call's arrays.
+CHECKS = {op: padding_in_proportion for op in ("conv2d", "conv2d_backward", "fused_conv_bn_relu", "fused_conv_bn_relu_backward")}

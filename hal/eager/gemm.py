@@ -35,7 +35,8 @@ def matmul_backward(grad_out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) ->
 def grouped_gemm(x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
     """One matmul per group, as an MoE layer without a fused kernel runs its experts."""
     parts = torch.split(x, [int(s) for s in group_sizes.tolist()])
-    return torch.cat([rows @ weight[g] for g, rows in enumerate(parts)])
+    products = [rows @ weight[g] for g, rows in enumerate(parts)]
+    return torch.cat(products) if products else torch.einsum("mk,gkn->mn", x, weight)  # no groups: a sum over none
 
 
 def grouped_gemm_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tensor) -> tuple:

@@ -44,6 +44,8 @@ def fake_quantize(
     z = torch.as_tensor(zero_point, device=x.device).to(torch.int32).reshape(-1)
     if axis is None:
         return torch.fake_quantize_per_tensor_affine(x, s.reshape(()), z.reshape(()), quant_min, quant_max)
+    if x.numel() == 0:  # torch's per-channel op reduces over the zero points, which fails for none
+        return x.clone()
     channels = x.shape[axis]
     return torch.fake_quantize_per_channel_affine(x, s.expand(channels), z.expand(channels), axis, quant_min, quant_max)
 
@@ -88,13 +90,19 @@ def int8_linear(
     bias: Optional[torch.Tensor],
     out_dtype: str,
 ) -> torch.Tensor:
-    acc = _int8_matmul(x_q.reshape(-1, x_q.shape[-1]), w_q.t())
+    """Rows that x_q repeats by broadcasting (stride 0: an expanded view) are multiplied once and the
+    result expanded: work and memory stay proportional to the rows x_q holds."""
+    lead = tuple(x_q.shape[:-1])
+    held = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None) for size, stride in zip(lead, x_q.stride()[:-1]))
+    base = x_q[held].contiguous()
+    acc = _int8_matmul(base.reshape(base.shape[:-1].numel(), x_q.shape[-1]), w_q.t())
     x_s = torch.as_tensor(x_scale, device=x_q.device).float().reshape(())
     w_s = torch.as_tensor(w_scale, device=x_q.device).float().reshape(-1)
     out = acc.float() * x_s * w_s
     if bias is not None:
         out = out + bias.float()
-    return out.to(torch_dtype(out_dtype)).reshape(*x_q.shape[:-1], w_q.shape[0])
+    out = out.to(torch_dtype(out_dtype)).reshape(*base.shape[:-1], w_q.shape[0])
+    return out.expand(*lead, w_q.shape[0]).contiguous()
 
 
 __all__ = ["quantize", "dequantize", "fake_quantize", "fake_quantize_backward", "int8_linear"]

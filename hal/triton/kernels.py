@@ -258,11 +258,15 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
     def softmax_cfg(x: torch.Tensor, dim: int) -> dict[str, int]:
         return {**tables.rows(x, int(x.shape[dim])), "block_i": tables.columns(x)}
 
-    @kernel("softmax", "triton", 20)
+    def has_rows(inputs: Any) -> list[str]:
+        x = inputs["x"] if "x" in inputs.op.param_names else inputs["out"]
+        return [] if x.ndim else ["0-d input (a softmax over one value: the torch kernel runs it)"]
+
+    @kernel("softmax", "triton", 20, checks=(has_rows,))
     def softmax(x, dim):
         return family("softmax").softmax(x, dim, **softmax_cfg(x, dim))
 
-    @kernel("softmax_backward", "triton", 20)
+    @kernel("softmax_backward", "triton", 20, checks=(has_rows,))
     def softmax_backward(grad_out, out, dim):
         return family("softmax").softmax_backward(grad_out, out, dim, **softmax_cfg(out, dim))
 

@@ -7,6 +7,12 @@ needs no libdevice function and runs identically on every vendor and in the inte
 clamped to +-2^22 first (any such value saturates anyway), and the clamp also keeps the compiler
 from contracting the preceding multiply into the add. Launches disable FMA contraction besides.
 
+Parameters read from device tensors are checked where they are loaded, since the host cannot read
+them without a synchronisation: an element whose scale is not positive and finite, or whose zero
+point is not an integer in the quantised range, gets NaN (float results), so a bad parameter never
+passes as plausible numbers; quantize's integer result cannot carry NaN (see ops/quant.py).
+fake_quantize maps a NaN input to quant_min, as torch's CPU kernels clamp with fmin/fmax.
+
 x is contiguous and seen as a (R, C) matrix: for per-channel parameters along ``axis`` either the
 channel is the column (axis is the last dimension) or the row modulo the channel count (rows are
 (outer, channel) pairs); per-tensor parameters are a number or a one-element tensor.
@@ -58,6 +64,24 @@ def _param(ptr, val, rows, cols, mask, channels, MODE: tl.constexpr, PER_ROW: tl
     return p
 
 
+@triton.jit
+def _valid(s, z, qmin, qmax):
+    """Where a scale and zero point are usable: s positive and finite, z an integer in [qmin, qmax]
+    (nested where rather than ``&``: either operand may be a scalar, which the interpreter's ``&``
+    cannot mix with a tensor)."""
+    ok = tl.where(s > 0.0, s < float("inf"), False)
+    ok = tl.where(z >= qmin, ok, False)
+    ok = tl.where(z <= qmax, ok, False)
+    return tl.where(tl.floor(z) == z, ok, False)
+
+
+@triton.jit
+def _fake_codes(x, s, z, qmin, qmax):
+    """round(x * (1 / s)) + z clamped to [qmin, qmax], NaN codes (NaN x) to qmin, as torch's fmax."""
+    q = _rne(x * (1.0 / s)) + z
+    return tl.minimum(tl.maximum(tl.where(q == q, q, qmin), qmin), qmax)
+
+
 @triton.jit(do_not_specialize=["R", "n_col_blocks", "channels", "qmin", "qmax"])
 def quantize_kernel(
     x_ptr, q_ptr, s_ptr, z_ptr, s_val, z_val, R, C, n_col_blocks, channels, qmin, qmax,
@@ -80,7 +104,12 @@ def dequantize_kernel(
     s = _param(s_ptr, s_val, rows, cols, mask, channels, S_MODE, PER_ROW)
     z = _param(z_ptr, z_val, rows, cols, mask, channels, Z_MODE, PER_ROW)
     q = tl.load(q_ptr + offs, mask=mask, other=0).to(tl.float32)
-    tl.store(out_ptr + offs, ((q - z) * s).to(out_ptr.dtype.element_ty), mask=mask)
+    if q_ptr.dtype.element_ty.is_int_signed():  # the range of q's dtype: int8 or uint8
+        ok = _valid(s, z, -128.0, 127.0)
+    else:
+        ok = _valid(s, z, 0.0, 255.0)
+    out = tl.where(ok, (q - z) * s, float("nan"))
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["R", "n_col_blocks", "channels", "qmin", "qmax"])
@@ -92,8 +121,8 @@ def fake_quantize_kernel(
     s = _param(s_ptr, s_val, rows, cols, mask, channels, S_MODE, PER_ROW)
     z = _param(z_ptr, z_val, rows, cols, mask, channels, Z_MODE, PER_ROW)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    q = tl.minimum(tl.maximum(_rne(x * (1.0 / s)) + z, qmin), qmax)
-    tl.store(out_ptr + offs, ((q - z) * s).to(out_ptr.dtype.element_ty), mask=mask)
+    out = tl.where(_valid(s, z, qmin, qmax), (_fake_codes(x, s, z, qmin, qmax) - z) * s, float("nan"))
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["R", "n_col_blocks", "channels", "qmin", "qmax"])
@@ -107,7 +136,8 @@ def fake_quantize_bwd_kernel(
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0)
     q = _rne(x * (1.0 / s)) + z
-    tl.store(dx_ptr + offs, tl.where((q >= qmin) & (q <= qmax), g, 0.0).to(dx_ptr.dtype.element_ty), mask=mask)
+    dx = tl.where(_valid(s, z, qmin, qmax), tl.where((q >= qmin) & (q <= qmax), g, 0.0), float("nan"))
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["R", "n_col_blocks"])
@@ -118,8 +148,10 @@ def int32_dequant_kernel(
     """out = acc * x_scale * w_scale[col] + bias[col] for an int32 GEMM result."""
     rows, cols, mask, offs = _tile(tl.program_id(0), R, C, n_col_blocks, BLOCK_R, BLOCK_C)
     v = tl.load(acc_ptr + offs, mask=mask, other=0).to(tl.float32)
-    v = v * _param(xs_ptr, xs_val, rows, cols, mask, C, XS_MODE, False)
-    v = v * _param(ws_ptr, ws_val, rows, cols, mask, C, WS_MODE, False)
+    xs = _param(xs_ptr, xs_val, rows, cols, mask, C, XS_MODE, False)
+    ws = _param(ws_ptr, ws_val, rows, cols, mask, C, WS_MODE, False)
+    v = tl.where(_valid(xs, 0.0, 0.0, 0.0), v * xs, float("nan"))
+    v = tl.where(_valid(ws, 0.0, 0.0, 0.0), v * ws, float("nan"))
     if HAS_BIAS:
         v = v + tl.load(bias_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=mask)

@@ -47,6 +47,8 @@ def test_error_a_few_ulps_beyond_tolerance_fails_and_within_passes(install, seed
     def shifted(x, normalized_shape, weight, bias, eps, ulps):
         f64 = lambda a: None if a is None else np.asarray(a, np.float64)  # noqa: E731
         y = ref_layer_norm(f64(x), normalized_shape, f64(weight), f64(bias), eps)
+        if not y.size:
+            return y.astype(np.float32)  # an empty result has no element to be wrong
         atol, rtol = tol.widened(int(np.prod(normalized_shape)))
         atol *= max(1.0, float(np.sqrt(np.mean(y**2))))  # atol is for unit-scale results
         flat = y.reshape(-1)
@@ -72,9 +74,10 @@ def test_error_a_few_ulps_beyond_tolerance_fails_and_within_passes(install, seed
     beyond_ids = {i for i, r in results.items() if r.kernel == "beyond"}
     within_ids = {i for i, r in results.items() if r.kernel == "within"}
     assert len(beyond_ids) == len(cases_for("layer_norm", "float32")) > 5
-    assert failing(results, "beyond") == beyond_ids
+    has_elements = expected_failures("layer_norm", "beyond", "float32", seed, lambda a: a["x"].numel() > 0)
+    assert len(has_elements) > 5 and failing(results, "beyond") == has_elements  # zero-size cases pass
     assert {i for i in within_ids if results[i].status == "pass"} == within_ids, [str(results[i]) for i in within_ids]
-    r = results[sorted(beyond_ids)[0]]
+    r = results[sorted(has_elements)[0]]
     assert "1 of " in r.reason and "beyond tolerance" in r.reason
     assert r.max_abs_err > r.atol
 
@@ -84,7 +87,7 @@ def test_kernel_wrong_only_for_odd_sizes(install, seed):
     exactly the cases with odd rows; the correct kernel beside it passes them all."""
     install(softmax_backend())
     results = run_suite("buggy", seed, ["softmax"], ["float32"])
-    want = expected_failures("softmax", "odd_bug", "float32", seed, lambda a: a["x"].shape[a["dim"]] % 2 == 1)
+    want = expected_failures("softmax", "odd_bug", "float32", seed, lambda a: a["x"].numel() and a["x"].ndim and a["x"].shape[a["dim"]] % 2 == 1)
     assert len(want) >= 2
     assert failing(results, "odd_bug") == want
     assert all(r.status == "pass" for i, r in results.items() if i not in want)
@@ -146,6 +149,9 @@ def test_unwritten_last_element_is_caught_by_poisoning(install, seed):
     for r in results.values():
         shape = tuple(case_inputs("softmax", "float32", r.case, seed=seed)["x"].shape)
         last = tuple(s - 1 for s in shape)
+        if 0 in shape:  # zero-size: no element to leave unwritten
+            assert r.status == "pass", str(r)
+            continue
         assert r.status == "fail", str(r)
         assert f"1 of {int(np.prod(shape))} elements" in r.reason and f"worst at {last}" in r.reason, r.reason
 
@@ -213,4 +219,4 @@ def test_correct_half_precision_kernels_pass(install, seed):
     ran = [r for r in results.values() if r.status != "skip"]
     assert len(ran) == len(cases_for("softmax", "float16")) + len(cases_for("softmax", "bfloat16")) + len(cases_for("conv2d", "float16")) + len(cases_for("layer_norm", "float16"))
     assert [str(r) for r in ran if r.status != "pass"] == []
-    assert all(r.max_abs_err > 0 for r in ran if r.op == "conv2d")  # real rounding error was measured
+    assert all(r.max_abs_err > 0 for r in ran if r.op == "conv2d" and not r.case.startswith("empty_"))  # real rounding error was measured

@@ -4,8 +4,11 @@ never another exception (nothing raw from NumPy or a vendor library reaches the 
 
 Two kinds of calls: arguments drawn from scratch (mostly stopped by the first checks), and a valid
 call of the conformance suite with one or two things broken (a dimension, a rank, a dtype, a device,
-the array type of one argument, a static option, a NaN/Inf/huge value, a strided view), which
-reaches the deeper checks and the kernels.
+the array type of one argument, a static option, a NaN/Inf/huge value, a Python int too large for
+a float or for 64 bits, a strided view), which reaches the deeper checks and the kernels. A third
+test runs valid calls with NumPy's floating-point errors set to raise (as another library may leave
+them) and expects the results of the default error state. Every call is counted
+(tests/reliability/calls.py; the session summary prints the counts).
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ from hypothesis import strategies as st
 import hal
 from hal.arrays import from_numpy, numpy_dtype
 from hal.types import Kind
+from tests.reliability.calls import outcome
 
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool", "complex64"]
 SPECIAL = [math.nan, math.inf, -math.inf, 1e30, -1e30, 0.0, 1e-40]
+#: Python ints no float holds (10**400 overflows float64) or no int64 holds.
+HUGE_INTS = [10**400, -(10**400), 2**63, -(2**63) - 1, 2**64, 2**70, 10**5000]
 
 
 @st.composite
@@ -59,6 +65,7 @@ def arrays_(draw: st.DrawFn, kind: str, device: str, like: Any = None) -> Any:
 
 STATIC_VALUES = st.one_of(
     st.integers(-3, 6),
+    st.sampled_from(HUGE_INTS),
     st.sampled_from([None, True, False, "same", "valid", "relu", "gelu", "bogus", "int8", "uint8", "float16", "", (1, 1), (2, 0), (-1, 2), (1, 2, 3), (0, 0, 1, 1), [3], [2, 2], 0.5, -1.0, math.nan, math.inf, 1e-5]),
 )
 
@@ -170,12 +177,11 @@ OPS = [d for d in hal.list_ops()]
 
 def _check_outcome(decl: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
     fn = getattr(hal.ops, decl.name)
-    try:
-        out = fn(*args, **kwargs)
-    except hal.HalError as exc:
+    how, out = outcome(lambda: fn(*args, **kwargs))
+    if how == "hal_error":
         # a checker that crashed is wrapped as "argument '(arguments)'": that is a bug, not a check
-        assert "argument '(arguments)'" not in str(exc), str(exc)
-        event(f"raised {type(exc).__name__}")  # --hypothesis-show-statistics shows the mix
+        assert "argument '(arguments)'" not in str(out), str(out)
+        event(f"raised {type(out).__name__}")  # --hypothesis-show-statistics shows the mix
         return
     event("returned a result")
     values = list(args) + list(kwargs.values())
@@ -203,3 +209,46 @@ def test_random_calls_raise_hal_errors_or_return_results(decl: Any, data: st.Dat
 def test_broken_valid_calls_raise_hal_errors_or_return_results(decl: Any, data: st.DataObject) -> None:
     args, kwargs = data.draw(broken_valid_calls(decl))
     _check_outcome(decl, args, kwargs)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return a == b
+
+
+def _cloned(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, list):
+        return [_cloned(x) for x in v]
+    return v
+
+
+@pytest.mark.parametrize("decl", OPS, ids=[d.name for d in OPS])
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_numpy_errors_set_to_raise_change_nothing(decl: Any, data: st.DataObject) -> None:
+    """Another library's ``np.seterr(all="raise")`` must not turn the reference's IEEE arithmetic
+    (overflow, NaN, division by zero in the cases' edge values) into FloatingPointError."""
+    dtype = data.draw(st.sampled_from(decl.dtypes))
+    edges = ("large", "nan", "inf", "underflow", "saturation", "empty", "neg_inf")  # and the quick ones: small
+    specs = [c for c in cases_for(decl.name, dtype) if c.quick or any(e in c.name for e in edges)]
+    spec = data.draw(st.sampled_from(specs))
+    call = draw_call(decl.name, dtype, spec, data.draw(st.integers(0, 2**16)), "cpu").args
+    args = {p.name: call.get(p.name, p.default) for p in decl.params}
+    positional = lambda a: [a[p.name] for p in decl.params if not p.keyword_only]  # noqa: E731
+    keywords = lambda a: {p.name: a[p.name] for p in decl.params if p.keyword_only}  # noqa: E731
+    fn = getattr(hal.ops, decl.name)
+    quiet = {k: _cloned(v) for k, v in args.items()}
+    with np.errstate(all="ignore"):
+        how, want = outcome(lambda: fn(*positional(quiet), **keywords(quiet)))
+    loud = {k: _cloned(v) for k, v in args.items()}
+    with np.errstate(all="raise"):
+        how_loud, got = outcome(lambda: fn(*positional(loud), **keywords(loud)))
+    assert how_loud == how, got
+    if how == "result":
+        assert _same(got, want) and all(_same(loud[m], quiet[m]) for m in decl.mutates if loud[m] is not None)
+

@@ -37,4 +37,5 @@ def sdpa_backward(grad_out, q, k, v, attn_mask, is_causal, scale):
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))
     dq = torch.matmul(ds, ka).mul_(scale)
     dk = torch.matmul(ds.transpose(-2, -1), qa).mul_(scale)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    # inputs whose batch dimensions were broadcast get their gradients summed back to their shapes
+    return dq.sum_to_size(q.shape).to(q.dtype), dk.sum_to_size(k.shape).to(k.dtype), dv.sum_to_size(v.shape).to(v.dtype)

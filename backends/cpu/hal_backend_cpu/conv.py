@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.eager import conv as eager
+from hal.eager.conv import padding_in_proportion
 from hal.plugin import Inputs
 
 from ._common import FLOATS, kernel, onednn_dtype
@@ -54,10 +55,10 @@ def conv_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: P
     return gx, gw, gb
 
 
-kernel("conv2d", name="onednn", priority=20, dtypes=FLOATS)(eager.conv2d)
+kernel("conv2d", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_proportion])(eager.conv2d)
 
 
-@kernel("conv2d_backward", name="onednn", priority=20, dtypes=FLOATS)
+@kernel("conv2d_backward", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_proportion])
 def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
     return conv_grads(grad_out, x, weight, stride, padding, dilation, groups)
 
@@ -162,14 +163,14 @@ def _eval_only(inputs: Inputs) -> list[str]:
     return ["training mode (batch statistics cannot be folded into the weights)"] if inputs["training"] else []
 
 
-@kernel("fused_conv_bn_relu", name="onednn", priority=30, dtypes=ONEDNN_DTYPES, checks=[onednn_dtype, _eval_only])
+@kernel("fused_conv_bn_relu", name="onednn", priority=30, dtypes=ONEDNN_DTYPES, checks=[onednn_dtype, _eval_only, padding_in_proportion])
 def fused_conv_bn_relu_onednn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
     xp, pad = _padded(x, padding)
     return torch.ops.mkldnn._convolution_pointwise(xp, w, b, pad, list(stride), list(dilation), groups, "relu", [], "")
 
 
-@kernel("fused_conv_bn_relu", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
+@kernel("fused_conv_bn_relu", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])
 def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     if not training:
         w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
@@ -178,7 +179,7 @@ def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_me
     return bn_forward(y, running_mean, running_var, bn_weight, bn_bias, True, momentum, eps).relu_()
 
 
-@kernel("fused_conv_bn_relu_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
+@kernel("fused_conv_bn_relu_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])
 def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
     """The convolution output is recomputed (without its bias in training, where the batch mean
     absorbs it: its gradient is then exactly zero), the ReLU mask from the batch-norm output. Half

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import f64, like, reference
+from ._common import elements, f64, like, reference
 
 
 def _axes(x: np.ndarray, normalized_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -22,7 +22,8 @@ def _batch_axes(x: np.ndarray, normalized_shape: tuple[int, ...]) -> tuple[int, 
 
 
 def _mean(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    return np.mean(a, axis=axes, keepdims=True)
+    """The mean over ``axes`` (NaN over none: 0 / 0, without NumPy's empty-slice warning)."""
+    return np.sum(a, axis=axes, keepdims=True) / elements(a.shape[i] for i in axes)
 
 
 def _layer_stats(x: np.ndarray, axes: tuple[int, ...], eps: float) -> tuple[np.ndarray, np.ndarray]:

@@ -102,11 +102,23 @@ def test_rms_norm_backward(case, eps, rng):
     assert_all_close64(eager("rms_norm_backward")(*canonical(hal.ops.rms_norm_backward, g, x, ns, w, eps)), want)
 
 
-def test_rms_norm_default_eps_follows_dtype(rng):
-    """eps None is the machine epsilon of x's dtype, bfloat16 included (torch's default)."""
+def test_rms_norm_default_eps_is_torchs(rng):
+    """eps None is the machine epsilon of the dtype torch computes in: float64's for float64,
+    float32's for float32 and for half precision (upcast to float32 first)."""
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         x = randn(rng, 3, 4, dtype=dtype)
-        assert canonical(hal.ops.rms_norm, x, 4)[-1] == torch.finfo(dtype).eps
+        want = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+        assert canonical(hal.ops.rms_norm, x, 4)[-1] == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_default_eps_matches_torch_on_small_half_inputs(dtype, rng):
+    """Inputs of magnitude 1e-3 have mean(x^2) ~ 1e-6: an eps of float16's epsilon (9.8e-4) would
+    shrink the result ~30-fold; torch's (float32's) leaves it unit scale."""
+    x = (randn(rng, 8, 64) * 1e-3).to(dtype)
+    got, want = hal.ops.rms_norm(x, (64,)), F.rms_norm(x, (64,))
+    assert want.float().abs().mean() > 0.5  # unit scale: the eps does not dominate
+    torch.testing.assert_close(got.float(), want.float(), atol=0.0, rtol=2 * torch.finfo(dtype).eps)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,9 @@
 SDPA runs through ``F.scaled_dot_product_attention`` with one backend forced per kernel, so each
 backend is its own kernel with its own capability data: cuDNN and FlashAttention-2 for half
 precision without a mask, memory-efficient attention for float32 too. Inputs of any batch rank
-are flattened to (B, 1, L, E), the layout every backend takes. Masked calls, float64 and causal
+are expanded to their broadcast batch (q, k and v may share heads or batches, as in torch) and
+flattened to (B, 1, L, E), the layout every backend takes; the backward differentiates through the
+expansion, so gradients are summed back to each input's shape. Masked calls, float64 and causal
 attention with L != S run the explicit ``math`` kernel, which keeps torch's reference semantics
 (top-left causal alignment; a query row with nothing to attend to gets zero weights, as torch
 2.13's CPU SDPA and cpu_ref give, API.md's NaN notwithstanding). The backward
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from hal.ops.attention import attention_batch
 from hal.plugin import Inputs
 
 from ._common import FLOATS, HALF, NOT_F64, Check, kernel
@@ -41,8 +44,9 @@ def softmax_backward_torch(grad_out, out, dim):
 # --- scaled_dot_product_attention ----------------------------------------------------------------
 
 
-def _as_4d(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, 1, t.shape[-2], t.shape[-1])
+def _as_4d(t: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
+    """t expanded to the call's broadcast batch and seen as (B, 1, rows, features)."""
+    return t.expand(*batch, *t.shape[-2:]).reshape(-1, 1, t.shape[-2], t.shape[-1])
 
 
 def _flash_like(max_head: int, multiple: int) -> Check:
@@ -52,6 +56,8 @@ def _flash_like(max_head: int, multiple: int) -> Check:
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         e, ev = int(q.shape[-1]), int(v.shape[-1])
         reasons = []
+        if 0 in (*attention_batch(q, k, v), *q.shape[-2:], k.shape[-2], ev):
+            reasons.append("zero-size dimensions (the math kernel runs them)")
         if inputs["attn_mask"] is not None:
             reasons.append("attn_mask given (the math kernel keeps NaN rows for fully masked queries)")
         if e != ev or e > max_head or e % multiple:
@@ -64,9 +70,10 @@ def _flash_like(max_head: int, multiple: int) -> Check:
 
 
 def _run_backend(backend: SDPBackend, q, k, v, is_causal: bool, scale: float) -> torch.Tensor:
+    batch = attention_batch(q, k, v)
     with sdpa_kernel([backend]):
-        out = F.scaled_dot_product_attention(_as_4d(q), _as_4d(k), _as_4d(v), is_causal=is_causal, scale=scale)
-    return out.reshape(*q.shape[:-1], v.shape[-1])
+        out = F.scaled_dot_product_attention(_as_4d(q, batch), _as_4d(k, batch), _as_4d(v, batch), is_causal=is_causal, scale=scale)
+    return out.reshape(*batch, q.shape[-2], v.shape[-1])
 
 
 def _backend_backward(backend: SDPBackend, grad_out, q, k, v, is_causal: bool, scale: float):
@@ -97,7 +104,8 @@ _register_backend("efficient", SDPBackend.EFFICIENT_ATTENTION, 20, NOT_F64, _fla
 def math_attention(q, k, v, attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v with torch's math semantics, accumulated in float32 (float64
     for float64 inputs): masked-out scores are -inf, and a row with nothing to attend to gets zero
-    weights (torch's _safe_softmax), hence a zero output and no gradient."""
+    weights (torch's _safe_softmax), hence a zero output and no gradient. Batch dimensions
+    broadcast (torch.matmul's rules)."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
     if is_causal:

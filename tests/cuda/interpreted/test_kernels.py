@@ -332,6 +332,46 @@ def test_quantize_rounds_half_to_even_and_saturates():
     assert kern("quantize", "triton")(x, 1.0, 0, None, "uint8").tolist() == [0, 2, 2, 0, 0, 255, 0, 254]
 
 
+@pytest.mark.parametrize("axis", [None, 1])
+def test_fake_quantize_of_nan_is_quant_min_as_torch(gen, axis):
+    """torch's CPU kernels clamp with fmax/fmin: NaN becomes quant_min; infinities saturate."""
+    x = randn(gen, 3, 8)
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")])
+    scale, zp = (0.1, 3) if axis is None else (torch.full((8,), 0.1), torch.full((8,), 3, dtype=torch.int32))
+    check("fake_quantize", kern("fake_quantize", "triton"), (x, scale, zp, -20, 20, axis))
+    got = kern("fake_quantize", "triton")(x, scale, zp, -20, 20, axis)
+    assert got[0, 0].item() == got[0, 3].item() == pytest.approx((-20 - 3) * 0.1)
+    if axis is None:
+        torch.testing.assert_close(got, torch.fake_quantize_per_tensor_affine(x, 0.1, 3, -20, 20))
+
+
+@pytest.mark.parametrize("bad", ["scale_zero", "scale_negative", "scale_nan", "scale_inf", "zp_out_of_range", "zp_fraction"])
+def test_invalid_tensor_qparams_give_nan_not_numbers(gen, bad):
+    """Device kernels cannot raise on values without a host synchronisation: every element whose
+    parameter is invalid comes out NaN (the others are computed), in the forward and the backward."""
+    x = randn(gen, 4, 6)
+    scale = torch.rand(6, generator=gen) * 0.1 + 0.01
+    zp = torch.randint(-5, 5, (6,), generator=gen).float()
+    value = {"scale_zero": 0.0, "scale_negative": -0.1, "scale_nan": float("nan"), "scale_inf": float("inf"),
+             "zp_out_of_range": 300.0, "zp_fraction": 2.5}[bad]
+    (scale if bad.startswith("scale") else zp)[2] = value
+    g = randn(gen, 4, 6)
+    for out in (kern("fake_quantize", "triton")(x, scale, zp, -128, 127, 1), kern("fake_quantize_backward", "triton")(g, x, scale, zp, -128, 127, 1)):
+        assert out[:, 2].isnan().all() and not out[:, [0, 1, 3, 4, 5]].isnan().any()
+    q = torch.randint(-128, 128, (4, 6), generator=gen, dtype=torch.int8)
+    out = kern("dequantize", "triton")(q, scale, zp.int() if bad != "zp_fraction" else zp, 1)
+    assert out[:, 2].isnan().all() and not out[:, [0, 1, 3, 4, 5]].isnan().any()
+
+
+def test_int8_linear_invalid_scale_tensor_gives_nan(gen):
+    xq = torch.randint(-128, 128, (32, 64), generator=gen, dtype=torch.int8)
+    wq = torch.randint(-128, 128, (24, 64), generator=gen, dtype=torch.int8)
+    ws = torch.rand(24, generator=gen) * 1e-3
+    ws[5] = -1e-3
+    out = kern("int8_linear", "cublaslt")(xq, wq, torch.tensor(0.02), ws, None, "float32")
+    assert out[:, 5].isnan().all() and not out[:, :5].isnan().any()
+
+
 @pytest.mark.parametrize("per_channel", [True, False])
 @pytest.mark.parametrize("out_dtype", ["float16", "float32"])
 def test_int8_linear(gen, per_channel, out_dtype):
@@ -439,3 +479,26 @@ def test_linear_cross_entropy_in_blocks(gen, dtype, reduction):
         check("linear_cross_entropy", kern("linear_cross_entropy", "cublas_triton"), args)
         g = randn(gen, 11) if reduction == "none" else randn(gen)
         check("linear_cross_entropy_backward", kern("linear_cross_entropy_backward", "cublas_triton"), (g, *args), outputs=3)
+
+
+@pytest.mark.parametrize("q_shape,k_shape,v_shape", [((2, 3, 5, 8), (1, 3, 7, 8), (2, 1, 7, 6)), ((2, 3, 5, 8), (3, 7, 8), (7, 8))])
+def test_sdpa_math_kernel_broadcasts_batch_dimensions(gen, q_shape, k_shape, v_shape):
+    """q, k and v whose batch dimensions broadcast (shared key/value heads): the result has the
+    broadcast batch, each gradient its input's shape (summed over what it was broadcast along)."""
+    q, k, v = randn(gen, *q_shape), randn(gen, *k_shape), randn(gen, *v_shape)
+    args = (q, k, v, None, False, 0.35)
+    check("scaled_dot_product_attention", kern("scaled_dot_product_attention", "math"), args)
+    g = randn(gen, *q_shape[:-1], v_shape[-1])
+    check("scaled_dot_product_attention_backward", kern("scaled_dot_product_attention_backward", "math"), (g, *args), outputs=3)
+
+
+def test_softmax_of_0d_runs_on_the_torch_kernel():
+    from hal.plugin import Inputs
+    from hal.registry import get_op
+
+    x = torch.tensor(0.7)
+    spec = next(k for k in plugin.kernels if k.op == "softmax" and k.name == "triton")
+    inputs = Inputs(get_op("softmax"), (x, 0), "cuda", torch.device("cpu"), "float32", "torch", "sm_90")
+    assert any("0-d" in r for r in spec.not_supported_reasons(inputs))
+    check("softmax", kern("softmax", "torch"), (x, 0))
+
