@@ -25,4 +25,4 @@ from ._device import capability, devices, probe  # noqa: E402
 plugin.define_backend(priority=100, device_types=("cuda",), probe=probe, devices=devices, capability=capability, array_api="torch")
 
 # Importing the families registers their kernels on `plugin`.
-from . import attention, conv, elementwise, gemm, mixed_precision, norm, quant  # noqa: E402,F401
+from . import attention, conv, cpp_kernels, elementwise, gemm, mixed_precision, norm, quant  # noqa: E402,F401
