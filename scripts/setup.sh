@@ -32,6 +32,7 @@ packages=(-e . -e backends/cpu_ref)
 if [ "$test_mode" = 1 ]; then
   packages=(-e ".[test,triton]" -e backends/cpu_ref)
   for b in cuda rocm; do [ -f "backends/$b/pyproject.toml" ] && packages+=(-e "backends/$b"); done
+  packages+=("cupy-cuda13x>=14,<15" "nvidia-cuda-nvrtc==13.0.*")  # NVRTC for tests/cpp's sm_80/sm_90 compiles (no GPU needed)
 else
   if has_cuda_gpu && [ -f backends/cuda/pyproject.toml ]; then packages+=(-e ".[triton]" -e backends/cuda); fi
   if has_rocm_gpu && [ -f backends/rocm/pyproject.toml ]; then packages+=(-e ".[triton]" -e backends/rocm); fi
