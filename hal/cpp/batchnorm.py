@@ -121,8 +121,8 @@ def _grids(kit: Kit, lay: Layout, device: torch.device, cfg: Config) -> _Grids:
         apply_x = max(1, min(_cdiv(lay.units, ROWS_PER_STEP), cfg.apply_blocks_per_sm * sms // tiles))
         return _Grids((_cdiv(lay.units, per_block), tiles), per_block, tiles, (apply_x, tiles), 0)
     want = max(1, cfg.reduce_blocks_per_sm * sms // lay.channels)
-    per_block = _cdiv(lay.units, want)
     sv = lay.spatial // lay.vec
+    per_block = max(1, min(_cdiv(lay.units, want), (2**31 - 1) // max(sv, 1)))  # items counted in 32 bits
     chunk = max(4 * THREADS, _cdiv(sv, MAX_GRID_Y))
     return _Grids((_cdiv(lay.units, per_block), lay.channels), per_block, lay.channels,
                   (lay.units * lay.channels, _cdiv(sv, chunk)), chunk)

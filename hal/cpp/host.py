@@ -28,6 +28,7 @@ class HostRuntime:
     """Compile with ``$CXX`` (default g++) and run kernels on CPU threads; ``warp_size`` 32 or 64."""
 
     name = "host"
+    code_suffix = ".so"
 
     def __init__(self, warp_size: int = 32, multiprocessors: int = 2, compiler: Optional[str] = None) -> None:
         self._warp = int(warp_size)

@@ -143,6 +143,8 @@ class Runtime(Protocol):
 
     #: names the cache folder and the toolchain: "nvrtc", "hiprtc", "host"
     name: str
+    #: file suffix of its code objects in the cache (".cubin", ".hsaco", ".so")
+    code_suffix: str
 
     def unavailable_reason(self) -> Optional[str]:
         """Why kernels cannot run through this runtime here (None when they can)."""
@@ -223,7 +225,7 @@ class KernelModule:
         arch, warp_size = runtime.arch(device), runtime.warp_size(device)
         text, full, key = _prepare(runtime, source, arch, defines, warp_size)
         folder = cache_dir() / f"{runtime.name}-{arch}"
-        path = folder / f"{Path(self.source.file).stem}-{key}.bin"
+        path = folder / f"{Path(self.source.file).stem}-{key}{runtime.code_suffix}"
         handles = None
         if path.is_file():
             try:

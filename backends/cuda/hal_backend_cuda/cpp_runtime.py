@@ -25,6 +25,7 @@ class CupyRuntime:
     """hal/cpp's :class:`hal.cpp.Runtime` for NVIDIA GPUs."""
 
     name = "nvrtc"
+    code_suffix = ".cubin"
 
     @functools.lru_cache(maxsize=None)
     def unavailable_reason(self) -> Optional[str]:
@@ -87,8 +88,8 @@ class CupyRuntime:
 
         args = tuple(getattr(numpy, _NUMPY[k])(v) for k, v in zip(sig.params, values))
         index = _index(device)
-        with _cupy_device(index):
-            handle(grid, block, args, stream=_external_stream(self.stream(device), index))
+        with _cupy_device(index), _external_stream(self.stream(device), index):  # the launch's stream
+            handle(grid, block, args)
 
 
 def _index(device: Any) -> int:
@@ -116,6 +117,11 @@ def _cupy_device(index: int) -> Any:
 
 @functools.lru_cache(maxsize=64)
 def _external_stream(handle: int, index: int) -> Any:
+    """torch's stream as a CuPy stream (ExternalStream: CuPy 13 and 14; deprecated in 14)."""
+    import warnings
+
     import cupy
 
-    return cupy.cuda.ExternalStream(handle, index)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle, index)

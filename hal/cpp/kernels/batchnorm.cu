@@ -356,27 +356,27 @@ HAL_DEVICE void reduce_planes(const Kind& kind, A* part, unsigned* counters, A* 
     a[k] = relu ? vec[c] : A(0);
     b[k] = relu ? vec[C + c] : A(0);
   }
-  const i64 sv = S / VEC;
+  // a block's items (plane, vector) are counted in 32 bits: the host keeps per_block * S / VEC < 2**31
+  const u32 sv = u32(S / VEC);
   const i64 n0 = i64(blockIdx.x) * per_block;
   const i64 n1 = n0 + per_block < units ? n0 + per_block : units;
-  const i64 items = (n1 - n0) * sv;
+  const u32 items = u32(n1 - n0) * sv;
   St st;
   st.init();
-  i64 i = t;
+  u32 i = t;
   for (; i + (UNROLL - 1) * BN_THREADS < items; i += UNROLL * BN_THREADS) {
     Sm s[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const i64 j = i + u * BN_THREADS, n = n0 + j / sv;
-      kind.load(s[u], (n * C + c) * S + (j % sv) * VEC, a, b, relu);
+      const u32 j = i + u * BN_THREADS;
+      kind.load(s[u], ((n0 + j / sv) * C + c) * S + i64(j % sv) * VEC, a, b, relu);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) Kind::add(st, s[u]);
   }
   for (; i < items; i += BN_THREADS) {
     Sm s;
-    const i64 n = n0 + i / sv;
-    kind.load(s, (n * C + c) * S + (i % sv) * VEC, a, b, relu);
+    kind.load(s, ((n0 + i / sv) * C + c) * S + i64(i % sv) * VEC, a, b, relu);
     Kind::add(st, s);
   }
   St1 one = collapse(st);
@@ -492,29 +492,32 @@ using Fwd = hal::ForwardKind<T, A>;
 using Bwd = hal::BackwardKind<T, A>;
 
 #define HAL_KERNEL extern "C" __global__ void __launch_bounds__(hal::BN_THREADS)
+// Reductions run two blocks per multiprocessor (CUDA: registers capped for 2 resident blocks; HIP:
+// 2 waves per SIMD, which is 2 blocks of 4 wavefronts per compute unit).
+#define HAL_REDUCTION extern "C" __global__ void __launch_bounds__(hal::BN_THREADS, 2)
 
-HAL_KERNEL bn_stats_rows(const T* x, A* part, unsigned* counters, A* vec, const void* w, const void* b,
+HAL_REDUCTION bn_stats_rows(const T* x, A* part, unsigned* counters, A* vec, const void* w, const void* b,
                          const void* cb, void* rm, void* rv, int codes, i64 units, int C, i64 S, i64 per_block,
                          double count, double momentum, double eps, int flags) {
   hal::reduce_rows<Fwd, A, VEC>(Fwd{x}, part, counters, vec, hal::Params{w, b, cb, rm, rv, nullptr, nullptr, codes},
                                 units, C, per_block, A(count), A(momentum), A(eps), flags, false);
 }
 
-HAL_KERNEL bn_stats_planes(const T* x, A* part, unsigned* counters, A* vec, const void* w, const void* b,
+HAL_REDUCTION bn_stats_planes(const T* x, A* part, unsigned* counters, A* vec, const void* w, const void* b,
                            const void* cb, void* rm, void* rv, int codes, i64 units, int C, i64 S, i64 per_block,
                            double count, double momentum, double eps, int flags) {
   hal::reduce_planes<Fwd, A, VEC>(Fwd{x}, part, counters, vec, hal::Params{w, b, cb, rm, rv, nullptr, nullptr, codes},
                                   units, C, S, per_block, A(count), A(momentum), A(eps), flags, false);
 }
 
-HAL_KERNEL bn_bwd_stats_rows(const T* g, const T* x, A* part, unsigned* counters, A* vec, const void* w,
+HAL_REDUCTION bn_bwd_stats_rows(const T* g, const T* x, A* part, unsigned* counters, A* vec, const void* w,
                              const void* cb, void* rm, void* rv, void* gw, void* gb, int codes, i64 units, int C,
                              i64 S, i64 per_block, double count, double eps, int flags) {
   hal::reduce_rows<Bwd, A, VEC>(Bwd{g, x}, part, counters, vec, hal::Params{w, nullptr, cb, rm, rv, gw, gb, codes},
                                 units, C, per_block, A(count), A(0), A(eps), flags, flags & 1);
 }
 
-HAL_KERNEL bn_bwd_stats_planes(const T* g, const T* x, A* part, unsigned* counters, A* vec, const void* w,
+HAL_REDUCTION bn_bwd_stats_planes(const T* g, const T* x, A* part, unsigned* counters, A* vec, const void* w,
                                const void* cb, void* rm, void* rv, void* gw, void* gb, int codes, i64 units, int C,
                                i64 S, i64 per_block, double count, double eps, int flags) {
   hal::reduce_planes<Bwd, A, VEC>(Bwd{g, x}, part, counters, vec, hal::Params{w, nullptr, cb, rm, rv, gw, gb, codes},
