@@ -298,6 +298,27 @@ def host_times() -> None:
         say(f"host time bn train fwd {name:<8} {us:7.1f} us")
 
 
+def dispatch() -> None:
+    """The registered kernels through hal's dispatcher, each forced by name (needs stevedore, which
+    the plugin discovery imports: carried as a wheel in the lead's device calls)."""
+    import importlib.util
+
+    if importlib.util.find_spec("stevedore") is None:
+        say("-- dispatch: skipped (stevedore is not installed; carry .whl as benchmarks/h200.sh does)")
+        return
+    import hal
+
+    x = randn(8, 64, 14, 14, dtype=torch.bfloat16, scale=2.0).contiguous(memory_format=torch.channels_last)
+    w, b, rm, rv = torch.rand(64, device=DEV) + 0.5, randn(64), torch.zeros(64, device=DEV), torch.ones(64, device=DEV)
+    with hal.use(kernel="cpp"):
+        decision = hal.explain("batch_norm", x, rm, rv, w, b, training=True)
+        y = hal.ops.batch_norm(x, rm, rv, w, b, training=True)
+    ref = F.batch_norm(x.double(), torch.zeros(64, device=DEV, dtype=torch.float64), torch.ones(64, device=DEV, dtype=torch.float64),
+                       w.double(), b.double(), True)
+    say(f"-- dispatch: batch_norm ran {decision.backend}/{decision.kernel}")
+    record_check("dispatch hal.ops.batch_norm forced to cpp", torch.bfloat16, {"y": (y, ref)})
+
+
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -307,7 +328,7 @@ def main(out_dir: str) -> None:
     timer = Timer(DEV, budget_s=0.2)
     ceil = measure(DEV, timer)
     say(f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")
-    for section in (checks, lambda: time_bn(Times(timer, ceil["copy_bytes_per_s"])),
+    for section in (checks, dispatch, lambda: time_bn(Times(timer, ceil["copy_bytes_per_s"])),
                     lambda: time_adamw(Times(timer, ceil["copy_bytes_per_s"])), host_times):
         try:
             section()

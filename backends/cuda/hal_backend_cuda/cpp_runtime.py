@@ -84,12 +84,18 @@ class CupyRuntime:
 
     def launch(self, handle: Any, grid: tuple[int, int, int], block: tuple[int, int, int], sig: KernelSig,
                values: tuple, device: Any) -> None:
-        import numpy
-
-        args = tuple(getattr(numpy, _NUMPY[k])(v) for k, v in zip(sig.params, values))
+        args = tuple(convert(v) for convert, v in zip(_converters(sig), values))
         index = _index(device)
         with _cupy_device(index), _external_stream(self.stream(device), index):  # the launch's stream
             handle(grid, block, args)
+
+
+@functools.lru_cache(maxsize=None)
+def _converters(sig: KernelSig) -> tuple:
+    """numpy scalar types of a kernel's parameters, in order."""
+    import numpy
+
+    return tuple(getattr(numpy, _NUMPY[k]) for k in sig.params)
 
 
 def _index(device: Any) -> int:
