@@ -10,6 +10,7 @@ a statistics pass first gives the mask's affine pair.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import torch
@@ -43,26 +44,32 @@ class Layout:
 
 
 def layout(x: torch.Tensor, *others: torch.Tensor) -> Optional[Layout]:
-    """The layout of x (None when it is neither channel-contiguous nor NCHW-contiguous); the vector
-    width is the widest that x's and ``others``' (same strides) addresses and sizes allow."""
-    v = x.unsqueeze(2) if x.ndim == 2 else x.flatten(2)
-    n, c, s = (int(d) for d in v.shape)
-    sn, sc, ss = v.stride()
-    if sc == 1 and (s == 1 or ss == c) and (n == 1 or sn == s * c):
-        rows, units, inner = True, n * s, c
-    elif (s == 1 or ss == 1) and (c == 1 or sc == s) and (n == 1 or sn == c * s):
-        rows, units, inner = False, n, s
+    """The layout of x (None when it is neither NCHW-contiguous nor channels-last); the vector
+    width is the widest that the addresses of x and ``others`` (same strides) and the sizes allow.
+    From the contiguity flags, which torch keeps: this runs on every call."""
+    n, c = int(x.shape[0]), int(x.shape[1])
+    s = x.numel() // (n * c) if n * c else 0
+    if x.is_contiguous():
+        rows = s == 1
+    elif (x.ndim == 4 and x.is_contiguous(memory_format=torch.channels_last)) or (
+        x.ndim == 5 and x.is_contiguous(memory_format=torch.channels_last_3d)
+    ):
+        rows = True
     else:
         return None
     vec = 16 // x.element_size()
-    if inner % vec or any(t.data_ptr() % 16 for t in (x, *others)):
+    if (c if rows else s) % vec or x.data_ptr() % 16 or any(t.data_ptr() % 16 for t in others):
         vec = 1
-    return Layout(rows, units, c, s, vec)
+    return Layout(rows, n * s if rows else n, c, s, vec)
 
 
-def dense(x: torch.Tensor) -> torch.Tensor:
-    """x itself when it has a layout, else a contiguous copy."""
-    return x if layout(x) is not None else x.contiguous()
+def dense(x: torch.Tensor, *others: torch.Tensor) -> tuple[torch.Tensor, Layout]:
+    """(x, its layout), x copied to contiguous first when it has none; ``others`` as in layout."""
+    lay = layout(x, *others)
+    if lay is None:
+        x = x.contiguous()
+        lay = layout(x, *others)
+    return x, lay
 
 
 def unsupported_reason(x: torch.Tensor) -> Optional[str]:
@@ -86,8 +93,11 @@ def _acc(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
+
+
 def _name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    return _NAMES[t.dtype]
 
 
 def _codes(*tensors: Optional[torch.Tensor]) -> int:
@@ -112,6 +122,7 @@ class _Grids:
     apply_per_block: int
 
 
+@functools.lru_cache(maxsize=1024)
 def _grids(kit: Kit, lay: Layout, device: torch.device, cfg: Config) -> _Grids:
     sms = kit.runtime.multiprocessors(device)
     if lay.rows:
@@ -129,7 +140,11 @@ def _grids(kit: Kit, lay: Layout, device: torch.device, cfg: Config) -> _Grids:
 
 
 def _module(kit: Kit, x: torch.Tensor, lay: Layout):
-    return kit.module("batchnorm", x.device, HAL_T=C_TYPES[_name(x)], HAL_VEC=str(lay.vec))
+    return kit.module("batchnorm", x.device, HAL_T=_C_NAMES[x.dtype], HAL_VEC=_VEC_NAMES[lay.vec])
+
+
+_C_NAMES = {t: C_TYPES[n] for t, n in _NAMES.items()}
+_VEC_NAMES = {v: str(v) for v in (1, 2, 4, 8)}
 
 
 def affine_params(
@@ -183,9 +198,8 @@ def batch_norm_forward(
 ) -> torch.Tensor:
     """``act(batch_norm(x + conv_bias))``, act ReLU or none, in x's layout (conv_bias: the bias of a
     convolution that x came out of without it; it cancels in training and enters the running mean)."""
-    x = dense(x)
-    y = torch.empty_like(x)
-    lay = layout(x, y)
+    x, lay = dense(x)
+    y = torch.empty_like(x)  # x's strides; a fresh block is aligned for the vector width
     grids = _grids(kit, lay, x.device, cfg)
     vec = affine_params(kit, x, lay, grids, weight, bias, running_mean, running_var, conv_bias, training, True, momentum, eps)
     kernel = _module(kit, x, lay)["bn_apply_rows" if lay.rows else "bn_apply_planes"]
@@ -212,14 +226,15 @@ def batch_norm_backward(
     """(grad_x, grad_weight, grad_bias) of :func:`batch_norm_forward` (batch statistics recomputed,
     running statistics read in eval and never written); the parameter gradients in ``grad_dtypes``.
     ``bias`` matters only with ``relu`` (the mask)."""
-    x = dense(x)
+    x, lay = dense(x)
     if grad_out.stride() != x.stride():
         g = torch.empty_like(x)
         g.copy_(grad_out)
     else:
         g = grad_out
+        if g.data_ptr() % 16:
+            lay = layout(x, g)
     dx = torch.empty_like(x)
-    lay = layout(x, g, dx)
     c = lay.channels
     grids = _grids(kit, lay, x.device, cfg)
     if relu or not training:

@@ -39,27 +39,27 @@ class KernelSig:
         unknown = set(self.params) - set(PARAM_FORMATS)
         if unknown:
             raise ValueError(f"kernel {self.name}: unknown parameter types {sorted(unknown)} (use {sorted(PARAM_FORMATS)})")
+        object.__setattr__(self, "_convert", tuple(_CONVERT[k] for k in self.params))  # launch paths: no branching per type
+        object.__setattr__(self, "_struct", struct.Struct("@" + "".join(PARAM_FORMATS[k] for k in self.params)))
 
     def marshal(self, args: Sequence[Any]) -> tuple:
         """Python values of the arguments: tensors become their device addresses, None a null pointer,
         numbers the parameter's type."""
         if len(args) != len(self.params):
             raise TypeError(f"kernel {self.name} takes {len(self.params)} arguments, got {len(args)}")
-        out = []
-        for kind, a in zip(self.params, args):
-            if kind == "ptr":
-                out.append(0 if a is None else a if isinstance(a, int) else int(a.data_ptr()))
-            elif kind in ("i32", "i64"):
-                out.append(int(a))
-            else:
-                out.append(float(a))
-        return tuple(out)
+        return tuple([f(a) for f, a in zip(self._convert, args)])
 
     def pack(self, values: Sequence[Any]) -> bytes:
         """Marshalled values laid out as the C parameter list (each aligned to its size), for
         runtimes that take one argument buffer (HIP's ``extra``, the CPU emulation)."""
-        fmt = "@" + "".join(PARAM_FORMATS[k] for k in self.params)
-        return struct.pack(fmt, *values)
+        return self._struct.pack(*values)
+
+
+def _address(a: Any) -> int:
+    return 0 if a is None else a if isinstance(a, int) else int(a.data_ptr())
+
+
+_CONVERT = {"ptr": _address, "i32": int, "i64": int, "f32": float, "f64": float}
 
 
 def _sig(name: str, params: str) -> KernelSig:
@@ -212,8 +212,9 @@ class Kernel:
         self._runtime, self._handle, self.sig = runtime, handle, sig
 
     def __call__(self, grid: Sequence[int], block: int, *args: Any, device: Any) -> None:
-        g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
-        self._runtime.launch(self._handle, g, (int(block), 1, 1), self.sig, self.sig.marshal(args), device)
+        """Launch a grid of 1-3 dimensions (Python ints) of ``block`` threads with ``args``."""
+        g = (*grid, 1, 1) if len(grid) == 1 else (*grid, 1) if len(grid) == 2 else tuple(grid)
+        self._runtime.launch(self._handle, g, (block, 1, 1), self.sig, self.sig.marshal(args), device)
 
 
 class KernelModule:
