@@ -5,7 +5,8 @@ cuDNN / torch eager and the Triton kernels, in one run.
 
 1. Ceilings: copy bandwidth (bytes read + written) measured now.
 2. Checks: every C++ kernel (batch norm forward / backward in both layouts, with and without the
-   fused ReLU and convolution bias, eval mode, the scalar paths; AdamW with masters, unscale, skip)
+   fused ReLU and convolution bias, eval mode, the scalar paths; layer_norm / rms_norm backward;
+   AdamW with masters, unscale, skip)
    on fresh random data against torch in float64, outputs poisoned first; relative error
    ||got - ref|| / ||ref|| per output, and whether every element was written.
 3. Timings (median of CUDA-event batches, hal.bench.timing.Timer): back-to-back calls ("b2b", what a
@@ -35,6 +36,7 @@ from hal.bench.ceilings import measure
 from hal.bench.timing import Timer, host_overhead_us
 from hal.conformance.poison import Poisoner
 from hal.cpp import batchnorm as cbn
+from hal.cpp import norm as cnorm
 from hal.cpp import optim as copt
 from hal_backend_cuda import launch
 from hal_backend_cuda.cpp_kernels import KIT
@@ -101,6 +103,26 @@ def check_bn(shape, dtype, channels_last: bool, training: bool, relu: bool, conv
     record_check(name + " bwd", dtype, {"dx": (dx, xd.grad), "dw": (gw, wd.grad), "db": (gb, bd.grad)})
 
 
+def check_norm(shape, dtype, with_weight: bool) -> None:
+    n = shape[-1]
+    x = randn(*shape, dtype=dtype, scale=2.0, shift=1.0)
+    g = randn(*shape, dtype=dtype)
+    w = randn(n, dtype=dtype) if with_weight else None
+    for rms in (False, True):
+        xd = x.double().requires_grad_()
+        wd = (w.double() if w is not None else torch.ones(n, device=DEV, dtype=torch.float64)).requires_grad_()
+        bd = torch.zeros(n, device=DEV, dtype=torch.float64, requires_grad=True)
+        ref = F.rms_norm(xd, (n,), wd, 1e-6) if rms else F.layer_norm(xd, (n,), wd, bd, 1e-5)
+        ref.backward(g.double())
+        with POISON.around([(x.numel() * x.element_size(), str(dtype)[6:])]):
+            dx, gw, gb = cnorm.norm_backward(KIT, g, x, n, w, 1e-6 if rms else 1e-5, rms)
+        torch.cuda.synchronize()
+        outs = {"dx": (dx, xd.grad), "dw": (gw, wd.grad)}
+        if not rms:
+            outs["db"] = (gb, bd.grad)
+        record_check(f"{'rms' if rms else 'layer'}_norm bwd {tuple(shape)}{'' if with_weight else ' no weight'}", dtype, outs)
+
+
 def check_adamw(pdtype, sdtype, masters: bool, inv: Any, aligned: bool) -> None:
     sizes = [4096 * 1024 + 3, 4096, 77, 1, copt.CHUNK * 3 + 5]
     off = 0 if aligned else 1
@@ -148,6 +170,8 @@ def checks() -> None:
     for cl in (True, False):
         for training in (True, False):
             check_bn(SHAPE, torch.bfloat16, cl, training, True, True)
+    for shape, dtype, with_w in (((32768, 4096), torch.bfloat16, True), ((4096, 1000), torch.float32, True), ((512, 768), torch.float16, False)):
+        check_norm(shape, dtype, with_w)
     check_adamw(torch.bfloat16, torch.float32, True, torch.tensor([2.0**-10], device=DEV), True)
     check_adamw(torch.bfloat16, torch.float32, True, 0.5, False)
     check_adamw(torch.float32, torch.float32, False, None, True)
@@ -247,7 +271,6 @@ def time_bn(t: Times) -> None:
                       lambda: cbn.batch_norm_forward(KIT, x, w, b, rm, rv, True, 0.1, 1e-5, False, cfg=c))
                     t(f"bn bwd NHWC cfg red={red} app={app}", "cpp", 3 * act,
                       lambda: cbn.batch_norm_backward(KIT, g, x, w, None, rm, rv, True, 1e-5, False, f32, cfg=c))
-        del x, g
     x = randn(32, 256, 28, 28, scale=2.0).contiguous(memory_format=torch.channels_last)
     w, b, rm, rv = torch.rand(256, device=DEV) + 0.5, randn(256), torch.zeros(256, device=DEV), torch.ones(256, device=DEV)
     act = x.numel() * 4
@@ -255,6 +278,30 @@ def time_bn(t: Times) -> None:
     t(case, "cpp", 2 * act, lambda: cbn.batch_norm_forward(KIT, x, w, b, rm, rv, True, 0.1, 1e-5, False))
     t(case, "triton", 2 * act, lambda: tbn.batch_norm_forward(x, w, b, rm, rv, True, 0.1, 1e-5, False, launch.batch_norm(x)))
     t(case, "eager (cuDNN)", 2 * act, lambda: F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5))
+
+
+def time_norm(t: Times) -> None:
+    from hal.triton import norm as tnorm
+
+    x = randn(32768, 4096, dtype=torch.bfloat16, scale=2.0, shift=1.0)
+    g = randn(32768, 4096, dtype=torch.bfloat16)
+    w = randn(4096, dtype=torch.bfloat16)
+    nbytes = 3 * x.numel() * 2
+    rows = launch.rows(x, 4096)
+    progs = launch.persistent_programs(x)
+    for rms in (False, True):
+        case = f"{'rms' if rms else 'layer'}_norm bwd bf16 (32768, 4096)"
+        eps = 1e-6 if rms else 1e-5
+        t(case, "cpp", nbytes, lambda: cnorm.norm_backward(KIT, g, x, 4096, w, eps, rms))
+        t(case, "triton", nbytes, lambda: tnorm.norm_backward(g, x, 4096, w, eps, rms, programs=progs, **rows))
+        if not rms:
+            _, mean, rstd = torch.ops.aten.native_layer_norm(x, [4096], w, None, eps)
+            t(case, "eager (native bwd, saved stats)", nbytes, lambda: torch.ops.aten.native_layer_norm_backward(
+                g, x, [4096], mean, rstd, w, torch.zeros_like(w), [True, True, True]))
+    for bpsm in (1, 2, 3, 4):
+        cnorm.BLOCKS_PER_SM = bpsm
+        t(f"layer_norm bwd blocks/SM={bpsm}", "cpp", nbytes, lambda: cnorm.norm_backward(KIT, g, x, 4096, w, 1e-5, False))
+    cnorm.BLOCKS_PER_SM = 2
 
 
 def time_adamw(t: Times) -> None:
@@ -273,9 +320,7 @@ def time_adamw(t: Times) -> None:
     case = f"adamw {n / 1e9:.2f}B bf16+fp32 masters+unscale"
     t(case, "cpp", nbytes, lambda: copt.fused_adamw(KIT, p, g, m, v, w, **kw), graph=False)
     t(case, "triton", nbytes, lambda: topt.fused_adamw(p, g, m, v, w, **kw, **launch.multi_tensor(p[0])), graph=False)
-    del p
     g32 = [t_.float() for t_ in g]
-    del g
     steps = [torch.tensor(10.0, device=DEV) for _ in sizes]
     # torch's fused AdamW on the fp32 masters with fp32 grads (its bytes: 32 B/param), no bf16 copy
     t(case, "torch._fused_adamw_ (fp32)", nbytes, lambda: torch._fused_adamw_(
@@ -329,6 +374,7 @@ def main(out_dir: str) -> None:
     ceil = measure(DEV, timer)
     say(f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")
     for section in (checks, dispatch, lambda: time_bn(Times(timer, ceil["copy_bytes_per_s"])),
+                    lambda: time_norm(Times(timer, ceil["copy_bytes_per_s"])),
                     lambda: time_adamw(Times(timer, ceil["copy_bytes_per_s"])), host_times):
         try:
             section()

@@ -101,6 +101,11 @@ SOURCES: dict[str, Source] = {
               for layout in ("rows", "planes"))
         + (_sig("bn_eval_params", "ptr ptr ptr ptr ptr ptr i32 i32 f64"),),
     ),
+    "norm": Source(
+        "norm.cu",
+        ("HAL_T", "HAL_VEC"),
+        (_sig("norm_bwd", "ptr ptr ptr ptr i32 ptr i64 i32 f64 i64 i32"), _sig("norm_bwd_columns", "ptr i32 i32 ptr ptr i32")),
+    ),
     "adamw": Source(
         "adamw.cu",
         ("HAL_P", "HAL_S"),
@@ -117,6 +122,8 @@ DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
 VARIANTS: dict[str, tuple[dict[str, str], ...]] = {
     "batchnorm": tuple({"HAL_T": C_TYPES[d], "HAL_VEC": str(v)} for d, v in
                        (("bfloat16", 8), ("float16", 1), ("float32", 4), ("float64", 2))),
+    "norm": tuple({"HAL_T": C_TYPES[d], "HAL_VEC": str(v)} for d, v in
+                  (("bfloat16", 8), ("float16", 1), ("float32", 4), ("float64", 2))),
     "adamw": tuple({"HAL_P": C_TYPES[p], "HAL_S": C_TYPES[s]} for p, s in
                    (("bfloat16", "float32"), ("float16", "float16"), ("float32", "float32"), ("float64", "float64"))),
 }

@@ -15,11 +15,18 @@ import torch
 from hal.plugin import Inputs, Plugin
 
 from . import batchnorm as bn
-from . import optim
+from . import norm, optim
 from .kit import Kit, Runtime
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 ADAMW_LISTS = ("params", "grads", "exp_avgs", "exp_avg_sqs", "master_params")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 def runtime_check(runtime: Runtime) -> Callable[[Inputs], list[str]]:
@@ -39,7 +46,8 @@ def _unit_stride(inputs: Inputs, names: tuple[str, ...]) -> list[str]:
 
 def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None, priority: int = 15,
              **kernel_options: Any) -> Kit:
-    """Register the C++ kernels of batch_norm, batch_norm_backward and fused_adamw_ as kernel "cpp"
+    """Register the C++ kernels of batch_norm, batch_norm_backward, layer_norm_backward,
+    rms_norm_backward and fused_adamw_ as kernel "cpp"
     of ``backend`` (default: the plugin's own) with ``priority``; ``kernel_options`` go to
     :meth:`Plugin.kernel` (the architecture predicate, for one). Returns the kit (its compiled
     modules and scratch buffers) the kernels launch through."""
@@ -65,6 +73,20 @@ def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None,
     def batch_norm_backward(grad_out, x, running_mean, running_var, weight, training, eps):
         dt = bn.grad_dtype(weight, x)
         return bn.batch_norm_backward(kit, grad_out, x, weight, None, running_mean, running_var, training, eps, False, (dt, dt))
+
+    def norm_check(inputs: Inputs) -> list[str]:
+        reason = norm.unsupported_reason(_numel(inputs["normalized_shape"]))
+        return available(inputs) + _unit_stride(inputs, ("weight",)) + ([reason] if reason else [])
+
+    @kernel("layer_norm_backward", norm_check)
+    def layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
+        dx, gw, gb = norm.norm_backward(kit, grad_out, x, _numel(normalized_shape), weight, eps, False)
+        return dx, gw.view(normalized_shape), gb.view(normalized_shape)
+
+    @kernel("rms_norm_backward", norm_check)
+    def rms_norm_backward(grad_out, x, normalized_shape, weight, eps):
+        dx, gw, _ = norm.norm_backward(kit, grad_out, x, _numel(normalized_shape), weight, eps, True)
+        return dx, gw.view(normalized_shape)
 
     def adamw_check(inputs: Inputs) -> list[str]:
         reasons = available(inputs)

@@ -32,9 +32,11 @@ CPU = torch.device("cpu")
 MODULES = {
     32: [("batchnorm", {"HAL_T": hal.cpp.C_TYPES[d], "HAL_VEC": str(v)}) for d, v in
          (("float32", 4), ("bfloat16", 8), ("bfloat16", 1), ("float16", 8), ("float64", 2), ("float64", 1))]
+    + [("norm", {"HAL_T": hal.cpp.C_TYPES[d], "HAL_VEC": str(v)}) for d, v in (("bfloat16", 8), ("float32", 1), ("float64", 2))]
     + [("adamw", {"HAL_P": hal.cpp.C_TYPES[p], "HAL_S": hal.cpp.C_TYPES[s]}) for p, s in
        (("bfloat16", "float32"), ("float32", "float32"), ("float16", "float16"), ("float64", "float64"))],
-    64: [("batchnorm", {"HAL_T": "hal::bf16", "HAL_VEC": "8"}), ("batchnorm", {"HAL_T": "float", "HAL_VEC": "1"})],
+    64: [("batchnorm", {"HAL_T": "hal::bf16", "HAL_VEC": "8"}), ("batchnorm", {"HAL_T": "float", "HAL_VEC": "1"}),
+         ("norm", {"HAL_T": "hal::bf16", "HAL_VEC": "8"})],
 }
 
 
@@ -186,6 +188,43 @@ def test_fused_bn_relu_with_conv_bias(plugins, gen, fmt, dtype, warp, training):
     args = (g, x, rm, rv, w, training, 1e-4)
     for what, got, want in (("grad_x", dx, xd.grad), ("grad_weight", gw, wd.grad), ("grad_bias", gb, bd.grad)):
         assert_close("batch_norm_backward", got, want, args, what=what)
+
+
+# --- layer_norm / rms_norm backward ---------------------------------------------------------------
+
+#: (shape, normalized_shape, dtype, warp): vector and scalar paths, rows longer than one pass of the
+#: block's threads (2 vectors a thread), a 2-D normalized shape
+NORM_CASES = [
+    ((5, 3, 24), (24,), torch.bfloat16, 32),
+    ((3, 2600), (2600,), torch.bfloat16, 32),
+    ((4, 37), (37,), torch.float32, 32),
+    ((6, 4, 5), (4, 5), torch.float64, 32),
+    ((7, 4096), (4096,), torch.bfloat16, 64),
+]
+
+
+@pytest.mark.parametrize("shape,normalized,dtype,warp", NORM_CASES, ids=[f"{s}-{str(d)[6:]}-w{w}" for s, _, d, w in NORM_CASES])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_norm_backward(plugins, gen, shape, normalized, dtype, warp, with_weight):
+    kernels, _ = plugins[warp]
+    x = randn(gen, *shape, dtype=dtype, scale=2.0, shift=1.5)
+    w = randn(gen, *normalized, dtype=dtype) if with_weight else None
+    g = randn(gen, *shape, dtype=dtype)
+    check("layer_norm_backward", kernels["layer_norm_backward"], (g, x, normalized, w, 1e-5), outputs=3)
+    check("rms_norm_backward", kernels["rms_norm_backward"], (g, x, normalized, w, 1e-6), outputs=2)
+
+
+def test_norm_backward_rejects_long_rows(gen):
+    from hal.plugin import Inputs
+    from hal.registry import get_op
+
+    plugin = Plugin(name="long_rows", version="0")
+    hal.cpp.register(plugin, HostRuntime())
+    x = randn(gen, 2, 5000)
+    for op, args in (("layer_norm_backward", (x, x, (5000,), None, 1e-5)), ("rms_norm_backward", (x, x, (5000,), None, 1e-6))):
+        k = next(k for k in plugin.kernels if k.op == op)
+        reasons = k.not_supported_reasons(Inputs(get_op(op), args, "cpu", CPU, "float32", "torch"))
+        assert reasons == ["rows of 5000 values (the C++ kernel holds rows of up to 4096 in registers)"], op
 
 
 # --- AdamW ---------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import hal.cpp
 from hal.cpp.host import HostRuntime
 from hal.plugin import Plugin
 
-CPP_OPS = {"batch_norm": "cpp", "batch_norm_backward": "cpp", "fused_adamw_": "cpp",
+CPP_OPS = {"batch_norm": "cpp", "batch_norm_backward": "cpp", "fused_adamw_": "cpp", "layer_norm_backward": "cpp",
+           "rms_norm_backward": "cpp",
            "fused_conv_bn_relu": "cudnn_cpp", "fused_conv_bn_relu_backward": "cudnn_cpp"}
 
 
