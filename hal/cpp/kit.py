@@ -85,12 +85,6 @@ class Source:
         no compiler needs an include path."""
         return _inline(KERNEL_DIR / self.file, set())
 
-    def kernel(self, name: str) -> KernelSig:
-        for k in self.kernels:
-            if k.name == name:
-                return k
-        raise KeyError(f"{self.file} has no kernel {name!r} (it has {', '.join(k.name for k in self.kernels)})")
-
 
 SOURCES: dict[str, Source] = {
     "batchnorm": Source(

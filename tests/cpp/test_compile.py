@@ -128,3 +128,24 @@ def test_hiprtc_builds_gfx90a_code_objects_in_a_subprocess(tmp_path, source):
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     _check_amd(_amd_notes(out.read_bytes(), tmp_path), source)
+
+
+def _c_kind(param: str) -> str:
+    decl = param.strip().rsplit(" ", 1)[0]
+    if "*" in param:
+        return "ptr"
+    return {"int": "i32", "i64": "i64", "hal::i64": "i64", "double": "f64", "float": "f32"}[decl.replace("const ", "").strip()]
+
+
+def test_kernel_table_matches_the_sources_entry_points():
+    """The argument types the kit marshals are those of each extern "C" kernel in the source (a
+    mismatch would launch with misplaced arguments)."""
+    import re
+
+    for name, src in SOURCES.items():
+        text = src.text()
+        for sig in src.kernels:
+            found = re.findall(r"(?:HAL_KERNEL|HAL_REDUCTION|__launch_bounds__\([^()]*\))\s+" + sig.name + r"\(([^)]*)\)", text)
+            assert len(found) == 1, f"{src.file}: {len(found)} entry points named {sig.name}"
+            params = tuple(_c_kind(p) for p in found[0].split(","))
+            assert params == sig.params, f"{src.file}: {sig.name} takes {params}, the kit declares {sig.params}"
