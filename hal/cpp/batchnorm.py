@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .kit import C_TYPES, DTYPE_CODES, Kit
+from .kit import C_TYPES, DTYPE_CODES, DTYPE_NAMES, Kit, cdiv
 
 THREADS = 256  # BN_THREADS of batchnorm.cu
 COLS = 8  # channel vectors across a rows-layout block
@@ -93,24 +93,13 @@ def _acc(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
-
-
-def _name(t: torch.Tensor) -> str:
-    return _NAMES[t.dtype]
-
-
 def _codes(*tensors: Optional[torch.Tensor]) -> int:
     """Dtype codes of the per-channel arguments in the kernels' 4-bit fields (absent: 0)."""
     code = 0
     for i, t in enumerate(tensors):
         if t is not None:
-            code |= DTYPE_CODES[_name(t)] << (4 * i)
+            code |= DTYPE_CODES[DTYPE_NAMES[t.dtype]] << (4 * i)
     return code
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,25 +115,21 @@ class _Grids:
 def _grids(kit: Kit, lay: Layout, device: torch.device, cfg: Config) -> _Grids:
     sms = kit.runtime.multiprocessors(device)
     if lay.rows:
-        tiles = _cdiv(_cdiv(lay.channels, lay.vec), COLS)
+        tiles = cdiv(cdiv(lay.channels, lay.vec), COLS)
         want = max(1, cfg.reduce_blocks_per_sm * sms // tiles)
-        per_block = max(ROWS_PER_STEP, _cdiv(lay.units, want))
-        apply_x = max(1, min(_cdiv(lay.units, ROWS_PER_STEP), cfg.apply_blocks_per_sm * sms // tiles))
-        return _Grids((_cdiv(lay.units, per_block), tiles), per_block, tiles, (apply_x, tiles), 0)
+        per_block = max(ROWS_PER_STEP, cdiv(lay.units, want))
+        apply_x = max(1, min(cdiv(lay.units, ROWS_PER_STEP), cfg.apply_blocks_per_sm * sms // tiles))
+        return _Grids((cdiv(lay.units, per_block), tiles), per_block, tiles, (apply_x, tiles), 0)
     want = max(1, cfg.reduce_blocks_per_sm * sms // lay.channels)
     sv = lay.spatial // lay.vec
-    per_block = max(1, min(_cdiv(lay.units, want), (2**31 - 1) // max(sv, 1)))  # items counted in 32 bits
-    chunk = max(4 * THREADS, _cdiv(sv, MAX_GRID_Y))
-    return _Grids((_cdiv(lay.units, per_block), lay.channels), per_block, lay.channels,
-                  (lay.units * lay.channels, _cdiv(sv, chunk)), chunk)
+    per_block = max(1, min(cdiv(lay.units, want), (2**31 - 1) // max(sv, 1)))  # items counted in 32 bits
+    chunk = max(4 * THREADS, cdiv(sv, MAX_GRID_Y))
+    return _Grids((cdiv(lay.units, per_block), lay.channels), per_block, lay.channels,
+                  (lay.units * lay.channels, cdiv(sv, chunk)), chunk)
 
 
 def _module(kit: Kit, x: torch.Tensor, lay: Layout):
-    return kit.module("batchnorm", x.device, HAL_T=_C_NAMES[x.dtype], HAL_VEC=_VEC_NAMES[lay.vec])
-
-
-_C_NAMES = {t: C_TYPES[n] for t, n in _NAMES.items()}
-_VEC_NAMES = {v: str(v) for v in (1, 2, 4, 8)}
+    return kit.module("batchnorm", x.device, HAL_T=C_TYPES[DTYPE_NAMES[x.dtype]], HAL_VEC=str(lay.vec))
 
 
 def affine_params(
@@ -177,7 +162,7 @@ def affine_params(
                running_mean, running_var, codes, lay.units, c, lay.spatial, grids.reduce_per_block,
                float(lay.units * (1 if lay.rows else lay.spatial)), momentum, eps, int(update), device=x.device)
     else:
-        mod["bn_eval_params"]((_cdiv(c, THREADS),), THREADS, vec, weight, bias, conv_bias, running_mean, running_var,
+        mod["bn_eval_params"]((cdiv(c, THREADS),), THREADS, vec, weight, bias, conv_bias, running_mean, running_var,
                               codes, c, eps, device=x.device)
     return vec
 

@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
+import torch
+
 ROOT = Path(__file__).resolve().parent
 INCLUDE_DIR = ROOT / "include"
 KERNEL_DIR = ROOT / "kernels"
@@ -111,6 +113,12 @@ SOURCES: dict[str, Source] = {
 C_TYPES = {"float16": "hal::f16", "bfloat16": "hal::bf16", "float32": "float", "float64": "double"}
 #: dtype codes of per-channel parameters read at run time (hal_cpp.cuh's enum DType)
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
+#: hal's names of the torch dtypes the kernels take
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 #: the variants CI compiles: every kernel of every source, each dtype's vector path and a scalar one
 VARIANTS: dict[str, tuple[dict[str, str], ...]] = {
@@ -282,8 +290,6 @@ class Kit:
     def counters(self, device: Any, n: int) -> Any:
         """At least n int32 counters, zero between launches, for kernels on the current stream of
         ``device`` (each reduction's last block resets the counters it used)."""
-        import torch
-
         key = (str(device), self.runtime.stream(device))
         buf = self._counters.get(key)
         if buf is None or buf.numel() < n:

@@ -7,8 +7,7 @@ from typing import Optional
 
 import torch
 
-from .batchnorm import _C_NAMES, _VEC_NAMES, _cdiv
-from .kit import DTYPE_CODES, Kit
+from .kit import C_TYPES, DTYPE_CODES, DTYPE_NAMES, Kit, cdiv
 
 THREADS = 256  # NORM_THREADS of norm.cu
 MAX_ROW = 4096  # NORM_THREADS * PER: a row lives in registers
@@ -40,13 +39,13 @@ def norm_backward(kit: Kit, grad_out: torch.Tensor, x: torch.Tensor, n: int, wei
     vec = 16 // x.element_size()
     if n % vec or x2.data_ptr() % 16 or g2.data_ptr() % 16:
         vec = 1
-    per_block = _cdiv(rows, min(rows, BLOCKS_PER_SM * kit.runtime.multiprocessors(x.device)))
-    blocks = _cdiv(rows, per_block)
+    per_block = cdiv(rows, min(rows, BLOCKS_PER_SM * kit.runtime.multiprocessors(x.device)))
+    blocks = cdiv(rows, per_block)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     part = torch.empty((blocks, 2, n), dtype=acc, device=x.device)
-    mod = kit.module("norm", x.device, HAL_T=_C_NAMES[x.dtype], HAL_VEC=_VEC_NAMES[vec])
-    wcode = DTYPE_CODES[str(weight.dtype).removeprefix("torch.")] if weight is not None else 0
+    mod = kit.module("norm", x.device, HAL_T=C_TYPES[DTYPE_NAMES[x.dtype]], HAL_VEC=str(vec))
+    wcode = DTYPE_CODES[DTYPE_NAMES[weight.dtype]] if weight is not None else 0
     mod["norm_bwd"]((blocks,), THREADS, g2, x2, dx, weight, wcode, part, rows, n, eps, per_block, int(rms), device=x.device)
-    code = DTYPE_CODES[str(x.dtype).removeprefix("torch.")]
-    mod["norm_bwd_columns"]((_cdiv(n, 32),), THREADS, part, blocks, n, gw, gb, code | (code << 4), device=x.device)
+    code = DTYPE_CODES[DTYPE_NAMES[x.dtype]]
+    mod["norm_bwd_columns"]((cdiv(n, 32),), THREADS, part, blocks, n, gw, gb, code | (code << 4), device=x.device)
     return dx.view(x.shape), gw, gb

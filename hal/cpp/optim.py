@@ -12,7 +12,7 @@ import torch
 
 from hal.arrays import float32_value
 
-from .kit import C_TYPES, Kit
+from .kit import C_TYPES, DTYPE_NAMES, Kit, cdiv
 
 THREADS = 256  # ADAMW_THREADS of adamw.cu
 #: elements per block: 4 steps of 8 values per thread
@@ -40,7 +40,7 @@ class Tables:
             if hit is not None:
                 self._lru.move_to_end(key)
                 return hit[:4]
-        counts = torch.tensor([-(-r[5] // CHUNK) for r in rows], dtype=torch.int64)
+        counts = torch.tensor([cdiv(r[5], CHUNK) for r in rows], dtype=torch.int64)
         first = torch.cumsum(counts, 0) - counts
         table = torch.zeros((len(rows), TABLE_FIELDS), dtype=torch.int64)
         table[:, :6] = torch.tensor(rows, dtype=torch.int64)
@@ -101,8 +101,8 @@ def fused_adamw(
     found = _float32_tensor(found_inf) if isinstance(found_inf, torch.Tensor) else None
     inv_t = _float32_tensor(inv_scale) if isinstance(inv_scale, torch.Tensor) else None
     inv_v = 1.0 if inv_scale is None or inv_t is not None else float32_value(float(inv_scale))
-    pname, sname = (str(t.dtype).removeprefix("torch.") for t in (params[0], exp_avgs[0]))
-    kernel = kit.module("adamw", device, HAL_P=C_TYPES[pname], HAL_S=C_TYPES[sname])["adamw_step"]
+    kernel = kit.module("adamw", device, HAL_P=C_TYPES[DTYPE_NAMES[params[0].dtype]],
+                        HAL_S=C_TYPES[DTYPE_NAMES[exp_avgs[0].dtype]])["adamw_step"]
     flags = int(master_params is not None) | (int(aligned) << 1)
     kernel((chunks,), THREADS, table, chunk_map, CHUNK, found, inv_t, inv_v, 1.0 - lr * weight_decay,
            lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step), beta1, beta2, eps, flags, device=device)
