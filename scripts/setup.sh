@@ -39,6 +39,7 @@ packages=(-e . -e backends/cpu_ref -e backends/cpu)
 if [ "$test_mode" = 1 ]; then
   packages=(-e ".[test,triton]" build -e backends/cpu_ref -e backends/cpu)
   for b in cuda rocm; do [ -f "backends/$b/pyproject.toml" ] && packages+=(-e "backends/$b"); done
+  packages+=("cupy-cuda13x>=14,<15" "nvidia-cuda-nvrtc==13.0.*")  # NVRTC for tests/cpp's sm_80/sm_90 compiles (no GPU needed)
   scripts/install_hip.sh
 else
   if has_cuda_gpu && [ -f backends/cuda/pyproject.toml ]; then packages+=(-e ".[triton]" -e backends/cuda); fi

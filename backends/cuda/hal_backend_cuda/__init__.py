@@ -34,4 +34,4 @@ from . import attention, conv, gemm, losses, mixed_precision, norm, transformer 
 TRITON_KERNELS = register(plugin, TABLES, archs=SM80,
                           vendor=VendorLibs("cudnn", conv.conv, conv.conv_grads, "cublas", gemm.blas_linear, gemm.gemm_f32))
 
-from . import quant  # noqa: E402,F401  (builds on the Triton int8 GEMM)
+from . import cpp_kernels, quant  # noqa: E402,F401  (build on the Triton int8 GEMM and the C++ kit)
