@@ -17,7 +17,9 @@ from hal.cpp import batchnorm as bn
 from hal.cpp.register import runtime_check
 
 from . import plugin
-from ._common import FLOATS, contiguous_vectors, kernel
+from hal.triton.checks import contiguous_vectors
+
+from ._common import FLOATS, kernel
 from ._device import SM80
 from .conv import conv, conv_grads
 from .cpp_runtime import CupyRuntime
