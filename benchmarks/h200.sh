@@ -6,6 +6,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, hal bench with compile, sweeps
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # hal bench with torch.compile peers (BENCH_OPS=a,b to pick)
+#   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, full conformance, the C++ kernels' check and timings, step profiles
 #
 # Wheels the image lacks (stevedore) travel in .whl/ (carry it). Each step has its own time limit so
 # that the call ends inside the tool's 10 minutes with whatever finished.
@@ -47,9 +48,15 @@ case "$mode" in
     step bench "${BENCH_LIMIT:-380}" python3 -m hal bench --out "$out/bench"
     step probe 40 python3 benchmarks/probe_configs.py "$out/probe.json" --quick-norms
     ;;
+  explore)  # what to fix next: GPU tests, conformance, the C++ kernels on the device, where model steps spend time
+    step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
+    OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
+    HAL_CPP_CACHE_DIR="$out/cpp-cache" step cpp 120 python3 benchmarks/cpp_h200.py "$out/cpp"
+    step profile 110 python3 benchmarks/profile_steps.py "$out/profile" "${PROFILE_MODELS:-resnet50_train,llama_train}"
+    ;;
   bench)  # hal bench with the torch.compile peers (bench.json is rewritten after every case)
     step bench "${BENCH_LIMIT:-540}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
     ;;
-  *) echo "unknown mode $mode (check, verify, final, bench)"; exit 2 ;;
+  *) echo "unknown mode $mode (check, verify, final, bench, explore)"; exit 2 ;;
 esac
 ls -la "$OUT"

@@ -18,7 +18,7 @@
 set -uo pipefail
 out=/tmp/hal-models-run
 mkdir -p "$out" "${OUT:=/tmp/out}"
-export PYTHONUNBUFFERED=1 HAL_CUDA_CACHE_DIR="$out/autotune" TORCHINDUCTOR_CACHE_DIR="$out/inductor"
+export PYTHONUNBUFFERED=1 HAL_TRITON_CACHE_DIR="$out/autotune" TORCHINDUCTOR_CACHE_DIR="$out/inductor"
 t_start=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD

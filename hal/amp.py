@@ -6,8 +6,12 @@ by 1/scale and checks for non-finite values in one pass. With ``hal.optim.AdamW`
 goes to the fused optimizer step (``found_inf``), which skips the update on the device; other
 optimizers are skipped on the host, as GradScaler does.
 
-Its :class:`ScalerHistory` records, per ``update()``, the scale that step used, which steps
-overflowed and the run of consecutive overflows. An optional :class:`ScalerPolicy` adds two habits
+Nothing in a step reads the device from the host: the scale, the growth tracker and the overflow
+flags stay on the device and ``update()`` adjusts them there (``torch._amp_update_scale_``), so a
+training step with the scaler neither synchronises nor copies to the device. Its
+:class:`ScalerHistory` records, per ``update()``, the scale that step used, which steps overflowed
+and the run of consecutive overflows; it is read from the device when ``history`` is looked at
+(a synchronisation the caller asks for). An optional :class:`ScalerPolicy` adds two habits
 from large-scale practice: gradient statistics (norm, largest magnitude, share of zeros, a hint of
 underflow) every N steps, and backing off only after K consecutive overflowing steps (Megatron-LM's
 "hysteresis"), so that one spike does not halve the scale.
@@ -127,10 +131,22 @@ class DynamicLossScaler:
         self._backoff_factor = float(backoff_factor)
         self._growth_interval = int(growth_interval)
         self.policy = policy or ScalerPolicy()
-        self.history = ScalerHistory()
+        self._history = ScalerHistory()
+        #: (scale used, overflow flag) of each update() not yet read into the history: device tensors
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._scale: Optional[torch.Tensor] = None  # float32, on the device of the first scaled loss
-        self._growth_tracker = 0
+        self._growth_tracker: Optional[torch.Tensor] = None  # int32, beside the scale
+        self._consecutive: Optional[torch.Tensor] = None  # int32 run of overflowing steps (the backoff policy)
+        self._loaded_tracker = 0
         self._per_optimizer: dict[int, dict[str, Any]] = {}
+
+    @property
+    def history(self) -> ScalerHistory:
+        """What the scaler did, one entry per ``update()`` (reads the pending entries from the device)."""
+        for used, found in self._pending:
+            self._record(float(used), bool(found))
+        self._pending.clear()
+        return self._history
 
     # --- GradScaler's surface -----------------------------------------------------------------
 
@@ -204,19 +220,27 @@ class DynamicLossScaler:
         checked = [s for s in self._per_optimizer.values() if "found_inf" in s]
         if self._scale is None or (new_scale is None and not checked):
             raise AssertionError("No inf checks were recorded prior to update().")
-        overflow = any(float(s["found_inf"]) for s in checked)
-        self._record(float(self._scale), overflow, checked)
+        scale = self._scale
+        found = sum((s["found_inf"].to(scale.device) for s in checked), torch.zeros((), dtype=torch.float32, device=scale.device))
+        step = self._history.steps + len(self._pending)
+        every = self.policy.stats_every
+        if checked and every and step % every == 0:  # the policy's statistics: read now (a synchronisation it asks for)
+            self._history.grad_stats.append(_grad_stats(step, [g for s in checked for g in s["grads"]]))
+        self._pending.append((scale.clone(), found))
         if new_scale is not None:
-            self._scale.fill_(float(new_scale))
+            if isinstance(new_scale, torch.Tensor):
+                scale.copy_(new_scale.reshape(()))
+            else:
+                scale.fill_(float(new_scale))
         else:
-            self._adjust(overflow)
+            self._adjust(found)
         self._per_optimizer.clear()
 
     def get_scale(self) -> float:
         """The current scale (``init_scale`` before the first ``scale()``; 1.0 when disabled)."""
         if not self._enabled:
             return 1.0
-        return self._init_scale if self._scale is None else float(self._scale)
+        return self._init_scale if self._scale is None else float(self._scale)  # a synchronisation, as GradScaler's
 
     def get_growth_factor(self) -> float:
         return self._growth_factor
@@ -237,7 +261,7 @@ class DynamicLossScaler:
             "growth_factor": self._growth_factor,
             "backoff_factor": self._backoff_factor,
             "growth_interval": self._growth_interval,
-            "_growth_tracker": self._growth_tracker,
+            "_growth_tracker": int(self._growth_tracker) if self._growth_tracker is not None else self._loaded_tracker,
             "consecutive_overflows": self.history.consecutive_overflows,
         }
 
@@ -253,37 +277,46 @@ class DynamicLossScaler:
         self._growth_factor = float(state_dict["growth_factor"])
         self._backoff_factor = float(state_dict["backoff_factor"])
         self._growth_interval = int(state_dict["growth_interval"])
-        self._growth_tracker = int(state_dict["_growth_tracker"])
+        self._loaded_tracker = int(state_dict["_growth_tracker"])
+        if self._growth_tracker is not None:
+            self._growth_tracker.fill_(self._loaded_tracker)
         self.history.consecutive_overflows = int(state_dict.get("consecutive_overflows", 0))
+        if self._consecutive is not None:
+            self._consecutive.fill_(self.history.consecutive_overflows)
 
     # --- internals ------------------------------------------------------------------------------
 
     def _scale_on(self, device: torch.device) -> torch.Tensor:
         if self._scale is None:
             self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=device)
+            self._growth_tracker = torch.full((), self._loaded_tracker, dtype=torch.int32, device=device)
+            self._consecutive = torch.full((), self.history.consecutive_overflows, dtype=torch.int32, device=device)
         return self._scale if self._scale.device == device else self._scale.to(device)
 
     def _state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         return self._per_optimizer.setdefault(id(optimizer), {"stage": _Stage.READY})
 
-    def _adjust(self, overflow: bool) -> None:
-        """GradScaler's update in float32 (``torch._amp_update_scale_``), with the backoff policy."""
-        scale = self._scale
-        assert scale is not None
-        if overflow:
-            self._growth_tracker = 0
-            if self.history.consecutive_overflows >= self.policy.backoff_after:
-                scale.mul_(self._backoff_factor)
+    def _adjust(self, found: torch.Tensor) -> None:
+        """GradScaler's update on the device, in float32: back off on overflow (with the policy's
+        hysteresis: only from the K-th overflowing step in a row), grow after growth_interval finite
+        steps where the grown scale stays finite. No value comes to the host."""
+        scale, tracker, run = self._scale, self._growth_tracker, self._consecutive
+        assert scale is not None and tracker is not None and run is not None
+        if self.policy.backoff_after == 1:  # GradScaler's own update kernel
+            torch._amp_update_scale_(scale, tracker, found, self._growth_factor, self._backoff_factor, self._growth_interval)
             return
-        self._growth_tracker += 1
-        if self._growth_tracker == self._growth_interval:
-            grown = scale * self._growth_factor
-            if math.isfinite(float(grown)):
-                scale.copy_(grown)
-            self._growth_tracker = 0
+        overflow = found > 0
+        run.copy_(torch.where(overflow, run + 1, 0))
+        backoff = overflow & (run >= self.policy.backoff_after)
+        scale.copy_(torch.where(backoff, scale * self._backoff_factor, scale))
+        tracker.copy_(torch.where(overflow, 0, tracker + 1))
+        grow = tracker >= self._growth_interval
+        grown = scale * self._growth_factor
+        scale.copy_(torch.where(grow & torch.isfinite(grown), grown, scale))
+        tracker.copy_(torch.where(grow, 0, tracker))
 
-    def _record(self, used: float, overflow: bool, checked: list[dict[str, Any]]) -> None:
-        h = self.history
+    def _record(self, used: float, overflow: bool) -> None:
+        h = self._history
         step = h.steps
         h.scales.append(used)
         if overflow:
@@ -292,9 +325,6 @@ class DynamicLossScaler:
             h.max_consecutive_overflows = max(h.max_consecutive_overflows, h.consecutive_overflows)
         else:
             h.consecutive_overflows = 0
-        every = self.policy.stats_every
-        if checked and every and step % every == 0:
-            h.grad_stats.append(_grad_stats(step, [g for s in checked for g in s["grads"]]))
 
 
 def _grads_by_device_and_dtype(optimizer: torch.optim.Optimizer) -> dict[tuple[Any, torch.dtype], list[torch.Tensor]]:

@@ -56,45 +56,81 @@ class AdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             group.setdefault("master_weights", self.defaults.get("master_weights", False))
 
-    def _state_of(self, p: torch.Tensor, master: bool) -> dict[str, Any]:
-        """The state of ``p``, created on its first step (master copy and float32 moments where the
-        group asks for master weights and p is half precision)."""
+    def _state_of(self, p: torch.Tensor, master: bool, fresh_step: dict[Any, torch.Tensor]) -> dict[str, Any]:
+        """The state of ``p``, created on its first step: float32 moments and a master copy where the
+        group asks for master weights and p is half precision, and the step count, a 0-d float32
+        tensor on p's device that every parameter starting in the same step and group shares (one
+        count per fused launch: the kernel reads it on the device)."""
         state = self.state[p]
         wants_master = master and p.dtype in _LOW_PRECISION
         if not state:
             moment_dtype = torch.float32 if wants_master else p.dtype
-            state["step"] = torch.tensor(0.0)
+            if p.device not in fresh_step:
+                fresh_step[p.device] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["step"] = fresh_step[p.device]
             state["exp_avg"] = torch.zeros_like(p, dtype=moment_dtype, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=moment_dtype, memory_format=torch.preserve_format)
         if wants_master and "master_param" not in state:
             state["master_param"] = p.detach().to(torch.float32, copy=True)
         return state
 
+    def _share_steps(self) -> None:
+        """After loading a state_dict (one step tensor per parameter, perhaps on the CPU): the counts
+        moved to their parameters' devices and shared by the parameters of a group at one count, so
+        that they step in one launch again. Reads the counts once (on a load, not in a step)."""
+        for group in self.param_groups:
+            shared: dict[tuple[Any, float], torch.Tensor] = {}
+            for p in group["params"]:
+                state = self.state.get(p)
+                if not state or "step" not in state:
+                    continue
+                step = state["step"]
+                value = float(step)
+                key = (p.device, value)
+                if key not in shared:
+                    shared[key] = torch.full((), value, dtype=torch.float32, device=p.device)
+                state["step"] = shared[key]
+        self._steps_shared = True
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._steps_shared = False
+
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None, *, found_inf: Union[torch.Tensor, float, None] = None) -> Any:
         """One AdamW step over every parameter with a gradient.
 
         ``found_inf``: a non-zero value (a 0-d tensor from ``hal.ops.amp_unscale_``, or a number)
-        means the gradients overflowed: nothing is updated and step counts stay.
+        means the gradients overflowed: nothing is updated and step counts stay. Nothing is read
+        back to the host and nothing is copied to the device: the step counts live on the device
+        (incremented there, by 1 or, with a tensor ``found_inf``, by ``found_inf == 0``), so a step
+        can be captured in a CUDA graph and replayed.
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        stepped: list[torch.Tensor] = []
+        if not getattr(self, "_steps_shared", True):
+            self._share_steps()
+        skip_all = found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0
+        if skip_all:
+            return loss
         for group in self.param_groups:
             buckets: dict[tuple, list[tuple[torch.Tensor, dict[str, Any]]]] = {}
+            fresh_step: dict[Any, torch.Tensor] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("hal.optim.AdamW does not support sparse gradients; use dense gradients")
-                state = self._state_of(p, group["master_weights"])
-                key = (p.device, p.dtype, "master_param" in state, state["exp_avg"].dtype, float(state["step"]))
+                state = self._state_of(p, group["master_weights"], fresh_step)
+                key = (p.device, p.dtype, "master_param" in state, state["exp_avg"].dtype, id(state["step"]))
                 buckets.setdefault(key, []).append((p, state))
-            for (device, _, has_master, _, step), members in buckets.items():
+            for (device, _, has_master, _, _), members in buckets.items():
                 states = [s for _, s in members]
-                skip = found_inf.to(device) if isinstance(found_inf, torch.Tensor) else found_inf
+                step = states[0]["step"]
+                skip = found_inf.to(device) if isinstance(found_inf, torch.Tensor) else None
+                step.add_(1.0 if skip is None else (skip == 0).to(step.dtype))
                 hal.ops.fused_adamw_(
                     [p for p, _ in members],
                     [p.grad for p, _ in members],
@@ -105,12 +141,8 @@ class AdamW(torch.optim.Optimizer):
                     beta2=float(group["betas"][1]),
                     eps=float(group["eps"]),
                     weight_decay=float(group["weight_decay"]),
-                    step=step + 1.0,
+                    step=step,
                     master_params=[s["master_param"] for s in states] if has_master else None,
                     found_inf=skip,
                 )
-                stepped.extend(s["step"] for s in states)
-        if found_inf is None or not float(found_inf):
-            for count in stepped:
-                count.add_(1.0)
         return loss

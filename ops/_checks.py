@@ -173,6 +173,19 @@ def one_value(op: str, name: str, v: Any) -> Any:
     return number(op, name, v)
 
 
+def one_value_in(low: Optional[float] = None) -> Callable[[str, str, Any], Any]:
+    """A validator of a volatile number-or-array parameter: a number >= low (as a float) or a
+    one-element float array (kept as it is: its value is read on the device, never on the host)."""
+
+    def check(op: str, name: str, v: Any) -> Any:
+        if is_array(v):
+            scalar_or_array(op, name, v, numel=(1,))
+            return v
+        return number(op, name, v, low=low)
+
+    return check
+
+
 def optional_one_value(op: str, name: str, v: Any) -> Any:
     return None if v is None else one_value(op, name, v)
 

@@ -56,7 +56,7 @@ ADAMW_SCALARS = {
     "beta2": c.number_in(low=0.0, high=1.0, high_open=True),
     "eps": c.number_in(low=0.0),
     "weight_decay": c.number_in(low=0.0),
-    "step": c.number_in(low=1.0),
+    "step": c.one_value_in(low=1.0),  # a number, or a 0-d tensor on the params' device (a capturable step count)
     "inv_scale": c.optional_one_value,
     "found_inf": c.optional_one_value,
 }
@@ -82,7 +82,7 @@ def fused_adamw_(
     beta2: float,
     eps: float,
     weight_decay: float,
-    step: float,
+    step: ScalarOrTensor,
     master_params: OptionalTensorList = None,
     inv_scale: OptionalScalarOrTensor = None,
     found_inf: OptionalScalarOrTensor = None,
@@ -95,7 +95,9 @@ def fused_adamw_(
     ``p -= lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)``. With ``master_params`` (float32) the update
     applies to the masters and each param receives its master rounded to the param's dtype.
     ``inv_scale`` is taken as a float32 value (as amp_unscale_ does). A non-zero ``found_inf`` skips
-    the step: nothing is written. Grads are never modified.
+    the step: nothing is written. Grads are never modified. ``step`` is a number or a one-element
+    float tensor on the params' device, read there (no host synchronisation: an optimizer keeping
+    its step count on the device can be captured in a CUDA graph).
     """
 
 

@@ -94,6 +94,8 @@ def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None,
             items = inputs[name]
             if items is not None and any(not t.is_contiguous() for t in items):
                 reasons.append(f"{name} holds non-contiguous tensors (the multi-tensor kernel addresses flat runs)")
+        if isinstance(inputs["step"], torch.Tensor):
+            reasons.append("step is a device tensor (this kernel takes the step count as a host number)")
         return reasons
 
     @kernel("fused_adamw_", adamw_check)

@@ -38,6 +38,13 @@ def amp_unscale_(tensors: Sequence[torch.Tensor], inv_scale: Scalar) -> torch.Te
     return found.reshape(())
 
 
+def step_tensor(step: Scalar, device: torch.device) -> torch.Tensor:
+    """The step count as the 0-d float32 tensor torch's fused AdamW reads (a tensor stays on the device)."""
+    if isinstance(step, torch.Tensor):
+        return step.reshape(()).to(device=device, dtype=torch.float32)
+    return torch.full((), float(step), dtype=torch.float32, device=device)
+
+
 def fused_adamw_(
     params: Sequence[torch.Tensor],
     grads: Sequence[torch.Tensor],
@@ -48,7 +55,7 @@ def fused_adamw_(
     beta2: float,
     eps: float,
     weight_decay: float,
-    step: float,
+    step: Scalar,
     master_params: Optional[Sequence[torch.Tensor]] = None,
     inv_scale: Optional[Scalar] = None,
     found_inf: Optional[Scalar] = None,
@@ -62,7 +69,7 @@ def fused_adamw_(
     if inv_scale is not None:  # never in place: grads are not modified
         w_grads = torch._foreach_mul(w_grads, _float32_scalar(inv_scale, device).reshape(()))
     skip = None if found_inf is None else (_float32_scalar(found_inf, device) != 0).float()
-    steps = [torch.full((), step, dtype=torch.float32, device=device) for _ in targets]
+    steps = [step_tensor(step, device)] * len(targets)  # torch's kernel reads the steps, never writes them
     torch._fused_adamw_(
         w_params, w_grads, w_avgs, w_sqs, [], steps,
         lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,

@@ -153,9 +153,11 @@ def _gemms() -> Iterator[Spec]:
 
 
 def _optim() -> Iterator[Spec]:
-    yield _spec("optim", "adamw_kernel", "bf16 + masters", table_ptr="*i64", prefix_ptr="*i64", T="i32", found_ptr="*fp32",
-                inv_ptr="*fp32", inv_val="fp32", decay="fp32", step_size="fp32", bc2_sqrt="fp32", beta1="fp32", beta2="fp32",
-                eps="fp32", P_DT=tl.bfloat16, S_DT=F32, HAS_MASTER=True, HAS_FOUND=True, INV_TENSOR=True, BLOCK=2048, ITERS=8, COMPUTE=F32)
+    for step_tensor in (False, True):
+        yield _spec("optim", "adamw_kernel", "bf16 + masters" + (", device step" if step_tensor else ""), table_ptr="*i64",
+                    prefix_ptr="*i64", T="i32", found_ptr="*fp32", inv_ptr="*fp32", inv_val="fp32", step_ptr="*fp32", lr="fp32",
+                    decay="fp32", step_size="fp32", bc2_sqrt="fp32", beta1="fp32", beta2="fp32", eps="fp32", P_DT=tl.bfloat16,
+                    S_DT=F32, HAS_MASTER=True, HAS_FOUND=True, INV_TENSOR=True, STEP_TENSOR=step_tensor, BLOCK=2048, ITERS=8, COMPUTE=F32)
     yield _spec("optim", "unscale_kernel", "fp16", table_ptr="*i64", prefix_ptr="*i64", T="i32", found_ptr="*fp32", inv_ptr="*fp32",
                 inv_val="fp32", DT=tl.float16, INV_TENSOR=False, BLOCK=2048, ITERS=8, COMPUTE=F32)
 

@@ -51,12 +51,14 @@ def _addr(table_ptr, row, field: tl.constexpr, FIELDS: tl.constexpr, DT: tl.cons
 
 @triton.jit(do_not_specialize=["T"])
 def adamw_kernel(
-    table_ptr, prefix_ptr, T, found_ptr, inv_ptr, inv_val,
+    table_ptr, prefix_ptr, T, found_ptr, inv_ptr, inv_val, step_ptr, lr,
     decay, step_size, bc2_sqrt, beta1, beta2, eps,
     P_DT: tl.constexpr, S_DT: tl.constexpr, HAS_MASTER: tl.constexpr, HAS_FOUND: tl.constexpr,
-    INV_TENSOR: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, COMPUTE: tl.constexpr,
+    INV_TENSOR: tl.constexpr, STEP_TENSOR: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, COMPUTE: tl.constexpr,
 ):
-    """Table rows: (param, grad, exp_avg, exp_avg_sq, master, numel) addresses and size."""
+    """Table rows: (param, grad, exp_avg, exp_avg_sq, master, numel) addresses and size. With
+    STEP_TENSOR the step count is read from step_ptr and the bias corrections computed here (else
+    the host gives step_size = lr / (1 - beta1**step) and bc2_sqrt = sqrt(1 - beta2**step))."""
     t, span = _find(prefix_ptr, T, tl.program_id(0))
     numel = tl.load(table_ptr + t * 6 + 5)
     p_ptr = _addr(table_ptr, t, 0, 6, P_DT)
@@ -72,6 +74,10 @@ def adamw_kernel(
         inv = tl.load(inv_ptr).to(COMPUTE)
     else:
         inv = inv_val
+    if STEP_TENSOR:
+        step = tl.load(step_ptr).to(tl.float32)
+        step_size = lr / (1.0 - tl.exp2(step * tl.log2(beta1)))
+        bc2_sqrt = tl.sqrt(1.0 - tl.exp2(step * tl.log2(beta2)))
     for i in range(ITERS):
         offs = (span.to(tl.int64) * ITERS + i) * BLOCK + lanes
         mask = (offs < numel) & keep
@@ -183,7 +189,7 @@ def fused_adamw(
     beta2: float,
     eps: float,
     weight_decay: float,
-    step: float,
+    step: Scalar,
     inv_scale: Optional[Scalar],
     found_inf: Optional[Scalar],
     block: int,
@@ -205,15 +211,18 @@ def fused_adamw(
     table, prefix, n_chunks = TABLES.get(rows, device, block * iters)
     inv_t, inv_v, inv_is_t = _scalar_args(inv_scale, device, 1.0)
     found_t = found_inf.reshape(-1) if isinstance(found_inf, torch.Tensor) else inv_t
-    bc1 = 1.0 - beta1**step
-    bc2 = 1.0 - beta2**step
+    step_on_device = isinstance(step, torch.Tensor)
+    if step_on_device:  # read by the kernel (the host never sees the count: capturable, no sync)
+        step_t, step_size, bc2_sqrt = step.reshape(-1), 0.0, 0.0
+    else:
+        step_t, step_size, bc2_sqrt = inv_t, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)
     launch(
         adamw_kernel, (n_chunks,),
-        table, prefix, len(rows), found_t, inv_t, inv_v,
-        1.0 - lr * weight_decay, lr / bc1, math.sqrt(bc2), beta1, beta2, eps,
+        table, prefix, len(rows), found_t, inv_t, inv_v, step_t, lr,
+        1.0 - lr * weight_decay, step_size, bc2_sqrt, beta1, beta2, eps,
         num_warps=num_warps, P_DT=TL_DTYPES[params[0].dtype], S_DT=TL_DTYPES[exp_avgs[0].dtype],
         HAS_MASTER=master_params is not None, HAS_FOUND=isinstance(found_inf, torch.Tensor), INV_TENSOR=inv_is_t,
-        BLOCK=block, ITERS=iters, COMPUTE=compute_dtype(params[0].dtype),
+        STEP_TENSOR=step_on_device, BLOCK=block, ITERS=iters, COMPUTE=compute_dtype(params[0].dtype),
     )
 
 

@@ -48,7 +48,7 @@ def test_without_cupy_the_plugin_loads_and_cpp_kernels_say_why() -> None:
         assert record.load_error is None, record.load_error
         x = torch.randn(4, 3, 2, 2)
         decl = get_op("batch_norm")
-        inputs = Inputs(decl, (x, None, None, None, None, True, 0.1, 1e-5), "cuda", torch.device("cuda", 0), "float32", "torch", (9, 0))
+        inputs = Inputs(decl, (x, None, None, None, None, True, 0.1, 1e-5), "cuda", torch.device("cuda", 0), "float32", "torch", "sm_90")
         k = next(k for k in plugin.kernels if k.op == "batch_norm" and k.name == "cpp")
         print(k.not_supported_reasons(inputs))
         print("cupy" in sys.modules and sys.modules["cupy"] is not None)

@@ -22,16 +22,6 @@ CPU = torch.device("cpu")
 #: batch norm feeding training batch norms) into a step of ±lr whose sign is rounding noise; an eps
 #: above that noise (~1e-8) keeps the comparison about the math
 EPS = 1e-4
-#: the ops the Llama variant needs beyond those of hal 1.0 (API.md v1.1)
-NEW_OPS = ("rotary_embedding", "swiglu", "linear_cross_entropy")
-
-
-def _needs_new_ops(*names: str) -> None:
-    missing = [n for n in names if not hasattr(hal.ops, n)]
-    if missing:
-        pytest.skip(f"hal.ops lacks {', '.join(missing)} (declared by the lead's branch of issue 11)")
-
-
 def _trajectory(workload: models.Workload, impl: str, seed: int, steps: int) -> tuple[list[float], models.Step]:
     step = workload.make(impl, None, CPU, seed)
     return [float(step()) for _ in range(steps)], step
@@ -55,8 +45,6 @@ def test_resnet_training_steps_match_eager(seed: int) -> None:
 
 @pytest.mark.parametrize("cls", [ResNetInference, LlamaPrefill], ids=["resnet", "llama"])
 def test_inference_matches_eager(cls: type, seed: int) -> None:
-    if cls is LlamaPrefill:
-        _needs_new_ops(*NEW_OPS)
     w = cls("tiny")
     ref = w.reference(CPU, seed)
     eager, ours = w.make("torch", None, CPU, seed)(), w.make("hal", None, CPU, seed)()
@@ -68,7 +56,6 @@ def test_inference_matches_eager(cls: type, seed: int) -> None:
 def test_llama_training_steps_match_eager(seed: int) -> None:
     """The decoder on hal's ops and hal.optim.AdamW against torch's: same losses, then the same
     parameters."""
-    _needs_new_ops(*NEW_OPS)
     w = LlamaTrain("tiny", eps=EPS)
     want, eager = _trajectory(w, "torch", seed, 4)
     got, ours = _trajectory(w, "hal", seed, 4)
@@ -83,8 +70,6 @@ def test_llama_training_steps_match_eager(seed: int) -> None:
 def test_moe_forward_backward_matches_eager(impl: str, seed: int) -> None:
     """The experts through hal's grouped GEMM (or torch's) against one product per expert: same
     loss, same gradients of every parameter."""
-    if impl == "hal":
-        _needs_new_ops("swiglu")
     w = MoEForwardBackward("tiny")
     eager, ours = w.make("torch", None, CPU, seed), w.make(impl, None, CPU, seed)
     torch.testing.assert_close(ours(), eager(), rtol=1e-5, atol=1e-7)

@@ -31,7 +31,7 @@ def fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, we
     if not _direct(params, grads, exp_avgs, exp_avg_sqs, master_params, inv_scale):
         return eager.fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf)
     skip = None if found_inf is None else (torch.as_tensor(found_inf, dtype=torch.float32).reshape(1) != 0).float()
-    steps = [torch.full((), step, dtype=torch.float32)] * len(params)
+    steps = [eager.step_tensor(step, params[0].device)] * len(params)
     torch._fused_adamw_(
         list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), [], steps,
         lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,

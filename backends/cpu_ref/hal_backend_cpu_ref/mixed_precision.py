@@ -37,6 +37,7 @@ def fused_adamw_(
     if found_inf is not None and float(np.asarray(found_inf).reshape(())) != 0.0:
         return None
     inv = 1.0 if inv_scale is None else _float32_value(inv_scale)
+    step = float(np.asarray(step, dtype=np.float64).reshape(()))  # a number or a one-element array
     c1, c2 = 1.0 - beta1**step, 1.0 - beta2**step
     targets = params if master_params is None else master_params
     for i, target in enumerate(targets):

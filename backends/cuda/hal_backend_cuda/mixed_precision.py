@@ -35,8 +35,11 @@ def fused_adamw_torch(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, ep
         return None
     skip = found_inf.reshape(()) != 0 if isinstance(found_inf, torch.Tensor) else None
     inv = inv_scale.reshape(()) if isinstance(inv_scale, torch.Tensor) else (1.0 if inv_scale is None else float(inv_scale))
-    step_size = lr / (1.0 - beta1**step)
-    bc2_sqrt = math.sqrt(1.0 - beta2**step)
+    if isinstance(step, torch.Tensor):  # read on the device: no synchronisation
+        t = step.reshape(()).to(torch.float64)
+        step_size, bc2_sqrt = lr / (1.0 - beta1**t), torch.sqrt(1.0 - beta2**t)
+    else:
+        step_size, bc2_sqrt = lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)
     masters = master_params if master_params is not None else [None] * len(params)
     for p, g, m, v, w in zip(params, grads, exp_avgs, exp_avg_sqs, masters):
         target = w if w is not None else p

@@ -25,19 +25,8 @@ from tests.cuda._support import fresh_seed
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 DEV = torch.device("cuda")
-#: ops the Llama decoder and the MoE experts need beyond hal 1.0 (API.md v1.1)
-NEW_OPS = {"llama": ("rotary_embedding", "swiglu", "linear_cross_entropy"), "moe": ("swiglu",), "resnet": ()}
-
-
-def _needs(model: str) -> None:
-    missing = [n for n in NEW_OPS[model] if not hasattr(hal.ops, n)]
-    if missing:
-        pytest.skip(f"hal.ops lacks {', '.join(missing)} (declared by the lead's branch of issue 11)")
-
-
 @pytest.mark.parametrize("cls", [ResNetTrain, LlamaTrain, MoEForwardBackward], ids=["resnet", "llama", "moe"])
 def test_hal_step_does_not_synchronise(cls: type[Workload]) -> None:
-    _needs({ResNetTrain: "resnet", LlamaTrain: "llama", MoEForwardBackward: "moe"}[cls])
     step = cls("cpu").make("hal", None, DEV, fresh_seed())
     for _ in range(2):  # compile, tune and cache outside the check
         step()
@@ -90,7 +79,6 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, loss_fn: Callable, batch
 
 
 def _graph_replays_match_eager(name: str, optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> None:
-    _needs(name)
     graphed, g_opt, eager, e_opt, loss_fn, batches = _twins(name, optimizer, fresh_seed())
     static = tuple(t.clone() for t in batches[0])
     side = torch.cuda.Stream()
@@ -126,9 +114,9 @@ def test_training_step_captures_and_replays(name: str) -> None:
     _graph_replays_match_eager(name, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True))
 
 
-@pytest.mark.xfail(strict=True, reason="hal.optim.AdamW reads its step count on the host (float(state['step'])): a captured "
-                   "step replays the bias correction of the step it was captured at")
 def test_training_step_with_hal_adamw_captures_and_replays() -> None:
+    """hal.optim.AdamW keeps its step counts on the device (the fused kernel reads them), so a
+    captured step replays with the right bias correction at every step."""
     _graph_replays_match_eager("resnet", lambda m: hal.optim.AdamW(m.parameters(), lr=1e-2))
 
 
@@ -136,7 +124,6 @@ def test_training_step_with_hal_adamw_captures_and_replays() -> None:
 def test_reduce_overhead_compile_matches_eager(name: str) -> None:
     """torch.compile(mode="reduce-overhead") of the hal model (CUDA graphs through Inductor's
     cudagraph trees), eager optimizer: the same losses and parameters as eager, and no cudagraph skip."""
-    _needs(name)
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()

@@ -1,0 +1,72 @@
+"""Where a whole-model step spends its time: torch.profiler over a few steps of each workload of
+``hal bench --models`` (the GPU sizes), for eager PyTorch and for hal, printing per variant the host
+time of a step, the device time, the CUDA kernels and host operators that cost most, and the counts
+of copies and host-to-device transfers per step. For finding what to fix, not for the results table.
+
+    python benchmarks/profile_steps.py OUT_DIR [resnet50_train,llama_train,...]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from hal.bench.models_llama import LlamaTrain
+from hal.bench.models_moe import MoEForwardBackward
+from hal.bench.models_resnet import ResNetInference, ResNetTrain
+
+WORKLOADS = {
+    "resnet50_train": lambda: ResNetTrain("full"),
+    "resnet50_infer_fp16": lambda: ResNetInference("full"),
+    "llama_train": lambda: LlamaTrain("full"),
+    "moe_fwd_bwd": lambda: MoEForwardBackward("full"),
+}
+STEPS = 3
+
+
+def profile_variant(name: str, impl: str, out: Path) -> None:
+    workload = WORKLOADS[name]()
+    step = workload.make(impl, None, torch.device("cuda"), 0)
+    for _ in range(3):  # compile, tune, allocate
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(STEPS):
+        step()
+    host = (time.perf_counter() - t0) / STEPS
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / STEPS
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    copies = sum(e.count for e in events if e.key == "aten::copy_") / STEPS
+    h2d = sum(e.count for e in events if "HtoD" in e.key or e.key == "Memcpy HtoD (Pageable -> Device)") / STEPS
+    device_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / STEPS
+    print(f"== {name} [{impl}]: host {host * 1e3:.1f} ms/step (issue), wall {wall * 1e3:.1f} ms/step, device {device_us / 1e3:.1f} ms/step, "
+          f"aten::copy_ {copies:.0f}/step, HtoD {h2d:.0f}/step", flush=True)
+    table_dev = events.table(sort_by="self_cuda_time_total", row_limit=18)
+    table_cpu = events.table(sort_by="self_cpu_time_total", row_limit=18)
+    (out / f"{name}-{impl}.txt").write_text(f"{table_dev}\n\n{table_cpu}\n")
+    print(table_dev[:6000], flush=True)
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    names = sys.argv[2].split(",") if len(sys.argv) > 2 else list(WORKLOADS)
+    for name in names:
+        for impl in ("torch", "hal"):
+            try:
+                profile_variant(name, impl, out)
+            except Exception as exc:  # one workload failing must not hide the others
+                print(f"== {name} [{impl}]: {type(exc).__name__}: {exc}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
