@@ -17,7 +17,10 @@ most of a shared machine's drift. Rows:
     cost is the difference to the forward row;
   * the peer: a ``torch.library.custom_op`` wrapping the same trivial kernel, over the bare kernel.
 
-    python benchmarks/dispatch_overhead.py [--repeat 21] [--number 20000] [--json]
+    python benchmarks/dispatch_overhead.py [--repeat 21] [--number 20000] [--device cuda] [--json]
+
+With ``--device cuda`` the torch rows use CUDA tensors (the trivial kernels launch nothing; torch's
+ops launch theirs): the host cost of each path on a GPU machine.
 """
 
 from __future__ import annotations
@@ -64,12 +67,12 @@ def identity(x, dim):
     return x
 
 
-def trivial_plugin(array_api: str) -> Plugin:
+def trivial_plugin(array_api: str, device_type: str = "cpu") -> Plugin:
     """A CPU backend whose kernels cost one Python call: softmax, layer_norm, linear and
     scale_shift_act return an input of the result's shape (the benchmark's linear is square), and
     their backward ops return grad_out (and parameters of the right shapes)."""
     p = Plugin(f"bench_{array_api}", "1.0")
-    p.define_backend(priority=1000, device_types=("cpu",), array_api=array_api)
+    p.define_backend(priority=1000, device_types=(device_type,), array_api=array_api)
     p.kernel("softmax", name="identity")(identity)
     p.kernel("softmax_backward", name="identity")(lambda grad_out, out, dim: grad_out)
     p.kernel("layer_norm", name="identity")(lambda x, normalized_shape, weight, bias, eps: x)
@@ -95,8 +98,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=21)
     parser.add_argument("--number", type=int, default=20000)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the torch rows on CUDA tensors")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    dev = torch.device(args.device)
     torch.set_num_threads(1)  # tiny tensors: no intra-op parallelism on either side (steadier on a shared machine)
     rep, num, slow = args.repeat, args.number, max(1, args.number // 10)
     rows: list[dict[str, Any]] = []
@@ -111,15 +116,17 @@ def main() -> None:
         row("kernel route: numpy, softmax(x) (dim canonicalised) vs the kernel", (hal.ops.softmax, (x,)), (identity, (x, 1)))
         row("kernel route: numpy, softmax(x, 1) vs the kernel", (hal.ops.softmax, (x, 1)), (identity, (x, 1)))
 
-        dispatch.install(Runtime.from_plugins([trivial_plugin("torch")]))
-        t = torch.randn(4, 4)
+        dispatch.install(Runtime.from_plugins([trivial_plugin("torch", dev.type)]))
+        t = torch.randn(4, 4, device=dev)
         row("kernel route: torch, softmax(t, 1), grad mode vs the kernel", (hal.ops.softmax, (t, 1)), (identity, (t, 1)))
         with torch.no_grad():
             row("kernel route: torch, softmax(t, 1), no_grad vs the kernel", (hal.ops.softmax, (t, 1)), (identity, (t, 1)))
 
-        tg = torch.randn(4, 4, requires_grad=True)
-        w, b = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
-        wl = torch.randn(4, 4, requires_grad=True)
+        tg = torch.randn(4, 4, device=dev, requires_grad=True)
+        w, b = torch.randn(4, device=dev, requires_grad=True), torch.randn(4, device=dev, requires_grad=True)
+        wl = torch.randn(4, 4, device=dev, requires_grad=True)
+        global GRAD
+        GRAD = GRAD.to(dev)
         hal_ln = lambda x: hal.ops.layer_norm(x, (4,), w, b)  # noqa: E731
         torch_ln = lambda x: F.layer_norm(x, (4,), w, b)  # noqa: E731
         hal_lin = lambda x: hal.ops.linear(x, wl, b, "gelu")  # noqa: E731
@@ -148,7 +155,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"rows": rows, "backward_overhead_ns": backward_rows}, indent=2))
         return
-    print(f"torch {torch.__version__}, hal {hal.__version__}; {rep} alternating loops of {num} calls (autograd rows: {slow})")
+    print(f"torch {torch.__version__}, hal {hal.__version__}, tensors on {dev}; {rep} alternating loops of {num} calls (autograd rows: {slow})")
     print(f"{'case':<78}{'hal ns':>9}{'peer ns':>10}{'overhead ns':>13}")
     for r in rows:
         print(f"{r['case']:<78}{r['hal_ns']:>9}{r['peer_ns']:>10}{r['overhead_ns']:>13}")

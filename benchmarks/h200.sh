@@ -49,10 +49,12 @@ case "$mode" in
     step probe 40 python3 benchmarks/probe_configs.py "$out/probe.json" --quick-norms
     ;;
   explore)  # what to fix next: GPU tests, conformance, the C++ kernels on the device, where model steps spend time
-    step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
-    OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
-    HAL_CPP_CACHE_DIR="$out/cpp-cache" step cpp 120 python3 benchmarks/cpp_h200.py "$out/cpp"
-    step profile 110 python3 benchmarks/profile_steps.py "$out/profile" "${PROFILE_MODELS:-resnet50_train,llama_train}"
+    step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
+    OMP_NUM_THREADS=2 step conformance 180 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
+    HAL_CPP_CACHE_DIR="$out/cpp-cache" step cpp 90 python3 benchmarks/cpp_h200.py "$out/cpp"
+    step optimizer 30 python3 benchmarks/optimizer_host.py --steps 30
+    step overhead 40 python3 benchmarks/dispatch_overhead.py --repeat 5 --number 2000 --device cuda
+    step profile 100 python3 benchmarks/profile_steps.py "$out/profile" "${PROFILE_MODELS:-resnet50_train,llama_train}"
     ;;
   bench)  # hal bench with the torch.compile peers (bench.json is rewritten after every case)
     step bench "${BENCH_LIMIT:-540}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"

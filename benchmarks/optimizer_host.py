@@ -1,0 +1,130 @@
+"""Host time of one optimizer step with loss scaling, hal against torch, on ResNet-50's parameters.
+
+hal: ``hal.amp.DynamicLossScaler`` + ``hal.optim.AdamW`` (``unscale_``, ``step``, ``update``);
+torch: ``torch.amp.GradScaler`` + ``torch.optim.AdamW(fused=True)``, the same three calls. The
+parameters have the shapes of torchvision's ResNet-50 (161 tensors, 25.6 M values, float32, as
+under autocast), with fresh random gradients. The host time is the clock from the first call to
+the return of the last (nothing synchronises in between: on a GPU the step is only queued), the
+median of many steps; on a GPU each side also runs one step under
+``torch.cuda.set_sync_debug_mode("error")`` (a synchronisation would raise) and counts the
+host-to-device copies of a step with torch.profiler.
+
+    python benchmarks/optimizer_host.py [--device cuda] [--steps 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+import hal
+
+
+def resnet50_shapes() -> list[tuple[int, ...]]:
+    """The parameter shapes of torchvision's ResNet-50 (conv weights, batch-norm weights and biases, fc)."""
+    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
+    cin = 64
+    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            width, cout = planes, planes * 4
+            shapes += [(width, cin, 1, 1), (width,), (width,), (width, width, 3, 3), (width,), (width,), (cout, width, 1, 1), (cout,), (cout,)]
+            if b == 0:
+                shapes += [(cout, cin, 1, 1), (cout,), (cout,)]
+            cin = cout
+    return shapes + [(1000, 2048), (1000,)]
+
+
+def make(device: torch.device) -> list[torch.nn.Parameter]:
+    params = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in resnet50_shapes()]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1024.0  # scaled gradients
+    return params
+
+
+def hal_step(params: list[torch.nn.Parameter]) -> Callable[[], Any]:
+    opt = hal.optim.AdamW(params, lr=1e-3)
+    scaler = hal.amp.DynamicLossScaler(init_scale=1024.0)
+    scaler.scale(params[0].sum())  # the scale lives on the params' device from here
+
+    def step() -> None:
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+
+    return step
+
+
+def torch_step(params: list[torch.nn.Parameter]) -> Callable[[], Any]:
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler(params[0].device.type, init_scale=1024.0)
+    scaler.scale(params[0].sum())
+
+    def step() -> None:
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+
+    return step
+
+
+def host_ms(step: Callable[[], Any], device: torch.device, steps: int) -> float:
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def h2d_copies(step: Callable[[], Any]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if "HtoD" in e.key)
+
+
+def no_sync(step: Callable[[], Any]) -> str:
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        return "none"
+    except RuntimeError as exc:
+        return f"synchronises: {str(exc).splitlines()[0]}"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    shapes = resnet50_shapes()
+    print(f"ResNet-50 parameters: {len(shapes)} tensors, {sum(torch.Size(s).numel() for s in shapes) / 1e6:.1f} M values, {device}")
+    rows = {}
+    for name, build in (("hal (DynamicLossScaler + hal.optim.AdamW)", hal_step), ("torch (GradScaler + AdamW(fused=True))", torch_step)):
+        step = build(make(device))
+        for _ in range(5):  # compile, tune, build tables
+            step()
+        ms = host_ms(step, device, args.steps)
+        extra = ""
+        if device.type == "cuda":
+            extra = f", host-to-device copies per step: {h2d_copies(step)}, host synchronisation: {no_sync(step)}"
+        rows[name] = ms
+        print(f"{name}: host {ms:.3f} ms per step{extra}", flush=True)
+    hal_ms, torch_ms = rows.values()
+    print(f"ratio torch / hal host time: {torch_ms / hal_ms:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
