@@ -38,7 +38,7 @@ from hal.conformance.poison import Poisoner
 from hal.cpp import batchnorm as cbn
 from hal.cpp import norm as cnorm
 from hal.cpp import optim as copt
-from hal_backend_cuda import launch
+from hal_backend_cuda.launch import TABLES as launch  # the launch sizes the plugin uses
 from hal_backend_cuda.cpp_kernels import KIT
 
 DEV = torch.device("cuda")
@@ -84,9 +84,9 @@ def check_bn(shape, dtype, channels_last: bool, training: bool, relu: bool, conv
     pdt = torch.float64 if dtype == torch.float64 else torch.float32
     w, b, cb = randn(c, dtype=pdt), randn(c, dtype=pdt), (randn(c, dtype=pdt) if conv_bias else None)
     rm, rv = randn(c, dtype=pdt), torch.rand(c, device=DEV, dtype=pdt) + 0.5
-    rm64, rv64 = rm.double(), rv.double()
+    rm64, rv64 = rm.double().clone(), rv.double().clone()  # clones: float64 stats are updated in place
     view = (1, c) + (1,) * (len(shape) - 2)
-    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+    xd, wd, bd = (t.double().clone().requires_grad_() for t in (x, w, b))
     ref = F.batch_norm(xd + (cb.double().view(view) if cb is not None else 0.0), rm64, rv64, wd, bd, training, 0.1, 1e-5)
     ref = F.relu(ref) if relu else ref
     out_bytes = x.numel() * x.element_size()
@@ -109,8 +109,8 @@ def check_norm(shape, dtype, with_weight: bool) -> None:
     g = randn(*shape, dtype=dtype)
     w = randn(n, dtype=dtype) if with_weight else None
     for rms in (False, True):
-        xd = x.double().requires_grad_()
-        wd = (w.double() if w is not None else torch.ones(n, device=DEV, dtype=torch.float64)).requires_grad_()
+        xd = x.double().clone().requires_grad_()
+        wd = (w.double().clone() if w is not None else torch.ones(n, device=DEV, dtype=torch.float64)).requires_grad_()
         bd = torch.zeros(n, device=DEV, dtype=torch.float64, requires_grad=True)
         ref = F.rms_norm(xd, (n,), wd, 1e-6) if rms else F.layer_norm(xd, (n,), wd, bd, 1e-5)
         ref.backward(g.double())
@@ -131,7 +131,7 @@ def check_adamw(pdtype, sdtype, masters: bool, inv: Any, aligned: bool) -> None:
     m = [randn(n + off, dtype=sdtype, scale=0.1)[off:] for n in sizes]
     v = [(torch.rand(n + off, device=DEV) * 0.1).to(sdtype)[off:] for n in sizes]
     w = [t.float() + 1e-3 * randn(t.numel()) for t in p] if masters else None
-    ref = [[t.double() for t in group] for group in (w if masters else p, g, m, v)]
+    ref = [[t.double().clone() for t in group] for group in (w if masters else p, g, m, v)]  # clone: float64 inputs are updated in place
     lr, b1, b2, eps, wd, step = 1e-3, 0.9, 0.999, 1e-8, 0.01, 10.0
     scale = float(inv.item()) if isinstance(inv, torch.Tensor) else (1.0 if inv is None else inv)
     copt.fused_adamw(KIT, p, g, m, v, w, lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, step=step, inv_scale=inv,

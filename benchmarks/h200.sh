@@ -6,7 +6,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, hal bench with compile, sweeps
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # hal bench with torch.compile peers (BENCH_OPS=a,b to pick)
-#   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, full conformance, the C++ kernels' check and timings, step profiles
+#   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels, host times, step profiles
 #
 # Wheels the image lacks (stevedore) travel in .whl/ (carry it). Each step has its own time limit so
 # that the call ends inside the tool's 10 minutes with whatever finished.
@@ -50,7 +50,7 @@ case "$mode" in
     ;;
   explore)  # what to fix next: GPU tests, conformance, the C++ kernels on the device, where model steps spend time
     step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
-    OMP_NUM_THREADS=2 step conformance 180 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
+    OMP_NUM_THREADS=2 step conformance 180 python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     HAL_CPP_CACHE_DIR="$out/cpp-cache" step cpp 90 python3 benchmarks/cpp_h200.py "$out/cpp"
     step optimizer 30 python3 benchmarks/optimizer_host.py --steps 30
     step overhead 40 python3 benchmarks/dispatch_overhead.py --repeat 5 --number 2000 --device cuda

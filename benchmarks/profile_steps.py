@@ -47,13 +47,47 @@ def profile_variant(name: str, impl: str, out: Path) -> None:
     events = prof.key_averages()
     copies = sum(e.count for e in events if e.key == "aten::copy_") / STEPS
     h2d = sum(e.count for e in events if "HtoD" in e.key or e.key == "Memcpy HtoD (Pageable -> Device)") / STEPS
-    device_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / STEPS
+    device_us = sum(e.self_device_time_total for e in events
+                    if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation) / STEPS  # kernels only
     print(f"== {name} [{impl}]: host {host * 1e3:.1f} ms/step (issue), wall {wall * 1e3:.1f} ms/step, device {device_us / 1e3:.1f} ms/step, "
           f"aten::copy_ {copies:.0f}/step, HtoD {h2d:.0f}/step", flush=True)
     table_dev = events.table(sort_by="self_cuda_time_total", row_limit=18)
     table_cpu = events.table(sort_by="self_cpu_time_total", row_limit=18)
-    (out / f"{name}-{impl}.txt").write_text(f"{table_dev}\n\n{table_cpu}\n")
-    print(table_dev[:6000], flush=True)
+    extra = census(step) + host_profile(step) if impl == "hal" else ""
+    (out / f"{name}-{impl}.txt").write_text(f"{table_dev}\n\n{table_cpu}\n{extra}")
+    print(table_dev[:6000], extra[:8000], sep="\n", flush=True)
+
+
+def census(step) -> str:
+    """Which kernel every hal call of one step ran (hal.stats: op, backend, kernel -> calls)."""
+    import hal
+
+    hal.reset_stats()
+    step()
+    torch.cuda.synchronize()
+    rows = sorted(hal.stats().items(), key=lambda kv: -sum(v for v in kv[1].values() if isinstance(v, int)))
+    lines = ["-- hal calls of one step (op, backend, kernel: counts)"]
+    lines += [f"{op:<36} {backend:<8} {kernel:<22} {counts}" for (op, backend, kernel), counts in rows]
+    return "\n".join(lines) + "\n"
+
+
+def host_profile(step) -> str:
+    """cProfile of the host side of STEPS steps: the Python functions that cost the most."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(STEPS):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
+    return f"-- cProfile of {STEPS} steps\n{buf.getvalue()}"
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
+from typing import Any, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -54,6 +54,24 @@ def float32_value(v: float) -> float:
 
 
 _F32 = struct.Struct("f")
+
+
+def dense_alike(*tensors: torch.Tensor) -> bool:
+    """Same shape and strides, and dense (no gaps, no overlap): one flat walk of memory visits the
+    same elements of each in the same order, whatever the memory format (channels_last included)."""
+    t0 = tensors[0]
+    if any(t.shape != t0.shape or t.stride() != t0.stride() for t in tensors[1:]):
+        return False
+    return t0.is_contiguous() or bool(torch.ops.aten.is_non_overlapping_and_dense(t0))
+
+
+def flat_runs(*lists: Sequence[torch.Tensor]) -> bool:
+    """Whether a multi-tensor kernel, which walks each tensor as one run of memory from its data
+    pointer, may take these lists: the i-th tensors of all lists dense and alike. Contiguous lists
+    answer at C speed; others are compared index by index."""
+    if all(all(map(torch.Tensor.is_contiguous, ts)) for ts in lists):
+        return True
+    return all(dense_alike(*group) for group in zip(*lists))
 
 
 def dtype_name(a: torch.Tensor | np.ndarray) -> str:

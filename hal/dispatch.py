@@ -29,6 +29,7 @@ import inspect
 import itertools
 import linecache
 import logging
+import operator
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -90,7 +91,16 @@ def _ndarray_key(a: np.ndarray) -> Any:
     return (a.dtype, a.shape, a.strides)
 
 
+_TENSOR_TYPES = frozenset((_Tensor, _Parameter))
+_TENSOR_FIELDS = operator.attrgetter("dtype", "device", "shape", "requires_grad")
+_STRIDES = operator.methodcaller("stride")
+
+
 def _sequence_key(a: Any) -> Any:
+    if a and set(map(type, a)) <= _TENSOR_TYPES:
+        # lists of plain tensors (the multi-tensor ops, hundreds of tensors a call): the fields of
+        # _tensor_key gathered by C-level maps, without a Python frame per tensor
+        return (type(a), tuple(map(_TENSOR_FIELDS, a)), tuple(map(_STRIDES, a)))
     return (type(a), tuple(map(_argkey, a)))
 
 
@@ -129,6 +139,8 @@ def _written_key(a: Any) -> Any:
     """The key of an argument an op writes: NumPy arrays also by whether they are writeable (so a
     read-only array is refused before anything is written, never half way)."""
     if isinstance(a, (list, tuple)):
+        if a and set(map(type, a)) <= _TENSOR_TYPES:
+            return _sequence_key(a)
         return (type(a), tuple(map(_written_key, a)))
     if type(a) is _ndarray:
         return (a.dtype, a.shape, a.strides, a.flags.writeable)

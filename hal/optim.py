@@ -13,6 +13,8 @@ it is non-zero, and the step count does not advance (as a step that GradScaler s
 
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
@@ -49,10 +51,12 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, master_weights=master_weights)
         super().__init__(params, defaults)
+        self._launch_cache: dict[tuple, list[_Launch]] = {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Also when loading a state_dict of torch.optim.AdamW, whose groups lack master_weights."""
         super().__setstate__(state)
+        self._launch_cache = {}
         for group in self.param_groups:
             group.setdefault("master_weights", self.defaults.get("master_weights", False))
 
@@ -95,6 +99,27 @@ class AdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._steps_shared = False
+        self._launch_cache.clear()
+
+    def _launches(self, group: dict[str, Any], params: list[torch.Tensor]) -> list["_Launch"]:
+        """The fused launches of a group's parameters that have gradients: built on their first
+        step (states created), reused while the same parameters step with the same state objects
+        (checked at C speed each step: a state replaced from outside is noticed)."""
+        key = (id(group), group["master_weights"], tuple(map(id, params)))
+        cached = self._launch_cache.get(key)
+        if cached is not None and all(launch.still_valid(self.state) for launch in cached):
+            return cached
+        buckets: dict[tuple, list[torch.Tensor]] = {}
+        fresh_step: dict[Any, torch.Tensor] = {}
+        for p in params:
+            state = self._state_of(p, group["master_weights"], fresh_step)
+            key_p = (p.device, p.dtype, "master_param" in state, state["exp_avg"].dtype, id(state["step"]))
+            buckets.setdefault(key_p, []).append(p)
+        launches = [_Launch(members, [self.state[p] for p in members], has_master) for (_, _, has_master, _, _), members in buckets.items()]
+        if len(self._launch_cache) > 64:
+            self._launch_cache.clear()
+        self._launch_cache[key] = launches
+        return launches
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None, *, found_inf: Union[torch.Tensor, float, None] = None) -> Any:
@@ -116,33 +141,60 @@ class AdamW(torch.optim.Optimizer):
         if skip_all:
             return loss
         for group in self.param_groups:
-            buckets: dict[tuple, list[tuple[torch.Tensor, dict[str, Any]]]] = {}
-            fresh_step: dict[Any, torch.Tensor] = {}
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            lr, (beta1, beta2) = float(group["lr"]), group["betas"]
+            for launch in self._launches(group, params):
+                grads = list(map(_GRAD, launch.params))
+                if any(map(_IS_SPARSE, grads)):
                     raise RuntimeError("hal.optim.AdamW does not support sparse gradients; use dense gradients")
-                state = self._state_of(p, group["master_weights"], fresh_step)
-                key = (p.device, p.dtype, "master_param" in state, state["exp_avg"].dtype, id(state["step"]))
-                buckets.setdefault(key, []).append((p, state))
-            for (device, _, has_master, _, _), members in buckets.items():
-                states = [s for _, s in members]
-                step = states[0]["step"]
-                skip = found_inf.to(device) if isinstance(found_inf, torch.Tensor) else None
-                step.add_(1.0 if skip is None else (skip == 0).to(step.dtype))
+                skip = found_inf.to(launch.step.device) if isinstance(found_inf, torch.Tensor) else None
+                launch.step.add_(1.0 if skip is None else (skip == 0).to(launch.step.dtype))
                 hal.ops.fused_adamw_(
-                    [p for p, _ in members],
-                    [p.grad for p, _ in members],
-                    [s["exp_avg"] for s in states],
-                    [s["exp_avg_sq"] for s in states],
-                    lr=float(group["lr"]),
-                    beta1=float(group["betas"][0]),
-                    beta2=float(group["betas"][1]),
-                    eps=float(group["eps"]),
-                    weight_decay=float(group["weight_decay"]),
-                    step=step,
-                    master_params=[s["master_param"] for s in states] if has_master else None,
+                    launch.params, grads, launch.exp_avgs, launch.exp_avg_sqs,
+                    lr=lr, beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
+                    weight_decay=float(group["weight_decay"]), step=launch.step, master_params=launch.masters,
                     found_inf=skip,
-                )
+                )  # fmt: skip
         return loss
+
+
+_GRAD = operator.attrgetter("grad")
+_IS_SPARSE = operator.attrgetter("is_sparse")
+
+
+class _Launch:
+    """One fused_adamw_ launch: parameters sharing device, dtype, master weights and step count,
+    with the lists of their state tensors (and the state dicts they came from, to notice when a
+    state is replaced)."""
+
+    __slots__ = ("params", "states", "exp_avgs", "exp_avg_sqs", "masters", "step")
+
+    def __init__(self, params: list[torch.Tensor], states: list[dict[str, Any]], has_master: bool) -> None:
+        self.params, self.states = params, states
+        self.exp_avgs = [s["exp_avg"] for s in states]
+        self.exp_avg_sqs = [s["exp_avg_sq"] for s in states]
+        self.masters = [s["master_param"] for s in states] if has_master else None
+        self.step = states[0]["step"]
+
+    def still_valid(self, state: Any) -> bool:
+        """The optimizer's state of these parameters holds the same objects as when the launch was
+        built (C-level passes over the lists: a few microseconds for hundreds of parameters)."""
+        same = operator.is_
+        try:
+            return (
+                all(map(same, map(state.__getitem__, self.params), self.states))
+                and all(map(same, map(_EXP_AVG, self.states), self.exp_avgs))
+                and all(map(same, map(_EXP_AVG_SQ, self.states), self.exp_avg_sqs))
+                and all(map(same, map(_STEP, self.states), itertools.repeat(self.step)))
+                and (self.masters is None or all(map(same, map(_MASTER, self.states), self.masters)))
+            )
+        except KeyError:  # a state emptied or rebuilt from outside
+            return False
+
+
+_EXP_AVG = operator.itemgetter("exp_avg")
+_EXP_AVG_SQ = operator.itemgetter("exp_avg_sq")
+_MASTER = operator.itemgetter("master_param")
+_STEP = operator.itemgetter("step")

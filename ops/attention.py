@@ -156,7 +156,16 @@ def _empty_scaled_dot_product_attention(a: Mapping[str, Any]) -> Any:
     return e.zeros(q, attention_batch(q, k, v) + (int(q.shape[-2]), int(v.shape[-1])))
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="scaled_dot_product_attention", reduction=_attention_k)
+def _attention_backward_k(a: dict) -> int:
+    """Terms summed into one gradient element: over E or S (grad_q), over L (grad_k, grad_v), times
+    the batch entries that share a broadcast key or value head (their gradients are summed)."""
+    q, k, v = a["q"], a["k"], a["v"]
+    batch = math.prod(attention_batch(q, k, v))
+    shared = max(batch // max(1, math.prod(c.shape_of(t)[:-2])) for t in (k, v))
+    return max(int(q.shape[-1]), int(k.shape[-2]), int(q.shape[-2])) * max(1, shared)
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="scaled_dot_product_attention", reduction=_attention_backward_k)
 def scaled_dot_product_attention_backward(
     grad_out: Tensor,
     q: Tensor,

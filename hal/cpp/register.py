@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from hal.arrays import flat_runs
 from hal.plugin import Inputs, Plugin
 
 from . import batchnorm as bn
@@ -90,10 +91,9 @@ def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None,
 
     def adamw_check(inputs: Inputs) -> list[str]:
         reasons = available(inputs)
-        for name in ADAMW_LISTS:
-            items = inputs[name]
-            if items is not None and any(not t.is_contiguous() for t in items):
-                reasons.append(f"{name} holds non-contiguous tensors (the multi-tensor kernel addresses flat runs)")
+        if not flat_runs(*(inputs[n] for n in ADAMW_LISTS if inputs[n] is not None)):
+            reasons.append(f"{', '.join(ADAMW_LISTS)} hold tensors with gaps or overlaps, or differing in memory layout at one "
+                           "index (the multi-tensor kernel walks each as one run of memory)")
         if isinstance(inputs["step"], torch.Tensor):
             reasons.append("step is a device tensor (this kernel takes the step count as a host number)")
         return reasons

@@ -3,8 +3,9 @@
 amp_unscale_ runs ``torch._amp_foreach_non_finite_check_and_unscale_``; fused_adamw_ runs
 ``torch._fused_adamw_`` (CPU and CUDA), on float32 working copies where the dtypes of params, grads
 and states differ (low-precision params with float32 states or master weights), since the fused
-kernel takes one dtype, and on contiguous copies of non-contiguous tensors (it ignores strides).
-Neither reads a device value on the host.
+kernel takes one dtype, and on contiguous copies where the tensors of one index are not dense or
+differ in memory layout (it walks each tensor as one run of memory). Neither reads a device value
+on the host.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 import torch
+
+from hal.arrays import dense_alike, flat_runs
 
 Scalar = Union[float, torch.Tensor]
 
@@ -21,9 +24,14 @@ def _float32_scalar(v: Scalar, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(v, dtype=torch.float32, device=device).reshape(1)
 
 
-def _as(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
-    """The tensors in ``dtype`` and contiguous: the same objects where they already are, else copies."""
-    return [t.to(dtype).contiguous() for t in tensors]
+def _working(lists: Sequence[Sequence[torch.Tensor]], dtype: torch.dtype) -> list[list[torch.Tensor]]:
+    """The lists in ``dtype``, each index in one flat memory layout (torch's fused kernel walks
+    tensors as runs of memory): the same objects where they already are (channels_last weights
+    with moments and gradients alike included), else copies (contiguous where layouts differ)."""
+    if flat_runs(*lists):
+        return [[t.to(dtype) for t in ts] for ts in lists]
+    rows = [[t.to(dtype) if dense_alike(*group) else t.to(dtype).contiguous() for t in group] for group in zip(*lists)]
+    return [list(ts) for ts in zip(*rows)]
 
 
 def amp_unscale_(tensors: Sequence[torch.Tensor], inv_scale: Scalar) -> torch.Tensor:
@@ -65,7 +73,7 @@ def fused_adamw_(
     device = params[0].device
     targets = list(params if master_params is None else master_params)
     dtype = targets[0].dtype if exp_avgs[0].dtype == targets[0].dtype == grads[0].dtype else torch.float32
-    w_params, w_avgs, w_sqs, w_grads = (_as(ts, dtype) for ts in (targets, exp_avgs, exp_avg_sqs, grads))
+    w_params, w_avgs, w_sqs, w_grads = _working((targets, exp_avgs, exp_avg_sqs, grads), dtype)
     if inv_scale is not None:  # never in place: grads are not modified
         w_grads = torch._foreach_mul(w_grads, _float32_scalar(inv_scale, device).reshape(()))
     skip = None if found_inf is None else (_float32_scalar(found_inf, device) != 0).float()

@@ -6,6 +6,7 @@ from typing import Callable, Optional
 
 import torch
 
+from hal.arrays import flat_runs
 from hal.plugin import Inputs
 
 from . import unavailable_reason
@@ -19,16 +20,17 @@ def triton_check(inputs: Inputs) -> list[str]:
     return [reason] if reason else []
 
 
-def contiguous_lists(*names: str) -> Check:
-    """Every tensor of the named list arguments is contiguous (multi-tensor tables address them as
-    flat runs)."""
+def flat_lists(*names: str) -> Check:
+    """The named list arguments can be walked as flat runs of memory (see hal.arrays.flat_runs):
+    dense tensors, alike across the lists at each index, contiguous or in another memory format
+    (channels_last convolution weights with their gradients and moments)."""
 
     def check(inputs: Inputs) -> list[str]:
-        for name in names:
-            items = inputs[name]
-            if items is not None and any(not t.is_contiguous() for t in items):
-                return [f"{name} holds non-contiguous tensors (the multi-tensor kernel addresses flat runs)"]
-        return []
+        lists = [inputs[n] for n in names if inputs[n] is not None]
+        if flat_runs(*lists):
+            return []
+        return [f"{', '.join(names)} hold tensors with gaps or overlaps, or differing in memory layout at one index "
+                "(the multi-tensor kernel walks each as one run of memory)"]
 
     return check
 

@@ -22,12 +22,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from hal.arrays import dense_alike
 from hal.plugin import Archs, Plugin
 
 from . import autotune
-from .checks import Check, contiguous_lists, contiguous_vectors, triton_check
+from .checks import Check, contiguous_vectors, flat_lists, triton_check
 from .config import GemmConfig
-from .layouts import dense_alike, rotary_geometry
+from .layouts import rotary_geometry
 from .tables import INTERPRETER, LaunchTables, interpreted
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -272,14 +273,14 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
 
     # --- multi-tensor optimizer kernels (one launch per list, nothing read back) ----------------
 
-    @kernel("amp_unscale_", "triton", 20, checks=(contiguous_lists("tensors"),))
+    @kernel("amp_unscale_", "triton", 20, checks=(flat_lists("tensors"),))
     def amp_unscale_(tensors, inv_scale):
         if not tensors:
             return torch.zeros((), dtype=torch.float32, device=inv_scale.device if isinstance(inv_scale, torch.Tensor) else "cuda")
         t0 = tensors[0]
         return family("optim").amp_unscale(tensors, inv_scale, device=t0.device, **tables.multi_tensor(t0))
 
-    adamw_lists = contiguous_lists("params", "grads", "exp_avgs", "exp_avg_sqs", "master_params")
+    adamw_lists = flat_lists("params", "grads", "exp_avgs", "exp_avg_sqs", "master_params")
 
     @kernel("fused_adamw_", "triton", 20, dtypes=NOT_F64, checks=(adamw_lists,))
     def fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf):

@@ -43,14 +43,6 @@ def rotary_geometry(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Op
     return tuple(views)
 
 
-def dense_alike(*tensors: torch.Tensor) -> bool:
-    """Same shape and strides, and dense (no gaps, no overlap): one flat walk covers them all."""
-    t0 = tensors[0]
-    if any(t.shape != t0.shape or t.stride() != t0.stride() for t in tensors[1:]):
-        return False
-    return bool(torch.ops.aten.is_non_overlapping_and_dense(t0))
-
-
 def storage_view(t: torch.Tensor) -> torch.Tensor:
     """A dense tensor's elements as the flat run of memory they occupy (for a layout-blind walk)."""
     return t.as_strided((t.numel(),), (1,), t.storage_offset()) if not t.is_contiguous() else t.view(-1)

@@ -143,10 +143,12 @@ def test_int8_linear_routes(arch: str) -> None:
 
 
 def test_optimizer_inputs_the_triton_kernel_turns_down() -> None:
-    def adamw(arch: str, dtype: torch.dtype, contiguous: bool = True) -> tuple[str, dict]:
-        p = [torch.randn(8, 6).to(dtype)]
-        if not contiguous:
+    def adamw(arch: str, dtype: torch.dtype, layout: str = "contiguous") -> tuple[str, dict]:
+        p = [torch.randn(8, 12).to(dtype)]
+        if layout == "transposed":  # dense, like channels_last weights: walked as one run of memory
             p = [p[0].t()]
+        elif layout == "strided":  # every other column: gaps the kernel cannot walk
+            p = [p[0][:, ::2]]
         g, m, v = ([torch.randn_like(t) for t in p] for _ in range(3))
         return chosen("fused_adamw_", arch, p, g, m, [t.abs() for t in v], lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
                       weight_decay=0.01, step=1)
@@ -154,9 +156,11 @@ def test_optimizer_inputs_the_triton_kernel_turns_down() -> None:
     assert adamw("gfx942", torch.bfloat16)[0] == "triton"
     name, passed = adamw("gfx942", torch.float64)
     assert name == "torch" and passed["triton"][0].startswith("dtype float64 not supported")
-    name, passed = adamw("gfx90a", torch.float32, contiguous=False)
+    assert adamw("gfx90a", torch.float32, "transposed")[0] == "triton"
+    name, passed = adamw("gfx90a", torch.float32, "strided")
     assert name == "torch"
-    assert passed["triton"] == ["params holds non-contiguous tensors (the multi-tensor kernel addresses flat runs)"]
+    assert passed["triton"] == ["params, grads, exp_avgs, exp_avg_sqs, master_params hold tensors with gaps or overlaps, or differing "
+                                "in memory layout at one index (the multi-tensor kernel walks each as one run of memory)"]
 
 
 def test_an_unknown_architecture_is_a_reason_for_every_kernel() -> None:

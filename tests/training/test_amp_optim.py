@@ -208,3 +208,39 @@ def test_adamw_state_dict_round_trips_with_torch_adamw(seed: int) -> None:
         opt_a.step()
         opt_b.step()
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_adamw_reuses_its_launches_and_notices_changes_from_outside(seed: int) -> None:
+    """Launch lists are built once and reused; a parameter gaining a gradient, a moment or a whole
+    state replaced from outside, or a state emptied, is taken into account at the next step (the
+    same results as torch.optim.AdamW fed the same changes)."""
+    shapes = [(4, 3), (5,), (2, 2)]
+    init = [torch.randn(s) for s in shapes]
+    ours = [torch.nn.Parameter(t.clone()) for t in init]
+    ref = [torch.nn.Parameter(t.clone()) for t in init]
+    opt = hal.optim.AdamW(ours, lr=0.05)
+    ref_opt = torch.optim.AdamW(ref, lr=0.05, foreach=False)
+
+    def step(with_grad: tuple[int, ...]) -> None:
+        for i in range(len(shapes)):
+            g = torch.randn(shapes[i]) if i in with_grad else None
+            ours[i].grad, ref[i].grad = (None, None) if g is None else (g.clone(), g.clone())
+        opt.step()
+        ref_opt.step()
+        for a, b in zip(ours, ref):
+            torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+
+    step((0, 1))
+    step((0, 1))
+    launches = next(iter(opt._launch_cache.values()))
+    step((0, 1))
+    assert next(iter(opt._launch_cache.values())) is launches  # reused while nothing changed
+    step((0, 1, 2))  # a parameter's first step
+    new_avg = torch.randn(5)
+    opt.state[ours[1]]["exp_avg"] = new_avg.clone()
+    ref_opt.state[ref[1]]["exp_avg"] = new_avg.clone()
+    step((0, 1, 2))
+    opt.state[ours[0]].clear()
+    ref_opt.state[ref[0]].clear()
+    step((0, 1, 2))
+    assert float(opt.state[ours[0]]["step"]) == 1.0 and float(opt.state[ours[1]]["step"]) == 6.0

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 import torch
 
+from hal.arrays import flat_runs
 from hal.eager import mixed_precision as eager
 
 from ._common import FLOATS, kernel
@@ -12,14 +16,17 @@ from ._common import FLOATS, kernel
 kernel("amp_unscale_", name="torch", priority=20, dtypes=FLOATS)(eager.amp_unscale_)
 
 
+_DTYPE = operator.attrgetter("dtype")
+
+
 def _direct(params, grads, exp_avgs, exp_avg_sqs, master_params, inv_scale) -> bool:
     """Whether torch's fused kernel can update the tensors themselves: one dtype for params, grads
-    and states, contiguous tensors, no master weights and no unscaling (its grad_scale would write
-    the unscaled grads back, and grads must stay unchanged)."""
+    and states, tensors it can walk as runs of memory (hal.arrays.flat_runs), no master weights and
+    no unscaling (its grad_scale would write the unscaled grads back, and grads must stay unchanged)."""
     if master_params is not None or inv_scale is not None:
         return False
-    dtype = params[0].dtype
-    return all(t.dtype == dtype and t.is_contiguous() for ts in (params, grads, exp_avgs, exp_avg_sqs) for t in ts)
+    lists = (params, grads, exp_avgs, exp_avg_sqs)
+    return len(set(map(_DTYPE, itertools.chain.from_iterable(lists)))) == 1 and flat_runs(*lists)
 
 
 @kernel("fused_adamw_", name="torch", priority=20, dtypes=FLOATS)

@@ -66,6 +66,21 @@ def _llama(seed: int) -> tuple[nn.Module, Callable[[nn.Module, Batch], torch.Ten
 BUILDERS = {"resnet": _resnet, "llama": _llama}
 
 
+@pytest.fixture(autouse=True)
+def reproducible_convolutions():
+    """cuDNN's deterministic algorithms, IEEE float32: twin models then compute the same steps.
+
+    By default torch lets cuDNN run float32 convolutions in TF32 (about 1e-3 relative) and pick
+    algorithms that accumulate in any order; two twins then drift apart by more than the
+    comparison allows (AdamW turns a changed sign of a near-zero gradient into a full-size update),
+    which says nothing about capture or compilation. hal's own convolutions are IEEE float32 already.
+    """
+    saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = True, False, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved
+
+
 def _twins(name: str, optimizer: Callable[[nn.Module], torch.optim.Optimizer], seed: int) -> tuple:
     (a, loss_fn, batches), (b, _, _) = BUILDERS[name](seed), BUILDERS[name](seed)
     return a, optimizer(a), b, optimizer(b), loss_fn, batches
@@ -123,12 +138,15 @@ def test_training_step_with_hal_adamw_captures_and_replays() -> None:
 @pytest.mark.parametrize("name", ["resnet", "llama"])
 def test_reduce_overhead_compile_matches_eager(name: str) -> None:
     """torch.compile(mode="reduce-overhead") of the hal model (CUDA graphs through Inductor's
-    cudagraph trees), eager optimizer: the same losses and parameters as eager, and no cudagraph skip."""
+    cudagraph trees), eager optimizer: the same losses and parameters as eager, and no cudagraph skip.
+    Inductor's own kernels for the glue between hal's ops (residual adds, pooling, the loss) round
+    differently from eager ones, so the optimizer is SGD, whose updates are proportional to the
+    gradients (AdamW's normalised updates magnify the sign of gradients near zero)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    compiled_model, c_opt, eager, e_opt, loss_fn, batches = _twins(name, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), fresh_seed())
+    compiled_model, c_opt, eager, e_opt, loss_fn, batches = _twins(name, lambda m: torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9), fresh_seed())
     compiled = torch.compile(compiled_model, mode="reduce-overhead")
     for batch in batches + batches:
         torch.compiler.cudagraph_mark_step_begin()

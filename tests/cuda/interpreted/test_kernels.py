@@ -275,6 +275,22 @@ def test_fused_adamw(gen, pdtype, masters, inv_scale):
     check("fused_adamw_", kern("fused_adamw_", "triton"), args, inplace=inplace)
 
 
+@pytest.mark.parametrize("fn,grads_layout", [("triton", "channels_last"), ("torch", "channels_last"), ("torch", "contiguous")])
+def test_fused_adamw_channels_last(gen, fn, grads_layout):
+    """Convolution weights in channels_last (dense, not contiguous) with moments alike: the Triton
+    kernel walks them as runs of memory; gradients in another layout make the Triton kernel decline
+    (tests/rocm/test_selection.py) and the torch kernel copy. Both match the reference in place."""
+    params, grads, m, v, w = _adam_state(gen, [(6, 5, 3, 3), (4, 2, 1, 1), (7,)], torch.bfloat16, True)
+    as_cl = lambda ts: [t.contiguous(memory_format=torch.channels_last) if t.ndim == 4 else t for t in ts]  # noqa: E731
+    params, m, v, w = as_cl(params), as_cl(m), as_cl(v), as_cl(w)
+    if grads_layout == "channels_last":
+        grads = as_cl(grads)
+    assert not params[0].is_contiguous()
+    args = (params, grads, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.01, 3.0, w, None, None)
+    check("fused_adamw_", kern("fused_adamw_", fn), args, inplace=("params", "exp_avgs", "exp_avg_sqs", "master_params"))
+    assert params[0].is_contiguous(memory_format=torch.channels_last)
+
+
 @pytest.mark.parametrize("fn", ["triton", "torch"])
 def test_fused_adamw_skips_on_found_inf(gen, fn):
     params, grads, m, v, _ = _adam_state(gen, [(40,), (9,)], torch.float32, False)
