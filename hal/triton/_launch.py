@@ -87,15 +87,20 @@ _LAUNCHED: dict[tuple, "_Launched"] = {}
 def _spec_key(a: Any) -> Any:
     """What of a runtime argument Triton specialises a kernel on, or finer: a tensor's dtype and its
     address modulo 16; an integer's 32-bit range, whether it is 1 and whether 16 divides it; the
-    value of a bool or None; the type of a float (passed as float32, never specialised)."""
+    value of a bool or None; the type of a float (never specialised)."""
     t = type(a)
+    if t is _Tensor:  # the most common argument first
+        return (a.dtype, a.data_ptr() & 15, a.get_device())
     if t is int:
         return (int, a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF)
     if t is float:
         return float
     if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() & 15, a.device.index)
+        return (a.dtype, a.data_ptr() & 15, a.get_device())
     return (t, a)
+
+
+_Tensor = torch.Tensor
 
 
 class _Launched:
@@ -129,12 +134,15 @@ class _Launched:
     def __call__(self, grid: Sequence[int], args: tuple) -> None:
         c = self.compiled
         full = args + self.tail
-        device = _driver.active.get_current_device()
-        stream = _driver.active.get_current_stream(device)
+        active = _driver.active
+        stream = active.get_current_stream(active.get_current_device())
         n = len(grid)
         hooks = triton.knobs.runtime
+        enter = hooks.launch_enter_hook
+        # the launch metadata only feeds the enter hook (Triton builds it for none otherwise)
+        metadata = None if enter is None else c.launch_metadata(grid, stream, *full)
         c.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, c.function, c.packed_metadata,
-              c.launch_metadata(grid, stream, *full), hooks.launch_enter_hook, hooks.launch_exit_hook, *full)
+              metadata, enter, hooks.launch_exit_hook, *full)
 
 
 def split_f64(v: float) -> tuple[float, float]:
