@@ -27,7 +27,9 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None, reason="Liger-Kernel not installed (benchmarks/h200.sh carries its wheel)"),
 ]
 
-TOL = 1e-3  # float32 kernels against float64: reduction order and Liger's float32 GEMMs stay far below
+#: float32 kernels against float64: reduction order stays far below 1e-3; the LM head's GEMMs may run
+#: in the matrix units' float32 mode (near 3e-4). A wrong argument or layout gives errors near 1.
+TOL = {"linear_cross_entropy": 5e-3}
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -81,7 +83,8 @@ def test_liger_peer_computes_the_op(op: str) -> None:
                           (a.cpu() if isinstance(a, torch.Tensor) else a) for a in canon])
     fwd = liger.peer(op, "forward", canon)
     assert fwd.run is not None, fwd.reason
-    assert _rel(fwd.run(), ref_out) < TOL
+    tol = TOL.get(op, 1e-3)
+    assert _rel(fwd.run(), ref_out) < tol
 
     grad_out = None if is_loss else torch.randn(ref_out.shape, device=dev)
     _, ref_grads = _reference(op, canon, wrt, grad_out)
@@ -103,4 +106,4 @@ def test_liger_peer_computes_the_op(op: str) -> None:
     for name, got, want in zip(wrt, grads, ref_grads):
         if op == "rotary_embedding":
             got = got.transpose(1, 2)  # the peer's leaf is q stored as (B, T, H, D)
-        assert _rel(got, want) < TOL, name
+        assert _rel(got, want) < tol, name
