@@ -176,7 +176,8 @@ ADAPTERS: dict[str, Adapter] = {
         call=lambda f, a: f.apply(a[0], a[1], a[2], a[3], None, a[4], 0.0, a[5], a[6])[0],
         grads={"x": 0, "weight": 1, "bias": 3},
         fused_grad=True,
-        supports=lambda c: "Liger-Kernel defers this gradient to its backward only for reduction='none'" if c[6] == "none" else None,
+        # reduction='none' makes Liger defer the gradient to its backward: not the fused path timed here
+        supports=lambda c: "reduction='none' is not set up as a Liger-Kernel peer" if c[6] == "none" else None,
     ),
 }
 
