@@ -5,11 +5,13 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check   # GPU tests, host profile, full conformance, config sweeps
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, hal bench with compile, sweeps
-#   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # hal bench with torch.compile peers (BENCH_OPS=a,b to pick)
+#   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels, host times, step profiles
 #
-# Wheels the image lacks (stevedore) travel in .whl/ (carry it). Each step has its own time limit so
-# that the call ends inside the tool's 10 minutes with whatever finished.
+# Wheels the image lacks travel in .whl/ (carry it): stevedore, and Liger-Kernel for the bench's
+# "liger" peers (pip download --no-deps --only-binary=:all: -d .whl stevedore liger-kernel==0.8.5).
+# Each step has its own time limit so that the call ends inside the tool's 10 minutes with whatever
+# finished. bench mode leaves in $OUT: bench.json, bench.md, bench.png (the roofline) and run.tgz.
 set -uo pipefail
 mode="${1:-check}"
 out=/tmp/hal-run  # packed into $OUT/run.tgz at the end (the tool returns at most 8 files)
@@ -19,6 +21,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e backends/cpu_ref -e backends/cuda >"$out/pip.log" 2>&1 || { tail "$out/pip.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
+python3 -c "import liger_kernel, importlib.metadata as m; print('Liger-Kernel', m.version('liger-kernel'))" 2>&1 | tail -1
 python3 -m hal info > "$out/hal-info.txt" 2>&1; head -30 "$out/hal-info.txt"
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $out/NAME.log
   local name=$1 limit=$2; shift 2
@@ -56,8 +59,26 @@ case "$mode" in
     step overhead 40 python3 benchmarks/dispatch_overhead.py --repeat 5 --number 2000 --device cuda
     step profile 100 python3 benchmarks/profile_steps.py "$out/profile" "${PROFILE_MODELS:-resnet50_train,llama_train}"
     ;;
-  bench)  # hal bench with the torch.compile peers (bench.json is rewritten after every case)
-    step bench "${BENCH_LIMIT:-540}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
+  bench)  # Liger's peers checked against float64 first, then hal bench (bench.json rewritten after
+    # every case), then the table and the roofline drawn again from bench.json: a bench cut short by
+    # its limit still leaves its table and picture
+    step liger-check "${CHECK_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rs tests/bench/test_liger_device.py
+    step bench "${BENCH_LIMIT:-420}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
+    step render 60 python3 -m hal bench --render "$out/bench/bench.json" --out "$out/bench"
+    for f in bench.json bench.md bench.png; do [ -f "$out/bench/$f" ] && cp "$out/bench/$f" "$OUT/"; done
+    python3 - "$out/bench/bench.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["results"]
+print(f"== {len(rows)} cases in {doc.get('wall_s', 0):.0f} s; the slowest (wall seconds: setup, compilation, timing):")
+for r in sorted(rows, key=lambda r: -r.get("wall_s", 0))[:10]:
+    print(f"  {r.get('wall_s', 0):6.1f}  {r['op']}: {r['case']}")
+for r in rows:
+    for t in r.get("targets", []):
+        if t["target"] == "best_peer":
+            shown = "n/a" if t["value"] is None else f"{t['value']:.2f}x"
+            print(f"  best_peer {r['op']}: {r['case']}: {shown} ({'met' if t['met'] else t.get('reason') or 'missed'})")
+PY
     ;;
   *) echo "unknown mode $mode (check, verify, final, bench, explore)"; exit 2 ;;
 esac

@@ -24,13 +24,26 @@ def _pct(v: Optional[float]) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
 def _peer(rec: dict[str, Any], name: str) -> str:
     p = rec.get("peers", {}).get(name)
     if p is None:
         return "-"
+    if "skipped" in p:
+        return _cell(p["skipped"])
     if "error" in p:
         return "error"
-    return f"{_us(p['us'])} ({_x(p['ratio'])})"
+    return f"{_us(p['us'])} ({_x(p['ratio'])})" + (" †" if p.get("per_run") else "")
+
+
+def _others(rec: dict[str, Any]) -> str:
+    peers = rec.get("peers", {})
+    cells = [f"{k[5:]}{': ' if 'skipped' in p else ' '}{_peer(rec, k)}" for k, p in peers.items() if k.startswith("peer:")]
+    cells += [f"{name}: published, not measured here (below)" for name in dict.fromkeys(p["peer"] for p in rec.get("published", []))]
+    return "; ".join(cells) or "-"
 
 
 def to_markdown(doc: dict[str, Any]) -> str:
@@ -42,12 +55,15 @@ def to_markdown(doc: dict[str, Any]) -> str:
         "",
         f"- date {doc.get('date')}, commit `{doc.get('commit')}`" + (" (working tree dirty)" if doc.get("dirty") else ""),
         f"- hal {doc.get('hal_version')}, torch {doc.get('torch')}, triton {doc.get('triton')}, python {doc.get('python')}",
-        f"- measured ceilings: copy {_rate(ceil.get('copy_bytes_per_s', 0), 'B/s')} (bytes read + written), "
-        f"{ceil.get('matmul_dtype')} matmul {_rate(ceil.get('matmul_flops_per_s', 0), 'FLOP/s')} "
+        f"- measured ceilings: copy {si_rate(ceil.get('copy_bytes_per_s', 0), 'B/s')} (bytes read + written), "
+        f"{ceil.get('matmul_dtype')} matmul {si_rate(ceil.get('matmul_flops_per_s', 0), 'FLOP/s')} "
         f"({'x'.join(map(str, ceil.get('matmul_shape', [])))})",
-        f"- torch.compile: {doc.get('compile', {}).get('mode') if doc.get('compile', {}).get('enabled') else 'not run'}",
+        f"- torch.compile: {doc.get('compile', {}).get('mode') if doc.get('compile', {}).get('enabled') else 'not run'}; "
+        f"Liger-Kernel {doc.get('liger') or 'not installed'}" + (f"; the run took {doc['wall_s']:.0f} s" if doc.get("wall_s") is not None else ""),
         "",
-        "Times: on the GPU the median over 5 batches of back-to-back runs timed with CUDA events (host clock on the CPU); ratios are peer time / hal time.",
+        "Times: on the GPU the median over 5 batches of back-to-back runs timed with CUDA events (host clock on the CPU); ratios are peer time / hal time. "
+        "† the median of single runs, each timed with events after its overwritten inputs were restored (outside the timing). "
+        "Training rows (train fwd+bwd) time forward and backward through autograd per run in every column.",
         "",
         "| op | case | dtype | kernel | hal | eager | torch.compile | other peers | % copy BW | % matmul rate |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -56,20 +72,27 @@ def to_markdown(doc: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"| {r['op']} | {r['case']} | {r['dtype']} | {r.get('kernel', '-')} | error: {r['error']} | | | | | |")
             continue
-        others = "; ".join(f"{k[5:]} {_peer(r, k)}" for k in r.get("peers", {}) if k.startswith("peer:")) or "-"
+        others = _others(r)
         lines.append(
             f"| {r['op']} | {r['case']} | {r['dtype']} | {r.get('kernel', '-')} | {_us(r.get('hal_us'))} | {_peer(r, 'eager')} | "
             f"{_peer(r, 'compile')} | {others} | {_pct(r.get('bw_fraction'))} | {_pct(r.get('rate_fraction'))} |"
         )
     targets = [(r, t) for r in doc.get("results", []) for t in r.get("targets", [])]
     if targets:
-        lines += ["", "## Targets (issue 5)", "", "| op | case | target | goal | measured | |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += ["", "## Targets (issues 5 and 13)", "", "| op | case | target | goal | measured | |", "| --- | --- | --- | --- | --- | --- |"]
         for r, t in targets:
             value = t["value"]
             shown = _pct(value) if t["target"] in ("bw", "rate") else _x(value)
             goal = _pct(t["goal"]) if t["target"] in ("bw", "rate") else f"≥ {t['goal']:.2f}×"
-            verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "**missed**")
+            verdict = (f"n/a ({_cell(t['reason'])})" if t.get("reason") else "n/a") if t["met"] is None else ("met" if t["met"] else "**missed**")
             lines.append(f"| {r['op']} | {r['case']} | {t['target']} | {goal} | {shown} | {verdict} |")
+    notes = [(r, p) for r in doc.get("results", []) for p in r.get("published", [])]
+    if notes:
+        lines += ["", "## Published figures (published, not measured here)", "",
+                  "Peers that cannot run in this run, with the figures their authors publish for the same op; never judged as targets.", "",
+                  "| op | case | peer | published figure | measured on | source |", "| --- | --- | --- | --- | --- | --- |"]
+        for r, p in notes:
+            lines.append(f"| {r['op']} | {r['case']} | {p['peer']} | {p['figure'] or 'no published figure found'} | {_cell(p['setting'])} | {p['source']} |")
     d = doc.get("dispatch_overhead")
     if d and "error" not in d:
         lines += ["", f"Dispatch overhead ({d['kernel']}, host time per call): hal.ops {d['hal_call_us']:.2f} µs, "
@@ -78,7 +101,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rate(per_s: float, unit: str) -> str:
+def si_rate(per_s: float, unit: str) -> str:
     """A rate with a prefix that keeps three significant digits (GB/s on a CPU, TB/s on a GPU)."""
     for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
         if per_s >= scale:

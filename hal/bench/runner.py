@@ -1,14 +1,17 @@
 """Running benchmark cases: each case's hal call, its peers, ratios, fractions of the ceilings, and
-the issue's targets judged met or missed. One case failing (out of memory, a peer that does not
-exist on this torch) is recorded and the run goes on."""
+the issues' targets judged met or missed. One case failing (out of memory, a peer that does not
+exist on this torch) is recorded and the run goes on; a peer that cannot run here is recorded with
+its reason. Each record keeps the wall time its case took (setup, compilation, timing)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import os
 import platform
 import subprocess
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -17,8 +20,9 @@ import torch
 
 import hal
 
-from . import ceilings
+from . import ceilings, liger
 from .cases import Case, all_cases
+from .peer import Peer, as_peer
 from .timing import Timer, host_overhead_us
 
 
@@ -40,7 +44,30 @@ def _ratio(peer_us: Optional[float], hal_us: Optional[float]) -> Optional[float]
 
 def run_case(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any], compile_mode: Optional[str], use_compile: bool) -> dict[str, Any]:
     """One result record: times in microseconds, ratios peer/hal (> 1 means hal is faster)."""
+    t0 = time.perf_counter()
+    rec = _measure(case, device, timer, ceil, compile_mode, use_compile)
+    rec["wall_s"] = round(time.perf_counter() - t0, 2)
+    return rec
+
+
+def _time_peer(timer: Timer, peer: Peer, hal_us: float) -> dict[str, Any]:
+    if peer.run is None:
+        return {"skipped": peer.reason}
+    out: dict[str, Any] = {"detail": peer.detail} if peer.detail else {}
+    try:
+        us = timer(peer.run, before=peer.restore)["median_us"]
+    except Exception as exc:  # noqa: BLE001
+        return out | {"error": _error(exc)}
+    out |= {"us": us, "ratio": _ratio(us, hal_us)}
+    if peer.restore is not None:
+        out["per_run"] = True  # timed run by run, its inputs restored before each (outside the timing)
+    return out
+
+
+def _measure(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any], compile_mode: Optional[str], use_compile: bool) -> dict[str, Any]:
     rec: dict[str, Any] = {"op": case.op, "case": case.name, "dtype": case.dtype, "bytes": case.bytes, "flops": case.flops}
+    if case.published:
+        rec["published"] = [dataclasses.asdict(p) for p in case.published]
     try:
         setup = case.setup(device)
     except Exception as exc:  # noqa: BLE001 - a case that cannot be built is reported, not fatal
@@ -65,15 +92,11 @@ def run_case(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any
             rec["compile_mode"] = mode
         except Exception as exc:  # noqa: BLE001
             peers["compile"] = {"error": _error(exc)}
-    columns += [(f"peer:{name}", fn) for name, fn in setup.peers.items()]
     for name, fn in columns:
-        if fn is None:
-            continue
-        try:
-            us = timer(fn)["median_us"]
-            peers[name] = {"us": us, "ratio": _ratio(us, hal_us)}
-        except Exception as exc:  # noqa: BLE001
-            peers[name] = {"error": _error(exc)}
+        if fn is not None:
+            peers[name] = _time_peer(timer, Peer(run=fn), hal_us)
+    for name, p in setup.peers.items():
+        peers[f"peer:{name}"] = _time_peer(timer, as_peer(p), hal_us)
     rec["peers"] = peers
     if case.bytes and ceil.get("copy_bytes_per_s"):
         rec["bw_fraction"] = case.bytes / (hal_us * 1e-6) / ceil["copy_bytes_per_s"]
@@ -85,20 +108,26 @@ def run_case(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any
 
 
 def judge(targets: dict[str, float], rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target as {"target", "goal", "value", "met"} (value None when it could not be measured)."""
+    """Each target as {"target", "goal", "value", "met"} (value None when it could not be measured,
+    with the "reason" of the peers that did not run where a peer target has none)."""
     out = []
     peers = rec.get("peers", {})
     for name, goal in targets.items():
+        named = [(k, p) for k, p in peers.items() if k.startswith("peer:")] if name == "best_peer" else [(name, peers.get(name, {}))]
         if name == "bw":
             value = rec.get("bw_fraction")
         elif name == "rate":
             value = rec.get("rate_fraction")
         elif name == "best_peer":
-            times = [p["us"] for k, p in peers.items() if k.startswith("peer:") and "us" in p]
+            times = [p["us"] for _, p in named if "us" in p]
             value = _ratio(min(times), rec.get("hal_us")) if times else None
         else:  # "eager", "compile", "peer:<name>"
             value = peers.get(name, {}).get("ratio")
-        out.append({"target": name, "goal": goal, "value": value, "met": None if value is None else value >= goal})
+        t: dict[str, Any] = {"target": name, "goal": goal, "value": value, "met": None if value is None else value >= goal}
+        reasons = [f"{k.removeprefix('peer:')}: {p.get('skipped') or p.get('error')}" for k, p in named if "skipped" in p or "error" in p]
+        if value is None and name not in ("bw", "rate"):
+            t["reason"] = "; ".join(reasons) or "no peer measured"
+        out.append(t)
     return out
 
 
@@ -162,6 +191,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton_version,
         "python": platform.python_version(),
+        "liger": liger.version(),
         "device": dev,
     }
 
@@ -184,6 +214,7 @@ def run(
     doc["ceilings"] = ceilings.measure(device, timer)
     _free(device)
     doc["compile"] = {"enabled": use_compile, "mode": compile_mode or "per case (default, or max-autotune-no-cudagraphs for the convolutions)"}
+    started = time.perf_counter()
     wanted = set(ops) if ops else None
     results: list[dict[str, Any]] = []
     doc["results"] = results
@@ -193,6 +224,7 @@ def run(
         progress(f"{case.op}: {case.name}")
         results.append(run_case(case, device, timer, doc["ceilings"], compile_mode, use_compile))
         _free(device)
+        doc["wall_s"] = round(time.perf_counter() - started, 1)
         on_case(doc)
     if not wanted or "dispatch" in wanted or "scale_shift_act" in wanted:
         try:

@@ -1,7 +1,11 @@
 """Timing a callable: on a GPU, CUDA events around a batch of back-to-back runs (the steady state of
 a model, where the host enqueues ahead of the device: host overhead shows only where it exceeds the
 device time), L2 flushed before each batch; the host clock on the CPU. The median over several
-batches, after a warm-up that also absorbs compilation and autotuning."""
+batches, after a warm-up that also absorbs compilation and autotuning.
+
+A callable that overwrites its own inputs comes with a ``before`` callable that puts them back: then
+each run is timed on its own (events around the run; ``before`` and the L2 flush are enqueued ahead
+of it, outside the timed region, so the device does not wait on the host between runs)."""
 
 from __future__ import annotations
 
@@ -48,11 +52,35 @@ class Timer:
         fn()
         return (time.perf_counter() - t0) * 1e6
 
-    def __call__(self, fn: Callable[[], Any], warmup: int = 2) -> dict[str, float]:
-        """{"median_us", "min_us", "reps"} of ``fn()``."""
+    def _each_gpu(self, fn: Callable[[], Any], before: Callable[[], Any], n: int) -> list[float]:
+        """Microseconds of each of n runs, ``before()`` and the flush ahead of each, untimed."""
+        assert self._flush is not None
+        events = []
+        for _ in range(n):
+            before()
+            self._flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            events.append((start, end))
+        events[-1][1].synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in events]
+
+    def _each_cpu(self, fn: Callable[[], Any], before: Callable[[], Any]) -> float:
+        before()
+        return self._once_cpu(fn)
+
+    def __call__(self, fn: Callable[[], Any], warmup: int = 2, before: Optional[Callable[[], Any]] = None) -> dict[str, float]:
+        """{"median_us", "min_us", "reps"} of ``fn()``; with ``before``, each run timed on its own
+        after ``before()`` (untimed)."""
         for _ in range(warmup):
+            if before is not None:
+                before()
             fn()
         self._sync()
+        if before is not None:
+            return self._timed_each(fn, before)
         if self.device.type == "cuda":
             first = self._batch_gpu(fn, 1)
             per_batch = int(max(1, min(50, self.budget_s / 5 * 1e6 / max(first, 1.0))))
@@ -61,6 +89,18 @@ class Timer:
         first = self._once_cpu(fn)
         reps = int(max(self.min_reps, min(self.max_reps, self.budget_s * 1e6 / max(first, 1.0))))
         times = [first] + [self._once_cpu(fn) for _ in range(reps - 1)]
+        return {"median_us": statistics.median(times), "min_us": min(times), "reps": len(times)}
+
+
+    def _timed_each(self, fn: Callable[[], Any], before: Callable[[], Any]) -> dict[str, float]:
+        if self.device.type == "cuda":
+            first = self._each_gpu(fn, before, 1)[0]
+            reps = int(max(self.min_reps, min(50, self.budget_s * 1e6 / max(first, 1.0))))
+            times = self._each_gpu(fn, before, reps)
+        else:
+            first = self._each_cpu(fn, before)
+            reps = int(max(self.min_reps, min(self.max_reps, self.budget_s * 1e6 / max(first, 1.0))))
+            times = [first] + [self._each_cpu(fn, before) for _ in range(reps - 1)]
         return {"median_us": statistics.median(times), "min_us": min(times), "reps": len(times)}
 
 

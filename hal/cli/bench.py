@@ -3,18 +3,24 @@
     hal bench                       # every op on the best device (cuda if usable, else cpu)
     hal bench --ops layer_norm,softmax --json
     hal bench --backend cpu_ref     # CPU inputs, small sizes, a few seconds
+    hal bench --out DIR             # also bench.json, bench.md and the roofline bench.png in DIR
+    hal bench --render DIR/bench.json --out DIR   # table and picture again from a saved document
     hal bench --collectives --world-size 2 --device cuda
     hal bench --models                          # whole models (hal.bench.models), every peer
     hal bench --models llama_train,moe_fwd_bwd --model-size cpu --out DIR
 
 On a GPU the inputs are the sizes of issue 5's performance table and the report includes the
-fraction of the measured copy bandwidth and matrix rate, and each target met or missed.
+fraction of the measured copy bandwidth and matrix rate, each target met or missed, the named
+peers (Liger-Kernel where installed, with the reason where it cannot run) and published figures of
+peers that cannot run here (quack-kernels). The roofline picture (hal.bench.roofline) needs
+matplotlib.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -31,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", metavar="a,b", type=_csv, help="ops to time (a forward op also selects its backward); 'dispatch' for the dispatch overhead alone")
     parser.add_argument("--backend", metavar="NAME", help="backend to time (its device decides the inputs' device; default: cuda if usable, else the CPU)")
     parser.add_argument("--json", action="store_true", help="print the result document as JSON instead of a table")
-    parser.add_argument("--out", metavar="DIR", type=Path, help="also write bench.json and bench.md into DIR")
+    parser.add_argument("--out", metavar="DIR", type=Path, help="also write bench.json, bench.md and bench.png (the roofline, with matplotlib) into DIR")
+    parser.add_argument("--plot", metavar="PATH", type=Path, help="write the roofline picture (PNG) to PATH (needs matplotlib)")
+    parser.add_argument("--render", metavar="JSON", type=Path, help="measure nothing: render a saved bench.json (the table; with --out/--plot the files)")
     compile_group = parser.add_mutually_exclusive_group()
     compile_group.add_argument("--compile", dest="use_compile", action="store_true", default=None, help="include torch.compile (default on a GPU)")
     compile_group.add_argument("--no-compile", dest="use_compile", action="store_false", help="leave torch.compile out (default on the CPU)")
@@ -76,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
         return run_models(args)
     from hal.bench import report, runner
 
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # checked before a long run, not after it
+        print("hal bench --plot: the roofline picture needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return 2
+    if args.render:
+        return _render(args)
     device = _device(args.backend)
     progress = (lambda s: print(f"hal bench: {s}", file=sys.stderr, flush=True))
     backend = args.backend or ("cuda" if device.type == "cuda" else "auto")
@@ -91,9 +104,45 @@ def run(args: argparse.Namespace) -> int:
         doc = runner.run(device, args.ops, args.use_compile, args.compile_mode, progress, on_case=save)
     doc["backend"] = backend
     save(doc)
+    _pictures(doc, args)
     print(report.to_json(doc) if args.json else report.to_markdown(doc))
     errors = [r for r in doc["results"] if "error" in r]
     return 1 if errors else 0
+
+
+def _pictures(doc: dict, args: argparse.Namespace) -> None:
+    """The roofline: to --plot PATH, and to DIR/bench.png with --out (skipped, said, without matplotlib)."""
+    from hal.bench import roofline
+
+    paths = [p for p in (args.plot, args.out / "bench.png" if args.out else None) if p]
+    for path in paths:
+        try:
+            roofline.plot(doc, path)
+        except RuntimeError as exc:  # matplotlib missing: the table stands without its picture
+            print(f"hal bench: no roofline picture: {exc}", file=sys.stderr)
+            return
+        print(f"hal bench: roofline written to {path}", file=sys.stderr)
+
+
+def _render(args: argparse.Namespace) -> int:
+    """``--render JSON``: the Markdown table (and with --out / --plot the files) of a saved document."""
+    import json
+
+    from hal.bench import report
+
+    try:
+        doc = json.loads(args.render.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"hal bench --render: cannot read {args.render}: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        if args.out.resolve() != args.render.resolve().parent:
+            (args.out / "bench.json").write_text(report.to_json(doc) + "\n")
+        (args.out / "bench.md").write_text(report.to_markdown(doc))
+    _pictures(doc, args)
+    print(report.to_json(doc) if args.json else report.to_markdown(doc))
+    return 0
 
 
 def run_models(args: argparse.Namespace) -> int:
