@@ -5,18 +5,29 @@ here, and which kernel runs which call per architecture, from the plugin's own c
 The calls are checked as the dispatcher checks them, with Inputs built by hand (test_selection.py:
 CPU tensors stand in for device tensors, the architecture is the one a ROCm device reports). One
 more stand-in, said where it is used: an available runtime (a ROCm device with hiprtc), to show
-where the C++ kernels would then run. No kernel runs here.
+where the C++ kernels would then run. No kernel runs on an AMD device here; the last test runs the
+code of "miopen_cpp" (hal.cpp.register's fused kernels) on CPU threads with 64-lane wavefronts.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hal_backend_cpu_ref import plugin as cpu_ref
 from test_selection import NOT_TUNED, _inputs, _kernels, _t, chosen
 
+import hal
+import hal.cpp
+from hal.cpp.host import HostRuntime
+from hal.cpp.register import Convolution
+from hal.eager import eager
+from hal.plugin import Plugin
 from hal_backend_rocm.cpp_kernels import RUNTIME
+from tests.cpp.test_emulated import call, randn
+from tests.cuda._support import assert_close, fresh_seed, reference
 
 CPP_OPS = {"batch_norm": "cpp", "batch_norm_backward": "cpp", "layer_norm_backward": "cpp", "rms_norm_backward": "cpp",
            "fused_adamw_": "cpp", "fused_conv_bn_relu": "miopen_cpp", "fused_conv_bn_relu_backward": "miopen_cpp"}
@@ -132,3 +143,48 @@ def test_other_architectures_never_get_the_cpp_kernels(request: pytest.FixtureRe
     args, kwargs = _calls(torch.float64)["fused_adamw_"]
     assert chosen("fused_adamw_", "gfx1100", *args, **kwargs)[0] == "torch"
 
+
+
+#: float64: the reference's precision, so no ReLU mask can flip near zero (conformance's kink band does that for the others)
+FUSED_DTYPE = torch.float64
+
+
+@pytest.fixture(scope="module")
+def host_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The kit's code-object cache of the CPU-thread modules, shared by the cases (one compile)."""
+    return tmp_path_factory.mktemp("cpp-host")
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_the_fused_kernels_code_on_cpu_threads(install_plugins, host_cache: Path, monkeypatch: pytest.MonkeyPatch, training: bool) -> None:
+    """What "miopen_cpp" runs (the fused kernels of hal.cpp.register, shared with CUDA's "cudnn_cpp"):
+    the convolution without its bias, the C++ batch norm + ReLU with the bias folded in, the
+    backward's exact zero convolution-bias gradient in training. Run by the dispatcher on CPU threads
+    with 64-lane wavefronts (hal.cpp.host), torch's CPU convolution standing in for MIOpen's, against
+    cpu_ref in float64, outputs poisoned first."""
+    monkeypatch.setenv("HAL_CPP_CACHE_DIR", str(host_cache))
+    host = Plugin(name="cpp_fused_w64", version="0", summary="hal/cpp's fused kernels on CPU threads (test)")
+    host.define_backend(priority=cpu_ref.backend.priority + 10, device_types=("cpu",))
+    hal.cpp.register(host, HostRuntime(warp_size=64, multiprocessors=4), convolution=Convolution("torch", eager("conv2d"), eager("conv2d_backward")))
+    install_plugins([cpu_ref, host])
+    gen = torch.Generator().manual_seed(fresh_seed())
+    x = randn(gen, 2, 8, 6, 7, dtype=FUSED_DTYPE).contiguous(memory_format=torch.channels_last)
+    w = randn(gen, 16, 8, 3, 3, dtype=FUSED_DTYPE, scale=0.2).contiguous(memory_format=torch.channels_last)
+    cb, bw, bb, rm = (randn(gen, 16, dtype=FUSED_DTYPE) for _ in range(4))
+    rv = (torch.rand(16, generator=gen) + 0.5).to(FUSED_DTYPE)
+    tail = (1, 1, 1, 1, 1e-4)  # stride, padding, dilation, groups, eps
+    args = (x, w, cb, bw, bb, rm, rv, *tail, 0.2, training)
+    assert hal.explain("fused_conv_bn_relu", *args).kernel == "torch_cpp"
+    want, copies = reference("fused_conv_bn_relu", *args)
+    y = call("fused_conv_bn_relu", hal.ops.fused_conv_bn_relu, args)
+    assert_close("fused_conv_bn_relu", y, want, args)
+    for name, got, ref in (("running_mean", rm, copies[5]), ("running_var", rv, copies[6])):
+        assert_close("fused_conv_bn_relu", got, ref, args, what=name)
+    g = randn(gen, *y.shape, dtype=FUSED_DTYPE).contiguous(memory_format=torch.channels_last)
+    bargs = (g, x, w, cb, bw, bb, rm, rv, *tail, training)
+    grads = call("fused_conv_bn_relu_backward", hal.ops.fused_conv_bn_relu_backward, bargs)
+    wants, _ = reference("fused_conv_bn_relu_backward", *bargs)
+    for what, got, ref in zip(("grad_x", "grad_conv_weight", "grad_conv_bias", "grad_bn_weight", "grad_bn_bias"), grads, wants):
+        assert_close("fused_conv_bn_relu_backward", got, ref, bargs, what=what)
+    if training:
+        assert torch.equal(grads[2], torch.zeros_like(grads[2]))
