@@ -1,13 +1,15 @@
 """Register the hal/cpp kernels (named "cpp") onto a plugin, given a runtime.
 
 A GPU plugin calls :func:`register` once at import with its runtime object (which imports nothing
-heavy until a kernel runs). Each kernel rejects, with the runtime's reason, when the runtime cannot
-run here (CuPy missing, no compiler), so the dispatcher falls back, counted, to the plugin's other
-kernels.
+heavy until a kernel runs) and, for fused_conv_bn_relu, its vendor library's convolution
+(:class:`Convolution`: cuDNN, MIOpen). Each kernel rejects, with the runtime's reason, when the
+runtime cannot run here (CuPy or hip-python missing, no compiler, no device), so the dispatcher
+falls back, counted, to the plugin's other kernels.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import torch
@@ -30,6 +32,21 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+@dataclasses.dataclass(frozen=True)
+class Convolution:
+    """A vendor library's convolution, which the fused conv + batch norm + ReLU kernels build on.
+
+    ``name`` names the kernels ("cudnn" gives "cudnn_cpp"); ``forward(x, weight, bias, stride,
+    padding, dilation, groups)`` takes canonical arguments (padding as (top, bottom, left, right));
+    ``grads(grad_out, x, weight, stride, padding, dilation, groups)`` returns (grad_x, grad_weight,
+    grad_bias). Both keep hal's IEEE float32.
+    """
+
+    name: str
+    forward: Callable[..., torch.Tensor]
+    grads: Callable[..., tuple]
+
+
 def runtime_check(runtime: Runtime) -> Callable[[Inputs], list[str]]:
     """A kernel check: the runtime's reason when it cannot run kernels here."""
 
@@ -46,12 +63,13 @@ def _unit_stride(inputs: Inputs, names: tuple[str, ...]) -> list[str]:
 
 
 def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None, priority: int = 15,
-             **kernel_options: Any) -> Kit:
+             convolution: Optional[Convolution] = None, **kernel_options: Any) -> Kit:
     """Register the C++ kernels of batch_norm, batch_norm_backward, layer_norm_backward,
-    rms_norm_backward and fused_adamw_ as kernel "cpp"
-    of ``backend`` (default: the plugin's own) with ``priority``; ``kernel_options`` go to
-    :meth:`Plugin.kernel` (the architecture predicate, for one). Returns the kit (its compiled
-    modules and scratch buffers) the kernels launch through."""
+    rms_norm_backward and fused_adamw_ as kernel "cpp" of ``backend`` (default: the plugin's own)
+    with ``priority``, and with a ``convolution`` those of fused_conv_bn_relu and its backward as
+    "<convolution.name>_cpp" (the library's convolution, then the C++ batch norm + ReLU);
+    ``kernel_options`` go to :meth:`Plugin.kernel` (the architecture predicate, for one). Returns
+    the kit (its compiled modules and scratch buffers) the kernels launch through."""
     kit = Kit(runtime)
     available = runtime_check(runtime)
 
@@ -63,8 +81,8 @@ def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None,
 
         return check
 
-    def kernel(op: str, check, dtypes=FLOATS):
-        return plugin.kernel(op, name="cpp", backend=backend, priority=priority, dtypes=dtypes, check=check, **kernel_options)
+    def kernel(op: str, check, dtypes=FLOATS, name: str = "cpp"):
+        return plugin.kernel(op, name=name, backend=backend, priority=priority, dtypes=dtypes, check=check, **kernel_options)
 
     @kernel("batch_norm", bn_check("running_mean", "running_var", "weight", "bias"))
     def batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
@@ -105,4 +123,34 @@ def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None,
                           eps=eps, weight_decay=weight_decay, step=step, inv_scale=inv_scale, found_inf=found_inf)
         return None
 
+    if convolution is not None:
+        _register_fused(kernel, kit, available, convolution)
     return kit
+
+
+def _register_fused(kernel: Callable[..., Callable], kit: Kit, available: Callable[[Inputs], list[str]],
+                    convolution: Convolution) -> None:
+    """fused_conv_bn_relu and its backward: ``convolution`` without its bias (it cancels in the
+    normalisation and is folded into the running mean), then the C++ batch norm with the ReLU."""
+    conv, conv_grads, name = convolution.forward, convolution.grads, f"{convolution.name}_cpp"
+
+    def check(inputs: Inputs) -> list[str]:
+        return available(inputs) + _unit_stride(inputs, ("running_mean", "running_var", "bn_weight", "bn_bias", "conv_bias"))
+
+    @kernel("fused_conv_bn_relu", check, name=name)
+    def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups,
+                           eps, momentum, training):
+        y = conv(x, conv_weight, None, stride, padding, dilation, groups)
+        return bn.batch_norm_forward(kit, y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, True, conv_bias=conv_bias)
+
+    @kernel("fused_conv_bn_relu_backward", check, name=name)
+    def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,
+                                    dilation, groups, eps, training):
+        y = conv(x, conv_weight, None, stride, padding, dilation, groups)
+        dtypes = (bn.grad_dtype(bn_weight, x), bn.grad_dtype(bn_bias, x))
+        dy, g_gamma, g_beta = bn.batch_norm_backward(kit, grad_out, y, bn_weight, bn_bias, running_mean, running_var, training, eps, True,
+                                                     dtypes, conv_bias=conv_bias)
+        gx, gw, gb = conv_grads(dy, x, conv_weight, stride, padding, dilation, groups)
+        if training:  # the batch mean absorbs the convolution bias: its gradient is exactly zero
+            gb = torch.zeros_like(gb)
+        return gx, gw, gb, g_gamma, g_beta
