@@ -4,7 +4,7 @@
 #
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check   # GPU tests, host profile, full conformance, config sweeps
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
-#   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, hal bench with compile, sweeps
+#   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, the whole-model table
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels, host times, step profiles
 #
@@ -45,11 +45,11 @@ case "$mode" in
     OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     step bench "${BENCH_LIMIT:-240}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
     ;;
-  final)  # the committed results: GPU tests, full conformance, hal bench with compile peers, sweeps
-    step gpu-tests 60 python3 -m pytest -q -p no:cacheprovider tests/cuda/device
-    OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
-    step bench "${BENCH_LIMIT:-380}" python3 -m hal bench --out "$out/bench"
-    step probe 40 python3 benchmarks/probe_configs.py "$out/probe.json" --quick-norms
+  final)  # the committed results: GPU tests, full conformance, the whole-model table (hal bench --models)
+    step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
+    OMP_NUM_THREADS=2 step conformance 150 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
+    step models "${MODELS_LIMIT:-300}" python3 -m hal bench --models ${MODELS:-} --no-max-autotune --out "$out/models"
+    for f in conformance/report.md conformance/report.json models/models.json models/models.md; do [ -f "$out/$f" ] && cp "$out/$f" "$OUT/$(dirname $f)-$(basename $f)"; done
     ;;
   explore)  # what to fix next: GPU tests, conformance, the C++ kernels on the device, where model steps spend time
     step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
