@@ -32,7 +32,8 @@ from tests.cuda._support import assert_close, fresh_seed, reference
 CPP_OPS = {"batch_norm": "cpp", "batch_norm_backward": "cpp", "layer_norm_backward": "cpp", "rms_norm_backward": "cpp",
            "fused_adamw_": "cpp", "fused_conv_bn_relu": "miopen_cpp", "fused_conv_bn_relu_backward": "miopen_cpp"}
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
-NON_CONTIGUOUS = "params holds non-contiguous tensors (the multi-tensor kernel addresses flat runs)"
+LAYOUTS_DIFFER = ("params, grads, exp_avgs, exp_avg_sqs, master_params hold tensors with gaps or overlaps, or differing in "
+                  "memory layout at one index (the multi-tensor kernel walks each as one run of memory)")
 
 
 def _cpp(op: str):
@@ -120,9 +121,9 @@ def test_with_a_device_the_cpp_kernels_come_next_after_triton(device_stand_in: N
 def test_with_a_device_the_cpp_kernels_turn_down_what_they_cannot_address(device_stand_in: None, arch: str) -> None:
     _, kwargs = _calls(torch.float64)["fused_adamw_"]
     params = [_t(6, 8, dtype=torch.float64).t(), _t(33, dtype=torch.float64)]
-    grads, m, v = ([torch.randn(p.shape, dtype=p.dtype) for p in params] for _ in range(3))  # contiguous
+    grads, m, v = ([torch.randn(p.shape, dtype=p.dtype) for p in params] for _ in range(3))  # contiguous: not params' layout
     name, passed = chosen("fused_adamw_", arch, params, grads, m, [t.abs() for t in v], **kwargs)
-    assert name == "torch" and passed["cpp"] == [NON_CONTIGUOUS]
+    assert name == "torch" and passed["cpp"] == [LAYOUTS_DIFFER]
     wide = _t(4, 8192)
     inputs = _inputs("layer_norm_backward", arch, torch.randn_like(wide), wide, (8192,), _vec(8192, torch.bfloat16))
     assert _cpp("layer_norm_backward").not_supported_reasons(inputs) == [

@@ -77,12 +77,14 @@ def test_load_state_dict_and_optimizer_step_invalidate(rng: np.random.Generator)
         other.weight.uniform_(-2, 2)
     bn.load_state_dict(other.state_dict())
     got, want = both()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # folded (w * gamma / sqrt(var)) against unfolded float32 rounds differently by ~1e-5 once the
+    # weights grow; a stale cache would be off by O(1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     opt = torch.optim.SGD(conv.parameters(), lr=0.5)
     conv(x).square().sum().backward()
     opt.step()
     got, want = both()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_numpy_parameters_are_folded_on_every_call(rng: np.random.Generator) -> None:

@@ -135,7 +135,13 @@ def test_training_step_with_hal_adamw_captures_and_replays() -> None:
     _graph_replays_match_eager("resnet", lambda m: hal.optim.AdamW(m.parameters(), lr=1e-2))
 
 
-@pytest.mark.parametrize("name", ["resnet", "llama"])
+@pytest.mark.parametrize("name", [
+    pytest.param("resnet", marks=pytest.mark.xfail(strict=True, reason=(
+        "open bug, measured on the H200 on 2026-12-01 (commit fb35c8b): from the second step under "
+        "cudagraph trees the gradient of the first downsample convolution differs from eager's (805 of "
+        "1024 elements, up to 10x relative) while the loss agrees to 1e-4; the first step matches"))),
+    "llama",
+])
 def test_reduce_overhead_compile_matches_eager(name: str) -> None:
     """torch.compile(mode="reduce-overhead") of the hal model (CUDA graphs through Inductor's
     cudagraph trees), eager optimizer: at every step the loss and the gradients eager computes from
