@@ -39,6 +39,8 @@ class BackendRecord:
     reason: Optional[str]
     devices: tuple[DeviceInfo, ...]
     load_error: Optional[str]
+    #: what works only in part on a usable backend (an optional library missing ...)
+    notes: tuple[str, ...] = ()
 
 
 def backends() -> list[BackendRecord]:
@@ -65,9 +67,18 @@ def backends() -> list[BackendRecord]:
                 reason=state.reason,
                 devices=tuple(state.devices),
                 load_error=None,
+                notes=_notes(state) if state.available else (),
             )
         )
     return sorted(out, key=lambda r: (-(r.priority if r.priority is not None else -1), r.name))
+
+
+def _notes(state: Any) -> tuple[str, ...]:
+    """A backend's notes; a notes function that fails is itself a note (hal info must not fail)."""
+    try:
+        return tuple(str(n) for n in state.info.notes())
+    except Exception as exc:  # noqa: BLE001 - a plugin's bug, reported where the user looks
+        return (f"its notes could not be read ({type(exc).__name__}: {exc})",)
 
 
 _LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance"}

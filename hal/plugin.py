@@ -126,6 +126,9 @@ class BackendInfo:
     arch: Optional[Callable[[Any], Optional[str]]] = None
     #: the array type its kernels take by default: "numpy" or "torch".
     array_api: str = "torch"
+    #: sentences about a usable backend working in part (an optional library missing, say), shown
+    #: by ``hal info``; asked only when someone looks (it may import that library).
+    notes: Callable[[], list[str]] = list
 
 
 class Plugin:
@@ -148,8 +151,10 @@ class Plugin:
         devices: Callable[[], list[DeviceInfo]] = list,
         arch: Optional[Callable[[Any], Optional[str]]] = None,
         array_api: str = "torch",
+        notes: Callable[[], list[str]] = list,
     ) -> BackendInfo:
-        """Define the backend named after this plugin."""
+        """Define the backend named after this plugin. ``notes`` returns what works only in part
+        (``hal info`` prints it under the backend): e.g. an optional library missing."""
         if array_api not in ("numpy", "torch"):
             raise PluginError(f"plugin {self.name}: array_api must be 'numpy' or 'torch', not {array_api!r}")
         self.backend = BackendInfo(
@@ -161,6 +166,7 @@ class Plugin:
             list_devices=devices,
             arch=arch,
             array_api=array_api,
+            notes=notes,
         )
         return self.backend
 

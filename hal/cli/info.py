@@ -98,6 +98,8 @@ def _text(info: dict[str, Any]) -> str:
         for d in b["devices"]:
             mem = f", {d['memory_bytes'] / 2**30:.0f} GiB" if d.get("memory_bytes") else ""
             lines.append(f"             [{d['index']}] {d['name']} ({d['vendor']}, {d['arch']}{mem})")
+        for note in b.get("notes", ()):
+            lines.append(f"             note: {note}")
     cov = info["coverage"]
     names = [b["name"] for b in info["backends"] if b["priority"] is not None]
     lines += ["", "coverage (kernel names / composite / missing):"]

@@ -26,7 +26,16 @@ plugin = Plugin(name="cpu", version=__version__, summary="CPU: torch's oneDNN/MK
 
 from ._device import devices  # noqa: E402
 
-plugin.define_backend(priority=50, device_types=("cpu",), devices=devices, array_api="torch")
+from ._numba import unavailable_reason as _numba_reason  # noqa: E402
+
+
+def _notes() -> list[str]:
+    """Without a working numba the backend serves everything through torch's kernels; say so."""
+    reason = _numba_reason()
+    return [] if reason is None else [f"numba kernels off: {reason} (torch's kernels run those ops)"]
+
+
+plugin.define_backend(priority=50, device_types=("cpu",), devices=devices, array_api="torch", notes=_notes)
 
 # Importing the families registers their kernels on `plugin`.
 from . import attention, conv, elementwise, gemm, loss, mixed_precision, norm, quant, transformer  # noqa: E402,F401

@@ -101,3 +101,18 @@ def test_without_a_working_numba_the_torch_kernels_serve(tmp_path: Path, mode: s
     first, second = r.stdout.splitlines()[:2]
     assert first == "cpu torch"
     assert second.startswith(reason), second
+
+
+@pytest.mark.parametrize("mode", ["missing", "broken", ""])
+def test_hal_info_says_when_the_numba_kernels_are_off(tmp_path: Path, mode: str) -> None:
+    """``hal info`` keeps the backend available and adds a note with numba's reason (none when it works)."""
+    r = _run("import sys\nfrom hal.cli import main\nsys.exit(main(['info']))", tmp_path, block=mode)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("  cpu ") and "priority 50" in line)
+    assert lines[row].endswith("available")
+    notes = [line.strip() for line in lines[row + 1 : row + 4] if line.strip().startswith("note:")]
+    if mode:
+        assert len(notes) == 1 and "numba kernels off: numba" in notes[0] and "torch's kernels run those ops" in notes[0], notes
+    else:
+        assert notes == []
