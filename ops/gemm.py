@@ -169,7 +169,17 @@ def _empty_matmul(a: Mapping[str, Any]) -> Any:
     return e.zeros(a["a"], matmul_shape("matmul", a["a"], a["b"]))
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="matmul", reduction=lambda a: max(int(s) for s in a["grad_out"].shape) if a["grad_out"].ndim else 1)
+def _matmul_backward_k(a: Mapping[str, Any]) -> int:
+    """Terms summed into one element of grad_a or grad_b, the larger: numel(grad_out) * K / numel(x)
+    for x = a (N products, times the batch entries a was broadcast over) and x = b (M, times b's)."""
+    g = a["grad_out"]
+    widest = max((int(s) for s in g.shape), default=1)
+    k = int(a["a"].shape[-1]) if a["a"].ndim else 1
+    summed = [c.numel(g) * k // c.numel(x) for x in (a["a"], a["b"]) if c.numel(x)]
+    return max([1, widest, *summed])
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="matmul", reduction=_matmul_backward_k)
 def matmul_backward(grad_out: Tensor, a: Tensor, b: Tensor) -> tuple:
     """Gradients of matmul: (grad_a, grad_b), broadcast batch dimensions summed back to each shape."""
 
