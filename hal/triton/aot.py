@@ -186,17 +186,19 @@ def _transformer() -> Iterator[Spec]:
         yield _spec("transformer", "rotary_kernel", "bf16, fp32 tables" + (", interleaved" if interleaved else ""),
                     x_ptr="*bf16", c_ptr="*fp32", s_ptr="*fp32", y_ptr="*bf16", **_ints("R", "T", "B", "HALF"), **strides,
                     sxd=1, syd=1, scd=1, ssd=1, INTERLEAVED=interleaved, NEGATE_SIN=interleaved, BLOCK_R=16, BLOCK_H=64, COMPUTE=F32)
-    yield _spec("transformer", "swiglu_kernel", "bf16", g_ptr="*bf16", u_ptr="*bf16", y_ptr="*bf16", n="i32", BLOCK=4096, COMPUTE=F32)
-    yield _spec("transformer", "swiglu_bwd_kernel", "fp16", go_ptr="*fp16", g_ptr="*fp16", u_ptr="*fp16", dg_ptr="*fp16",
-                du_ptr="*fp16", n="i32", BLOCK=1024, COMPUTE=F32)
+    yield _spec("transformer", "swiglu_kernel", "bf16", div16=("n",), g_ptr="*bf16", u_ptr="*bf16", y_ptr="*bf16", n="i32",
+                BLOCK=4096, COMPUTE=F32)
+    yield _spec("transformer", "swiglu_bwd_kernel", "fp16", div16=("n",), go_ptr="*fp16", g_ptr="*fp16", u_ptr="*fp16",
+                dg_ptr="*fp16", du_ptr="*fp16", n="i32", BLOCK=1024, COMPUTE=F32)
 
 
 def _loss() -> Iterator[Spec]:
-    yield _spec("loss", "ce_forward_kernel", "fp32 logits, i64 targets", z_ptr="*fp32", t_ptr="*i64", loss_ptr="*fp32",
-                **_ints("N", "C", "stride", "ignore_index"), eps="fp32", BLOCK_C=4096, COMPUTE=F32)
+    yield _spec("loss", "ce_forward_kernel", "fp32 logits, i64 targets", div16=("C", "stride"), z_ptr="*fp32", t_ptr="*i64",
+                loss_ptr="*fp32", **_ints("N", "C", "stride", "ignore_index"), eps="fp64", BLOCK_C=4096, COMPUTE=F32)
     for mode in (0, 2):
-        yield _spec("loss", "ce_backward_kernel", f"bf16 grads, mode {mode}", z_ptr="*fp32", t_ptr="*i32", go_ptr="*fp32",
-                    count_ptr="*fp32", dz_ptr="*bf16", **_ints("N", "C", "z_stride", "g_stride", "ignore_index"), eps="fp32",
+        yield _spec("loss", "ce_backward_kernel", f"bf16 grads, mode {mode}", div16=("C", "z_stride", "g_stride"), z_ptr="*fp32",
+                    t_ptr="*i32", go_ptr="*fp32", count_ptr="*fp32", dz_ptr="*bf16",
+                    **_ints("N", "C", "z_stride", "g_stride", "ignore_index"), eps="fp64",
                     MODE=mode, BLOCK_C=4096, COMPUTE=F32)
 
 
