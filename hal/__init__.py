@@ -11,8 +11,9 @@ entry-point group ``hal.backends`` on first use; importing hal loads none of the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hal.config import configure_logging
 from hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, PluginError, UnsupportedError
@@ -39,8 +40,22 @@ class BackendRecord:
     reason: Optional[str]
     devices: tuple[DeviceInfo, ...]
     load_error: Optional[str]
-    #: what works only in part on a usable backend (an optional library missing ...)
-    notes: tuple[str, ...] = ()
+    _read_notes: Callable[[], tuple[str, ...]] = dataclasses.field(default=tuple, repr=False, compare=False)
+
+    @functools.cached_property
+    def notes(self) -> tuple[str, ...]:
+        """What works only in part on a usable backend (an optional library missing ...).
+
+        Read on first access, not by ``hal.backends()``: a plugin finds out by importing its
+        optional libraries, which listing the backends must not do."""
+        return self._read_notes()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready data, notes included (``hal info --json``)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.name.startswith("_")}
+        out["devices"] = [dataclasses.asdict(d) for d in self.devices]
+        out["notes"] = list(self.notes)
+        return out
 
 
 def backends() -> list[BackendRecord]:
@@ -67,7 +82,7 @@ def backends() -> list[BackendRecord]:
                 reason=state.reason,
                 devices=tuple(state.devices),
                 load_error=None,
-                notes=_notes(state) if state.available else (),
+                _read_notes=functools.partial(_notes, state) if state.available else tuple,
             )
         )
     return sorted(out, key=lambda r: (-(r.priority if r.priority is not None else -1), r.name))

@@ -11,7 +11,7 @@ from hal.types import ScalarOrTensor, Tensor
 from . import _checks as c
 from . import _empty as e
 from ._fake import like, number_grad
-from ._tolerances import ELEMENTWISE, REDUCTION
+from ._tolerances import ACTIVATION, REDUCTION
 
 #: activations of scale_shift_act and linear: names as in PyTorch (gelu_tanh = gelu(approximate="tanh")).
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
@@ -32,7 +32,7 @@ def check_affine(op: str, x, scale, shift, act) -> dict[str, float]:
     return canon
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, backward="scale_shift_act_backward", gradients=("x", "scale", "shift"))
+@declare(dtypes=FLOAT_DTYPES, tolerances=ACTIVATION, backward="scale_shift_act_backward", gradients=("x", "scale", "shift"))
 def scale_shift_act(x: Tensor, scale: ScalarOrTensor = 1.0, shift: ScalarOrTensor = 0.0, act: str = "relu") -> Tensor:
     """``act(x * scale + shift)``: scale and shift are numbers or arrays broadcastable to x.
 

@@ -72,7 +72,7 @@ def collect() -> dict[str, Any]:
     return {
         "versions": _versions(),
         "plugins": plugins,
-        "backends": [dataclasses.asdict(b) for b in hal.backends()],
+        "backends": [b.as_dict() for b in hal.backends()],
         "coverage": coverage(),
     }
 
