@@ -7,6 +7,12 @@ backward needs is read off the declarations (:mod:`hal.gradients`). Saved tensor
 ``ctx.save_for_backward``, so an in-place change of one between forward and backward raises as it
 does in torch; a second derivative raises too (backward ops have no autograd formula).
 
+Each trainable op gets its own Function class, generated from its declaration like the op's entry
+function (:func:`hal.dispatch.make_entry`): the forward saves exactly what the backward op takes and
+the backward calls it positionally, with no per-call loops over a generic description. In a
+profile or ``y.grad_fn`` the node is ``Hal<Op>Backward``. Its source is registered with
+``linecache``, so tracebacks show it.
+
 Why not ``torch.ops.hal.<op>`` with its registered autograd here as well: that path crosses torch's
 dispatcher three times in Python (custom op, autograd wrapper, kernel) and cost 40-50 µs per call
 on the host; one Function costs about what torch's own autograd node costs. Under torch.compile the
@@ -15,6 +21,7 @@ on the host; one Function costs about what torch's own autograd node costs. Unde
 
 from __future__ import annotations
 
+import linecache
 from typing import Any, Callable
 
 import torch
@@ -22,71 +29,143 @@ from torch.autograd.function import once_differentiable
 
 from hal import dispatch
 from hal.gradients import OUT, gradients_of
-from hal.registry import OpDecl
+from hal.registry import Kind, OpDecl
+
+#: parameter kinds whose value is always a tensor: saved without a type test.
+_ALWAYS_TENSOR = (Kind.TENSOR,)
+#: kinds that may be None or a tensor: saved as they are (save_for_backward takes None).
+_TENSOR_OR_NONE = (Kind.OPTIONAL_TENSOR,)
 
 
-class _Saver:
-    """What the autograd node of one op keeps, precomputed from its declaration: for each value the
-    backward op takes after grad_out, where it comes from (an argument slot or the result)."""
+def _node_source(decl: OpDecl) -> str:
+    """Source of the ``forward`` and ``_backward`` of ``decl``'s autograd node.
 
-    __slots__ = ("spec", "sources", "written", "when", "grad_slots", "n_args", "backward")
+    Forward arguments are the op's canonical arguments ``a0, a1, ...`` after the kernel runner.
+    Each value the backward op takes is saved as a tensor (``save_for_backward``: version-checked)
+    or kept as a plain value; a number-or-tensor parameter is decided per call. A parameter the
+    forward writes reaches the backward as None (when ``mutates_when`` holds), an unbatched input
+    gets a batch dimension of one (with grad_out) and its gradient loses it again.
+    """
+    spec = gradients_of(decl)
+    n = len(decl.params)
+    args = ", ".join(f"a{i}" for i in range(n))
+    when = f"a{decl.index(decl.mutates_when)}" if decl.mutates_when else "True"
+    fwd = [f"def forward(ctx, run, {args}):", f"    out = run({args})"]
+    tensors, values = [], []  # expressions saved with save_for_backward / kept as plain values
+    unpack, keep = [], []  # the names the backward gives them
+    per_call = []  # needs decided per call (a number or a tensor): tensor part s{j}, number part k{j}
+    for j, name in enumerate(spec.needs):
+        if name == OUT:
+            tensors.append("out")
+            unpack.append(f"v{j}")
+            continue
+        i = decl.index(name)
+        expr = f"(None if {when} else a{i})" if name in decl.mutates else f"a{i}"
+        kind = decl.params[i].kind
+        if kind in _ALWAYS_TENSOR or kind in _TENSOR_OR_NONE:
+            tensors.append(expr)
+            unpack.append(f"v{j}")
+        elif kind is Kind.STATIC:
+            values.append(expr)
+            keep.append(f"v{j}")
+        else:
+            fwd.append(f"    s{j}, k{j} = ({expr}, None) if isinstance({expr}, _Tensor) else (None, {expr})")
+            tensors.append(f"s{j}")
+            unpack.append(f"s{j}")
+            values.append(f"k{j}")
+            keep.append(f"k{j}")
+            per_call.append(j)
+    fwd.append(f"    ctx.save_for_backward({', '.join(tensors)})")
+    # which gradient slots received a tensor (a gradient for a number or None must come back None)
+    checked = [(s, decl.index(s)) for s in decl.gradients if decl.params[decl.index(s)].kind not in _ALWAYS_TENSOR]
+    flags = "".join(f"isinstance(a{i}, _Tensor), " for _, i in checked)
+    fwd += [f"    ctx.hal = ({''.join(v + ', ' for v in values)}), ({flags})", "    return out", ""]
 
-    def __init__(self, decl: OpDecl) -> None:
-        self.spec = gradients_of(decl)
-        self.sources = tuple(-1 if n == OUT else decl.index(n) for n in self.spec.needs)
-        self.written = tuple(decl.index(n) for n in decl.mutates)
-        self.when = decl.index(decl.mutates_when) if decl.mutates_when else None
-        self.grad_slots = tuple(decl.index(n) for n in decl.gradients)
-        self.n_args = len(decl.params)
-        self.backward = self.spec.bwd.entry
+    bwd = ["def _backward(ctx, grad_out):"]
+    if unpack:
+        bwd.append(f"    {''.join(u + ', ' for u in unpack)}= ctx.saved_tensors")
+    bwd.append(f"    ({''.join(k + ', ' for k in keep)}), given = ctx.hal")
+    for j in per_call:
+        bwd.append(f"    v{j} = k{j} if s{j} is None else s{j}")
+    batched = False
+    if decl.unbatched is not None and decl.unbatched[0] in spec.needs:
+        name, rank = decl.unbatched
+        j = spec.needs.index(name)
+        bwd += [
+            f"    batched = v{j} is not None and v{j}.ndim == {rank}",
+            "    if batched:",
+            f"        v{j}, grad_out = v{j}[None], grad_out[None]",
+        ]
+        batched = True
+    call = ", ".join(["grad_out"] + [f"v{j}" for j in range(len(spec.needs))])
+    bwd.append(f"    {'g0' if decl.single_gradient else 'r'} = _bwd({call})")
+    grads = {}
+    for g, slot in enumerate(decl.gradients):
+        expr = "g0" if decl.single_gradient else f"r[{g}]"
+        if batched and slot == decl.unbatched[0]:  # type: ignore[index]
+            bwd.append(f"    d{g} = {expr}[0] if batched and {expr} is not None else {expr}")
+            expr = f"d{g}"
+        flag = [k for k, (s, _) in enumerate(checked) if s == slot]
+        grads[decl.index(slot)] = f"({expr} if given[{flag[0]}] else None)" if flag else expr
+    ret = ", ".join(["None"] + [grads.get(i, "None") for i in range(n)])
+    bwd += [f"    return ({ret},)", ""]
+    return "\n".join(fwd + bwd)
 
 
-_SAVERS: dict[int, _Saver] = {}
+def _node_class(decl: OpDecl) -> type:
+    """Build the autograd Function of one trainable op from its declaration."""
+    spec = gradients_of(decl)
+    src = _node_source(decl)
+    filename = f"<hal.autograd.{decl.name}>"
+    namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_bwd": spec.bwd.entry}
+    exec(compile(src, filename, "exec"), namespace)
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    body = namespace["_backward"]
+    second_order = once_differentiable(body)  # create_graph=True: results that raise if differentiated
+    grad_enabled = torch.is_grad_enabled
 
-
-def _saver(decl: OpDecl) -> _Saver:
-    s = _SAVERS.get(id(decl))
-    if s is None or s.spec.decl is not decl:
-        s = _SAVERS[id(decl)] = _Saver(decl)
-    return s
-
-
-class HalNode(torch.autograd.Function):
-    """One hal op call in the autograd graph: ``apply(saver, run, *canonical_args)``."""
-
-    @staticmethod
-    def forward(ctx: Any, saver: _Saver, run: Callable[..., Any], *args: Any) -> Any:
-        out = run(*args)
-        skip = saver.written if (saver.written and (saver.when is None or args[saver.when])) else ()
-        values = [out if i < 0 else (None if i in skip else args[i]) for i in saver.sources]
-        tensors, where = [], []
-        for j, v in enumerate(values):
-            if isinstance(v, torch.Tensor):
-                where.append(j)
-                tensors.append(v)
-        ctx.save_for_backward(*tensors)
-        ctx.hal = (saver, values, where, [isinstance(args[i], torch.Tensor) for i in saver.grad_slots])
-        return out
-
-    @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
-        saver, values, where, given = ctx.hal
-        values = list(values)
-        for j, t in zip(where, ctx.saved_tensors):
-            values[j] = t
-        bargs, batched = saver.spec.call(grad_out, values)
-        grads = saver.spec.results(saver.backward(*bargs), batched)
-        out: list[Any] = [None] * (2 + saver.n_args)
-        for slot, name, ok in zip(saver.grad_slots, saver.spec.decl.gradients, given):
-            if ok:
-                out[2 + slot] = grads.get(name)
-        return tuple(out)
+        return second_order(ctx, grad_out) if grad_enabled() else body(ctx, grad_out)
+
+    camel = "".join(part.capitalize() for part in decl.name.split("_"))
+    cls = type(
+        f"Hal{camel}",
+        (torch.autograd.Function,),
+        {
+            "forward": staticmethod(namespace["forward"]),
+            "backward": staticmethod(backward),
+            "__doc__": f"The autograd node of hal.ops.{decl.name} (generated from its declaration).",
+            "__module__": __name__,
+            "__hal_source__": src,
+        },
+    )
+    return cls
 
 
-def autograd_call(decl: OpDecl, run: Callable[..., Any], args: tuple) -> Any:
-    """The dispatcher's autograd route: ``run`` (the chosen kernel) inside one :class:`HalNode`."""
-    return HalNode.apply(_saver(decl), run, *args)
+_NODES: dict[int, tuple[OpDecl, type]] = {}
+#: ``Function.apply`` below its Python wrapper: that wrapper checks for functorch transforms and
+#: unwraps functorch tensors whose transform has exited (2.3 µs a call on the CI CPU, a third of an
+#: autograd call's host time). Without an active transform the check is done here; a dead wrapper
+#: (a tensor leaked out of ``vmap``) is the one case not unwrapped.
+_C_APPLY = torch._C._FunctionBase.__dict__["apply"]
+_transforms_active = torch._C._are_functorch_transforms_active
 
 
-dispatch.HOOKS.autograd = autograd_call
+def autograd_runner(decl: OpDecl, run: Callable[..., Any]) -> Callable[..., Any]:
+    """The dispatcher's autograd route for one plan: a function of the canonical arguments that runs
+    ``run`` (the chosen kernel's runner) as the forward of ``decl``'s autograd node."""
+    hit = _NODES.get(id(decl))
+    if hit is None or hit[0] is not decl:
+        hit = _NODES[id(decl)] = (decl, _node_class(decl))
+    cls = hit[1]
+    fast, slow = _C_APPLY.__get__(None, cls), cls.apply
+
+    def apply(*args: Any) -> Any:
+        if _transforms_active():  # under vmap/grad: torch's own path (which says what it needs)
+            return slow(run, *args)
+        return fast(run, *args)
+
+    return apply
+
+
+dispatch.HOOKS.autograd = autograd_runner

@@ -69,10 +69,9 @@ class Hooks:
     """What the torch integration plugs into the route (set by :mod:`hal.autograd` and
     :mod:`hal.torch_library` when ``import hal`` loads them)."""
 
-    #: ``autograd(decl, run, canonical_args) -> result``: run the kernel runner ``run`` (called with
-    #: the canonical arguments) as the forward of an autograd node whose backward runs the op's
-    #: backward op.
-    autograd: Optional[Callable[[OpDecl, Callable[..., Any], tuple], Any]] = None
+    #: ``autograd(decl, run) -> apply``, where ``apply(*canonical_args) -> result`` runs the kernel
+    #: runner ``run`` as the forward of an autograd node whose backward runs the op's backward op.
+    autograd: Optional[Callable[[OpDecl, Callable[..., Any]], Callable[..., Any]]] = None
     #: ``traced(decl, args) -> result``: the call under torch.compile (a ``torch.ops.hal`` node).
     traced: Optional[Callable[[OpDecl, tuple], Any]] = None
 
@@ -761,34 +760,26 @@ class Dispatcher:
             fn = _validating(decl, fn)
         if unbatched is not None:
             fn = _rebatching(fn, unbatched)
+        count = count_call if count_fallback is None else _both(count_call, count_fallback)
+        run = fn
         if decision.route == "autograd":
             autograd = HOOKS.autograd
             if autograd is None:
                 raise RuntimeError("hal's torch integration is not loaded (import hal, not hal.dispatch alone)")
+            run = autograd(decl, fn)
+        if not checks:
+            return count, _canonical(decl.name, run, subs, ())
 
-            def forward(*canon: Any) -> Any:
-                count_call()
-                if count_fallback is not None:
-                    count_fallback()
-                return fn(*canon)
-
-            canon = _canonical(decl.name, lambda *a: a, subs, checks)
-            return _NO_COUNT, lambda *args: autograd(decl, forward, canon(*args))
-        if count_fallback is None and not checks:
-            return count_call, _canonical(decl.name, fn, subs, ())
-
-        def run_general(*args: Any) -> Any:
+        def run_checked(*args: Any) -> Any:
             a = list(args)
             for i, v in subs:
                 a[i] = v
             for i, name, check in checks:
                 a[i] = check(decl.name, name, a[i])
-            count_call()
-            if count_fallback is not None:
-                count_fallback()
-            return fn(*a)
+            count()  # after the checks: a call they refuse ran no kernel
+            return run(*a)
 
-        return _NO_COUNT, run_general
+        return _NO_COUNT, run_checked
 
     def _warn_fallback(self, decl: OpDecl, decision: Decision) -> None:
         key = (decl.name, decision.backend or "", decision.kernel or "")
@@ -881,6 +872,16 @@ def _original_batch(decl: OpDecl, inputs: Inputs, args: tuple) -> tuple:
 
 def _detached(args: Sequence[Any]) -> tuple:
     return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _both(first: Callable[[], Any], second: Callable[[], Any]) -> Callable[[], None]:
+    """One counting call that counts twice (a call and its fallback)."""
+
+    def count() -> None:
+        first()
+        second()
+
+    return count
 
 
 def _canonical(op: str, fn: Callable[..., Any], subs: list[tuple[int, Any]], checks: Sequence[tuple[int, str, Any]]) -> Callable[..., Any]:

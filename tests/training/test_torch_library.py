@@ -160,7 +160,7 @@ def test_eager_calls_never_cross_torch_ops_hal(seed: int) -> None:
         y = hal.ops.linear(x, w, None, "none")
         y.sum().backward()
     assert not [op for op in rec.ops if op.startswith("hal.")], rec.ops
-    assert type(y.grad_fn).__name__ == "HalNodeBackward" and w.grad is not None
+    assert type(y.grad_fn).__name__ == "HalLinearBackward" and w.grad is not None
 
 
 def test_training_decomposition_of_linear_with_activation(seed: int) -> None:
