@@ -98,6 +98,9 @@ def _node_source(decl: OpDecl) -> str:
         ]
         batched = True
     call = ", ".join(["grad_out"] + [f"v{j}" for j in range(len(spec.needs))])
+    if spec.masked:  # only the gradients autograd asks for (inputs of the node: run, a0, a1, ...)
+        bwd.append("    needed = ctx.needs_input_grad")
+        call += ", (" + "".join(f"needed[{1 + decl.index(s)}], " for s in decl.gradients) + ")"
     bwd.append(f"    {'g0' if decl.single_gradient else 'r'} = _bwd({call})")
     grads = {}
     for g, slot in enumerate(decl.gradients):

@@ -856,7 +856,9 @@ class Dispatcher:
         named = decl.bind(_original_batch(decl, inputs, args))
         out = fake_results(decl, tuple(named.values()), inputs.array_type)
         grad_out = out[0] if isinstance(out, tuple) else out
-        bargs, _ = spec.call(grad_out, spec.saved(named, out))
+        asked = [named[n] for n in decl.gradients]  # the gradients autograd would ask the node for
+        mask = tuple(isinstance(v, torch.Tensor) and v.requires_grad for v in asked)
+        bargs, _ = spec.call(grad_out, spec.saved(named, out), mask)
         with torch.no_grad():
             return self.explain(spec.bwd, _detached(bargs))
 

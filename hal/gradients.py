@@ -6,6 +6,10 @@ The backward op of ``op`` takes ``grad_out`` followed by parameters named like t
 module: the eager autograd node (:mod:`hal.autograd`), the ``torch.ops.hal`` autograd formula used
 under torch.compile (:mod:`hal.torch_library`), and ``hal.explain`` (the backward's decision).
 
+A backward op may end with a parameter ``output_mask``: a tuple of bools, one per gradient in the
+order of ``gradients``, saying which to compute (the others come back None). The eager autograd
+node passes which forward inputs need a gradient; callers that leave it out get every gradient.
+
 Two rules come from the declarations and not from op names:
 
 - a parameter the forward writes (``mutates`` when ``mutates_when`` holds: batch norm's running
@@ -21,6 +25,8 @@ from typing import Any, Mapping, Optional, Sequence
 from hal.registry import OPS, OpDecl, get_op
 
 OUT = "out"
+#: the optional last parameter of a backward op: which gradients to compute.
+MASK = "output_mask"
 
 
 class Gradients:
@@ -31,8 +37,10 @@ class Gradients:
             raise ValueError(f"op {decl.name} is not trainable")
         self.decl = decl
         self.bwd = get_op(decl.backward)
+        #: whether the backward op takes an output mask (its last parameter, see the module doc).
+        self.masked = self.bwd.param_names[-1:] == (MASK,)
         #: forward parameter names (or ``out``) the backward op takes after grad_out, in its order.
-        self.needs = tuple(p.name for p in self.bwd.params if p.name != "grad_out")
+        self.needs = tuple(p.name for p in self.bwd.params if p.name not in ("grad_out", MASK))
         unknown = [n for n in self.needs if n != OUT and n not in decl.param_names]
         if unknown or self.bwd.param_names[:1] != ("grad_out",):
             raise TypeError(
@@ -46,8 +54,10 @@ class Gradients:
         written = set(self.decl.mutates) if self.decl.writes(named) else set()
         return [out if n == OUT else (None if n in written else named[n]) for n in self.needs]
 
-    def call(self, grad_out: Any, saved: Sequence[Any]) -> tuple[tuple, bool]:
-        """The backward op's positional arguments, and whether an unbatched input was batched."""
+    def call(self, grad_out: Any, saved: Sequence[Any], mask: Optional[Sequence[bool]] = None) -> tuple[tuple, bool]:
+        """The backward op's positional arguments, and whether an unbatched input was batched.
+        ``mask``: which gradients are asked for (default every one), for a backward op that takes
+        an output mask."""
         values = list(saved)
         batched = False
         if self.unbatched is not None:
@@ -56,6 +66,8 @@ class Gradients:
                 i = self.needs.index(name)
                 if values[i] is not None and values[i].ndim == rank:
                     values[i], grad_out, batched = values[i][None], grad_out[None], True
+        if self.masked:
+            values.append(tuple(mask) if mask is not None else (True,) * len(self.decl.gradients))
         return (grad_out, *values), batched
 
     def results(self, results: Any, batched: bool) -> dict[str, Any]:

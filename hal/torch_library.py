@@ -22,7 +22,9 @@ How a hal signature becomes a torch schema (each parameter keeps its name):
 - static options: ``int``, ``float``, ``bool``, ``str`` (``?`` when optional); an int-or-pair
   (``IntPair``) travels as ``int[]`` (an int v as ``[v, v]``), a shape as ``int[]`` (an int v as
   ``[v]``), a conv padding as ``int[] padding, str? padding_mode`` ("same"/"valid" in the mode).
-  These forms are equivalent for the op's checker, which runs on the decoded values.
+  These forms are equivalent for the op's checker, which runs on the decoded values;
+- a backward op's ``output_mask`` takes no slot: the operator computes every gradient (its schema
+  returns tensors, never None), so a mask given under torch.compile is not honoured.
 
 Trainable ops that mutate (batch norm's running statistics, written when ``mutates_when`` holds)
 cannot carry an autograd formula themselves (torch requires functional operators for that), so each
@@ -55,7 +57,7 @@ except ImportError:  # pragma: no cover - depends on the torch version
     from torch.fx.experimental.symbolic_shapes import hint_int as optimization_hint
 
 from hal import dispatch
-from hal.gradients import OUT, gradients_of
+from hal.gradients import MASK, OUT, gradients_of
 from hal.registry import OPS, OpDecl, Param, on_declare
 from hal.types import IntPair, Kind, Padding, ShapeLike
 
@@ -70,7 +72,7 @@ class Codec:
     """How one hal parameter travels through a torch schema: its slots and the two conversions."""
 
     param: Param
-    form: str  # "array", "number_or_array", "plain", "pair", "shape", "padding"
+    form: str  # "array", "number_or_array", "plain", "pair", "shape", "padding", "mask"
     slots: tuple[str, ...]  # schema text of each slot ("Tensor? scale", "Scalar? scale_number")
 
     @property
@@ -82,6 +84,8 @@ class Codec:
         form = self.form
         if form == "array" or form == "plain":
             out.append(value)
+        elif form == "mask":
+            pass
         elif form == "number_or_array":
             if isinstance(value, torch.Tensor) or value is None:
                 out.append(value)
@@ -110,6 +114,8 @@ class Codec:
             return slots[0] if slots[0] is not None else slots[1]
         if form == "padding" and slots[1] is not None:
             return slots[1]
+        if form == "mask":
+            return self.param.default
         return tuple(slots[0])
 
 
@@ -127,6 +133,8 @@ _SHAPED_STATIC = {IntPair: "pair", ShapeLike: "shape", Padding: "padding"}
 
 def _codec(decl: OpDecl, p: Param, alias: Optional[str]) -> Codec:
     mut = f"({alias}!)" if alias else ""
+    if p.name == MASK:  # no slot: every gradient is computed (the schema returns tensors, not None)
+        return Codec(p, "mask", ())
     k = p.kind
     if k is Kind.TENSOR:
         return Codec(p, "array", (f"Tensor{mut} {p.name}",))

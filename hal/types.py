@@ -41,6 +41,8 @@ OptionalScalarOrTensor = Annotated[Optional[Union[float, ArrayLike]], Kind.OPTIO
 IntPair = Union[int, Tuple[int, int]]
 #: ``F.conv2d`` padding: an int, a pair, or the strings "same" / "valid".
 Padding = Union[int, Tuple[int, int], str]
+#: Which gradients a backward op computes (its optional last parameter ``output_mask``).
+OutputMask = Tuple[bool, ...]
 #: A shape: an int or a sequence of ints.
 ShapeLike = Union[int, Sequence[int]]
 

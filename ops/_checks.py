@@ -196,6 +196,13 @@ def boolean(op: str, name: str, v: Any) -> bool:
     return bool(v)
 
 
+def bool_tuple(op: str, name: str, v: Any, n: int) -> tuple[bool, ...]:
+    """A sequence of ``n`` bools (an output mask), as a tuple of Python bools."""
+    if not isinstance(v, (tuple, list)) or len(v) != n or not all(isinstance(b, (bool, np.bool_)) for b in v):
+        raise fail(op, name, f"a tuple of {n} bools", v)
+    return tuple(bool(b) for b in v)
+
+
 def choice(op: str, name: str, v: Any, options: Sequence[str]) -> str:
     if not isinstance(v, str) or v not in options:
         raise fail(op, name, f"one of {', '.join(repr(o) for o in options)}", v)

@@ -40,6 +40,11 @@ def zeros(like: Any, shape: Sequence[int], dtype: Optional[str] = None) -> Any:
     return full(like, shape, 0.0, dtype)
 
 
+def masked(values: tuple, mask: Sequence[bool]) -> tuple:
+    """``values`` with None where ``mask`` is False (gradients a backward op was not asked for)."""
+    return tuple(v if m else None for v, m in zip(values, mask))
+
+
 def zeros_like(a: Any) -> Any:
     return zeros(a, a.shape)
 

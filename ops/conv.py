@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from hal.arrays import FLOAT_DTYPES, dtype_name
 from hal.registry import declare
-from hal.types import IntPair, OptionalTensor, Padding, Tensor
+from hal.types import IntPair, OptionalTensor, OutputMask, Padding, Tensor
 
 from . import _checks as c
 from . import _empty as e
@@ -195,32 +195,37 @@ def conv2d_backward(
     padding: Padding = 0,
     dilation: IntPair = 1,
     groups: int = 1,
+    output_mask: OutputMask = (True, True, True),
 ) -> TensorTuple:
     """Gradients of conv2d: returns (grad_x, grad_weight, grad_bias) for batched (N, C, H, W) x.
 
-    grad_bias is the sum of grad_out over (N, H, W), returned whether or not the forward had a bias.
+    grad_bias is the sum of grad_out over (N, H, W), whether or not the forward had a bias.
+    ``output_mask`` says which of the three to compute; the others come back None (the autograd
+    node passes which of x, weight and bias need a gradient: a network's input image, a
+    convolution without bias).
     """
 
 
 @conv2d_backward.checker
-def _check_conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
+def _check_conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups, output_mask):
     op = "conv2d_backward"
+    mask = c.bool_tuple(op, "output_mask", output_mask, 3)
     c.rank(op, "x", x, (4,), "(N, C, H, W)")
     geo = conv_geometry(op, x, weight, "x", "weight", stride, padding, dilation, groups)
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, geo.pop("out_shape"), "(the forward output's shape)")
-    return geo
+    return {**geo, "output_mask": mask}
 
 
 @conv2d_backward.fake
 def _fake_conv2d_backward(a):
-    return like(a["x"]), like(a["weight"]), like(a["x"], (a["weight"].shape[0],))
+    return e.masked((like(a["x"]), like(a["weight"]), like(a["x"], (a["weight"].shape[0],))), a["output_mask"])
 
 
 def _empty_conv2d_backward(a: Mapping[str, Any]) -> tuple:
     """Sums over no positions: zero gradients of x, weight and bias (bias of out_channels)."""
     x, w = a["x"], a["weight"]
-    return e.zeros_like(x), e.zeros(x, w.shape), e.zeros(x, (int(w.shape[0]),))
+    return e.masked((e.zeros_like(x), e.zeros(x, w.shape), e.zeros(x, (int(w.shape[0]),))), a["output_mask"])
 
 
 # --- batch_norm -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from hal.arrays import FLOAT_DTYPES, is_array
 from hal.registry import declare
-from hal.types import ScalarOrTensor, Tensor
+from hal.types import OutputMask, ScalarOrTensor, Tensor
 
 from . import _checks as c
 from . import _empty as e
@@ -58,20 +58,30 @@ def _broadcast_reduction(a: Mapping[str, Any]) -> int:
 
 # grad_scale and grad_shift sum over the broadcast dimensions: reduction tolerances.
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="scale_shift_act", reduction=_broadcast_reduction)
-def scale_shift_act_backward(grad_out: Tensor, x: Tensor, scale: ScalarOrTensor = 1.0, shift: ScalarOrTensor = 0.0, act: str = "relu") -> tuple:
+def scale_shift_act_backward(
+    grad_out: Tensor,
+    x: Tensor,
+    scale: ScalarOrTensor = 1.0,
+    shift: ScalarOrTensor = 0.0,
+    act: str = "relu",
+    output_mask: OutputMask = (True, True, True),
+) -> tuple:
     """Gradients of scale_shift_act: (grad_x, grad_scale, grad_shift).
 
     grad_scale and grad_shift have the shape of scale and shift (summed over broadcast dimensions;
-    0-d for Python numbers) and x's dtype.
+    0-d for Python numbers) and x's dtype. ``output_mask`` says which of the three to compute; the
+    others come back None (the autograd node asks for no gradient of a number, so a ReLU or a
+    bias-free activation costs no reduction).
     """
 
 
 @scale_shift_act_backward.checker
-def _check_scale_shift_act_backward(grad_out, x, scale, shift, act):
-    canon = check_affine("scale_shift_act_backward", x, scale, shift, act)
-    c.same_dtype("scale_shift_act_backward", "grad_out", grad_out, "x", x)
-    c.shape_is("scale_shift_act_backward", "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
-    return canon
+def _check_scale_shift_act_backward(grad_out, x, scale, shift, act, output_mask):
+    op = "scale_shift_act_backward"
+    canon = check_affine(op, x, scale, shift, act)
+    c.same_dtype(op, "grad_out", grad_out, "x", x)
+    c.shape_is(op, "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
+    return {**canon, "output_mask": c.bool_tuple(op, "output_mask", output_mask, 3)}
 
 
 @scale_shift_act.fake
@@ -82,13 +92,14 @@ def _fake_scale_shift_act(a):
 @scale_shift_act_backward.fake
 def _fake_scale_shift_act_backward(a):
     x = a["x"]
-    return like(x), number_grad(a["scale"], x), number_grad(a["shift"], x)
+    return e.masked((like(x), number_grad(a["scale"], x), number_grad(a["shift"], x)), a["output_mask"])
 
 
 def _empty_scale_shift_act_backward(a: Mapping[str, Any]) -> tuple:
     """Zero gradients: grad_scale and grad_shift of their parameter's shape (0-d for numbers)."""
     x = a["x"]
-    return (e.zeros_like(x), *(e.zeros(x, a[n].shape if is_array(a[n]) else ()) for n in ("scale", "shift")))
+    grads = (e.zeros_like(x), *(e.zeros(x, a[n].shape if is_array(a[n]) else ()) for n in ("scale", "shift")))
+    return e.masked(grads, a["output_mask"])
 
 
 # zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)

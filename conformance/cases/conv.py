@@ -14,6 +14,8 @@ float64 pre-activation lies within a few roundings of zero (``KINK_BAND``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from typing import Any, Union
 
@@ -109,8 +111,20 @@ def _conv2d_backward(d: Draw, **geo: Any) -> Call:
     return backward_call("conv2d_backward", d, fwd, conv_out_shape(fwd.args))
 
 
+def _conv2d_backward_masked(d: Draw, output_mask: tuple, **geo: Any) -> Call:
+    """Only some gradients asked for (as the autograd node asks): the others must come back None."""
+    call = _conv2d_backward(d, **geo)
+    return dataclasses.replace(call, args={**call.args, "output_mask": output_mask})
+
+
 CONV2D = from_table(GEOMETRIES, conv_args)
-CONV2D_BACKWARD = from_table(GEOMETRIES, _conv2d_backward, backward=True)
+CONV2D_BACKWARD = from_table(GEOMETRIES, _conv2d_backward, backward=True) + [
+    # a network's input image needs no gradient; most convolutions have no bias
+    case("stem_weight_only", _conv2d_backward_masked, quick=True, output_mask=(False, True, False), **GEOMETRIES["batch1_odd_prime"][0]),
+    case("no_bias_gradient", _conv2d_backward_masked, output_mask=(True, True, False), **GEOMETRIES["dilation_stride_asym_pad"][0]),
+    case("input_only", _conv2d_backward_masked, output_mask=(True, False, False), **GEOMETRIES["groups4"][0]),
+    case("nothing_asked", _conv2d_backward_masked, output_mask=(False, False, False), **GEOMETRIES["stride_gt_kernel"][0]),
+]
 
 
 # --- batch_norm -------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ sigmoid, tanh); gelu and silu give NaN there (``-inf * 0``), which no contract f
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Optional
 
 import numpy as np
 
@@ -28,8 +29,9 @@ def ssa_args(
     values: str = "unit",
     specials: bool = False,
 ) -> Call:
-    """``params``: "scalar" (Python numbers), "channel" (shape (C, 1, 1) for dim 1 of 4-D x) or
-    "row" (the last dimension's size, broadcast over rows)."""
+    """``params``: "scalar" (Python numbers), "identity" (scale 1, shift 0: the activation alone),
+    "channel" (shape (C, 1, 1) for dim 1 of 4-D x) or "row" (the last dimension's size, broadcast
+    over rows)."""
     mag = d.magnitude(values)
     raw = mag * d.rng.standard_normal(shape)
     if specials:  # a few NaN and infinities at random places
@@ -40,6 +42,8 @@ def ssa_args(
     x = d.tensor(raw, layout=layout)
     if params == "scalar":
         scale, shift = d.scalar(0.5, 1.5), d.scalar(-0.5, 0.5) * mag
+    elif params == "identity":  # the activation alone (kernels may skip the affine pass)
+        scale, shift = 1.0, 0.0
     elif params == "channel":
         scale, shift = d.uniform(shape[1], 1, 1, low=0.5, high=1.5), d.normal(shape[1], 1, 1, std=0.5 * mag)
     elif params == "row":
@@ -50,9 +54,12 @@ def ssa_args(
     return Call({"x": x, "scale": scale, "shift": shift, "act": act}, scale=1.0 if saturates else mag)
 
 
-def _backward(d: Draw, **kw: Any) -> Call:
+def _backward(d: Draw, output_mask: Optional[tuple] = None, **kw: Any) -> Call:
+    """The backward call; with ``output_mask``, only those gradients asked for (the others must
+    come back None), as the autograd node asks when scale or shift is a number."""
     fwd = ssa_args(d, **kw)
-    return backward_call("scale_shift_act_backward", d, fwd, tuple(fwd.args["x"].shape))
+    call = backward_call("scale_shift_act_backward", d, fwd, tuple(fwd.args["x"].shape))
+    return call if output_mask is None else dataclasses.replace(call, args={**call.args, "output_mask": output_mask})
 
 
 FORWARD = []
@@ -69,6 +76,9 @@ for _act in ACTIVATIONS:
         case(f"{_act}_per_channel", _backward, shape=(2, 16, 5, 7), act=_act, params="channel"),
     ]
 FORWARD += [
+    case("identity_relu_channels_last", ssa_args, quick=True, shape=(2, 8, 6, 6), act="relu", params="identity", layout="channels_last"),
+    case("identity_none", ssa_args, shape=(3, 50), act="none", params="identity"),
+    case("identity_relu_nan_inf", ssa_args, shape=(4, 5, 6), act="relu", params="identity", specials=True),
     case("odd_prime_shape", ssa_args, shape=(7, 13, 3), act="gelu_tanh", params="row"),
     case("noncontig_silu", ssa_args, shape=(4, 33, 10), act="silu", params="row", layout="noncontig"),
     case("channels_last_relu", ssa_args, shape=(2, 8, 6, 6), act="relu", params="channel", layout="channels_last"),
@@ -77,6 +87,13 @@ FORWARD += [
 FORWARD += [case(f"large_values_{a}", ssa_args, shape=(3, 50), act=a, values="big") for a in ("none", "relu", "gelu", "tanh")]
 FORWARD += [case(f"fp16_underflow_{a}", ssa_args, shape=(3, 50), act=a, values="tiny", dtypes=("float16",)) for a in ("none", "relu", "gelu", "silu")]
 BACKWARD += [
+    case("relu_grad_x_only", _backward, quick=True, shape=(2, 8, 6, 7), act="relu", output_mask=(True, False, False)),
+    case("identity_relu_grad_x_only", _backward, quick=True, shape=(2, 8, 6, 7), act="relu", params="identity",
+         layout="channels_last", output_mask=(True, False, False)),
+    case("identity_none_grad_x_only", _backward, shape=(3, 50), act="none", params="identity", output_mask=(True, False, False)),
+    case("identity_relu_all_grads", _backward, shape=(2, 8, 6, 7), act="relu", params="identity"),
+    case("gelu_bias_no_scale_grad", _backward, shape=(2, 16, 96), act="gelu", params="row", output_mask=(True, False, True)),
+    case("silu_param_grads_only", _backward, shape=(2, 16, 5, 7), act="silu", params="channel", output_mask=(False, True, True)),
     case("gelu_transformer_row", _backward, shape=(2, 16, 768), act="gelu", params="row"),
     case("odd_prime_shape", _backward, shape=(7, 13, 3), act="silu", params="row"),
     case("noncontig_tanh", _backward, shape=(4, 33, 10), act="tanh", params="row", layout="noncontig"),

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import hal
+from hal.gradients import MASK
 from hal.registry import get_op
 
 from . import liger, published
@@ -142,6 +143,7 @@ def backward(fwd_op: str, args: tuple, kwargs: Optional[dict], wrt: tuple[str, .
     grad_out = torch.randn_like(out)
     named = dict(zip(names, (c.detach() if isinstance(c, torch.Tensor) else c for c in canon)))
     named["out"] = out.detach()  # backward ops that take the forward's result (softmax_backward)
+    named[MASK] = tuple(n in wrt for n in get_op(fwd_op).gradients)  # the gradients the peers compute
     bwd_args = [grad_out] + [named[n] for n in get_op(op).param_names[1:]]
     entry = getattr(hal.ops, op)
 

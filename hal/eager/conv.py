@@ -7,7 +7,7 @@ PyTorch itself does for such a "same" convolution.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -46,10 +46,20 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     return F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, stride, 0, dilation, groups)
 
 
-def conv2d_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Pair, padding: Pads, dilation: Pair, groups: int) -> tuple:
+def conv2d_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Pair, padding: Pads, dilation: Pair, groups: int,
+    output_mask: Sequence[bool] = (True, True, True),
+) -> tuple:
+    want_x, want_w, want_b = output_mask
     with torch.enable_grad():
-        xg, wg, b = leaf(x), leaf(weight), filled_leaf(weight.shape[0], 0.0, x)
-        return torch.autograd.grad(conv2d(xg, wg, b, stride, padding, dilation, groups), (xg, wg, b), grad_out)
+        xg = leaf(x) if want_x else x.detach()
+        wg = leaf(weight) if want_w else weight.detach()
+        b = filled_leaf(weight.shape[0], 0.0, x) if want_b else None
+        wanted = [t for t, m in zip((xg, wg, b), output_mask) if m]
+        if not wanted:
+            return None, None, None
+        grads = iter(torch.autograd.grad(conv2d(xg, wg, b, stride, padding, dilation, groups), wanted, grad_out))
+        return tuple(next(grads) if m else None for m in output_mask)
 
 
 def batch_norm(

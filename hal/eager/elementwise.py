@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -43,12 +43,22 @@ def scale_shift_act(x: torch.Tensor, scale: Scalar, shift: Scalar, act: str) -> 
     return ACTIVATION_FNS[act](x * s + b)
 
 
-def scale_shift_act_backward(grad_out: torch.Tensor, x: torch.Tensor, scale: Scalar, shift: Scalar, act: str) -> tuple:
-    """(grad_x, grad_scale, grad_shift) by autograd; grad_scale/grad_shift in x's dtype, 0-d for numbers."""
+def _detached(v: Scalar) -> Scalar:
+    return v.detach() if isinstance(v, torch.Tensor) else v
+
+
+def scale_shift_act_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, scale: Scalar, shift: Scalar, act: str, output_mask: Sequence[bool] = (True, True, True)
+) -> tuple:
+    """(grad_x, grad_scale, grad_shift) by autograd; grad_scale/grad_shift in x's dtype, 0-d for
+    numbers; None where ``output_mask`` is False."""
     with torch.enable_grad():
-        xg, s, b = leaf(x), leaf(scale, x), leaf(shift, x)
-        grads = torch.autograd.grad(scale_shift_act(xg, s, b, act), (xg, s, b), grad_out)
-    return tuple(g.to(x.dtype) for g in grads)
+        leaves = [leaf(v, x) if m else _detached(v) for v, m in zip((x, scale, shift), output_mask)]
+        wanted = [t for t, m in zip(leaves, output_mask) if m]
+        if not wanted:
+            return None, None, None
+        grads = iter(torch.autograd.grad(scale_shift_act(*leaves, act), wanted, grad_out))
+    return tuple(next(grads).to(x.dtype) if m else None for m in output_mask)
 
 
 __all__ = ["scale_shift_act", "scale_shift_act_backward"]

@@ -81,7 +81,7 @@ def _elementwise() -> Iterator[Spec]:
                 shift_ptr="*bf16", scale_val="fp32", shift_val="fp32", SCALE_TENSOR=1, SHIFT_TENSOR=2, **common)
     yield _spec("elementwise", "affine_act_backward_kernel", "fp16 scalars", g_ptr="*fp16", x_ptr="*fp16", gx_ptr="*fp16",
                 dz_ptr="*fp32", part_ptr="*fp32", scale_ptr="*fp16", shift_ptr="*fp16", scale_val="fp32", shift_val="fp32",
-                SCALE_TENSOR=0, SHIFT_TENSOR=0, WRITE_DZ=False, **common)
+                SCALE_TENSOR=0, SHIFT_TENSOR=0, WRITE_DZ=False, PARTIALS=True, **common)
 
 
 def _norm() -> Iterator[Spec]:

@@ -13,7 +13,7 @@ batch-norm inference.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import triton
@@ -73,11 +73,12 @@ def affine_act_backward_kernel(
     R, C, n_col_blocks, D1, D2,
     ss0, ss1, ss2, ss3, hs0, hs1, hs2, hs3,
     ACT: tl.constexpr, SCALE_TENSOR: tl.constexpr, SHIFT_TENSOR: tl.constexpr, WRITE_DZ: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
+    PARTIALS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
-    """grad_x = g * act'(z) * scale. Each program writes its partial sums of dz * x and dz (dz =
-    g * act'(z): the gradients of scalar scale and shift) to part_ptr[pid] and [pid + P]; with
-    WRITE_DZ, dz itself is written (in COMPUTE) for the host to reduce onto tensor-shaped ones."""
+    """grad_x = g * act'(z) * scale. With PARTIALS, each program writes its partial sums of dz * x
+    and dz (dz = g * act'(z): the gradients of scalar scale and shift) to part_ptr[pid] and
+    [pid + P]; with WRITE_DZ, dz itself is written (in COMPUTE) for the host to reduce onto
+    tensor-shaped ones. Neither when those gradients are not asked for."""
     pid = tl.program_id(0)
     rows = (pid // n_col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = (pid % n_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -91,9 +92,10 @@ def affine_act_backward_kernel(
     tl.store(gx_ptr + offs, (dz * s).to(gx_ptr.dtype.element_ty), mask=mask)
     if WRITE_DZ:
         tl.store(dz_ptr + offs, dz, mask=mask)
-    n_programs = tl.num_programs(0)
-    tl.store(part_ptr + pid, tl.sum(tl.sum(dz * x, axis=1), axis=0))
-    tl.store(part_ptr + n_programs + pid, tl.sum(tl.sum(dz, axis=1), axis=0))
+    if PARTIALS:
+        n_programs = tl.num_programs(0)
+        tl.store(part_ptr + pid, tl.sum(tl.sum(dz * x, axis=1), axis=0))
+        tl.store(part_ptr + n_programs + pid, tl.sum(tl.sum(dz, axis=1), axis=0))
 
 
 # --- host side ----------------------------------------------------------------------------------
@@ -261,12 +263,15 @@ def affine_act_backward(
     scale: Scalar,
     shift: Scalar,
     act: str,
+    output_mask: Sequence[bool] = (True, True, True),
     *,
     block_elems: int,
     num_warps: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(grad_x, grad_scale, grad_shift); the parameter gradients have the parameters' shapes (0-d
-    for numbers) and x's dtype."""
+    for numbers) and x's dtype; those ``output_mask`` leaves out are neither reduced nor returned
+    (grad_x is computed anyway: it is the pass itself)."""
+    want_x, want_scale, want_shift = output_mask
     x, layout, ((sp, sv, ss, st), (hp, hv, hs, ht)) = _prepare(x, scale, shift)
     if grad_out.stride() != x.stride():
         grad_out = _like_layout(grad_out, x)
@@ -274,19 +279,24 @@ def affine_act_backward(
     n_programs = cdiv(layout.rows, block_r) * n_col_blocks
     gx = torch.empty_like(x)
     scale_t, shift_t = isinstance(scale, torch.Tensor), isinstance(shift, torch.Tensor)
+    write_dz = (want_scale and scale_t) or (want_shift and shift_t)
+    partials = (want_scale and not scale_t) or (want_shift and not shift_t)
     acc = torch_compute_dtype(x.dtype)
-    dz = torch.empty_like(x, dtype=acc) if scale_t or shift_t else gx
-    part = torch.empty(2 * n_programs, dtype=acc, device=x.device)
+    dz = torch.empty_like(x, dtype=acc) if write_dz else gx
+    part = torch.empty(2 * n_programs if partials else 1, dtype=acc, device=x.device)
     _, d1, d2, _ = layout.dims
     launch(
         affine_act_backward_kernel, (n_programs,),
         grad_out, x, gx, dz, part, sp, hp, sv, hv, layout.rows, layout.cols, n_col_blocks, d1, d2, *ss, *hs,
-        num_warps=num_warps, ACT=ACT_CODES[act], SCALE_TENSOR=st, SHIFT_TENSOR=ht, WRITE_DZ=scale_t or shift_t,
-        BLOCK_R=block_r, BLOCK_C=block_c, COMPUTE=compute_dtype(x.dtype),
+        num_warps=num_warps, ACT=ACT_CODES[act], SCALE_TENSOR=st, SHIFT_TENSOR=ht, WRITE_DZ=write_dz,
+        PARTIALS=partials, BLOCK_R=block_r, BLOCK_C=block_c, COMPUTE=compute_dtype(x.dtype),
     )
-    grad_scale = _reduce_to(dz * x.to(acc), scale, x) if scale_t else part[:n_programs].sum().to(x.dtype)
-    grad_shift = _reduce_to(dz, shift, x) if shift_t else part[n_programs:].sum().to(x.dtype)
-    return gx, grad_scale, grad_shift
+    grad_scale = grad_shift = None
+    if want_scale:
+        grad_scale = _reduce_to(dz * x.to(acc), scale, x) if scale_t else part[:n_programs].sum().to(x.dtype)
+    if want_shift:
+        grad_shift = _reduce_to(dz, shift, x) if shift_t else part[n_programs:].sum().to(x.dtype)
+    return gx if want_x else None, grad_scale, grad_shift
 
 
 def _like_layout(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -160,8 +160,8 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
         return family("elementwise").affine_act(x, scale, shift, act, **tables.elementwise(x))
 
     @kernel("scale_shift_act_backward", "triton", 20)
-    def scale_shift_act_backward(grad_out, x, scale, shift, act):
-        return family("elementwise").affine_act_backward(grad_out, x, scale, shift, act, **tables.elementwise(x))
+    def scale_shift_act_backward(grad_out, x, scale, shift, act, output_mask):
+        return family("elementwise").affine_act_backward(grad_out, x, scale, shift, act, output_mask, **tables.elementwise(x))
 
     # --- linear: the vendor's GEMM + a Triton activation pass, or one Triton GEMM with epilogue ---
 
@@ -194,7 +194,7 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
             gz = g2
         else:
             z = blas_linear(x2, weight, bias)
-            gz = family("elementwise").affine_act_backward(g2, z, 1.0, 0.0, act, **tables.elementwise(z))[0]
+            gz = family("elementwise").affine_act_backward(g2, z, 1.0, 0.0, act, (True, False, False), **tables.elementwise(z))[0]
         grad_x = (gz @ weight).view(x.shape)
         return grad_x, gz.t() @ x2, gz.sum(0)
 

@@ -18,7 +18,7 @@ state).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,13 +43,17 @@ def _padded(x: torch.Tensor, padding: Pads) -> tuple[torch.Tensor, list[int]]:
     return F.pad(x, (left, right, top, bottom)), [0, 0]
 
 
-def conv_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Pair, padding: Pads, dilation: Pair, groups: int) -> tuple:
-    """(grad_x, grad_weight, grad_bias) from torch's convolution backward kernel."""
+def conv_grads(
+    g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Pair, padding: Pads, dilation: Pair, groups: int,
+    mask: Sequence[bool] = (True, True, True),
+) -> tuple:
+    """(grad_x, grad_weight, grad_bias) from torch's convolution backward kernel (None where
+    ``mask`` is False: not computed)."""
     xp, pad = _padded(x, padding)
     gx, gw, gb = torch.ops.aten.convolution_backward(
-        g, xp, weight, [int(weight.shape[0])], list(stride), pad, list(dilation), False, [0, 0], groups, [True, True, True]
+        g, xp, weight, [int(weight.shape[0])], list(stride), pad, list(dilation), False, [0, 0], groups, list(mask)
     )
-    if xp is not x:
+    if xp is not x and gx is not None:
         top, left = padding[0], padding[2]
         gx = gx[:, :, top : top + x.shape[2], left : left + x.shape[3]]
     return gx, gw, gb
@@ -59,8 +63,8 @@ kernel("conv2d", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_p
 
 
 @kernel("conv2d_backward", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_proportion])
-def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
-    return conv_grads(grad_out, x, weight, stride, padding, dilation, groups)
+def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups, output_mask):
+    return conv_grads(grad_out, x, weight, stride, padding, dilation, groups, output_mask)
 
 
 # --- batch_norm --------------------------------------------------------------------------------

@@ -142,9 +142,9 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
 
 
 @reference("conv2d_backward", CONV_FOOTPRINT)
-def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
+def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups, output_mask):
     grads = _conv_grads(f64(grad_out), f64(x), f64(weight), stride, padding, dilation, groups)
-    return tuple(like(gr, x) for gr in grads)
+    return tuple(like(gr, x) if m else None for gr, m in zip(grads, output_mask))
 
 
 # --- batch_norm over dimension 1 ---------------------------------------------------------------

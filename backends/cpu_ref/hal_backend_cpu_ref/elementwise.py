@@ -81,9 +81,8 @@ def scale_shift_act(x, scale, shift, act):
 
 
 @reference("scale_shift_act_backward")
-def scale_shift_act_backward(grad_out, x, scale, shift, act):
+def scale_shift_act_backward(grad_out, x, scale, shift, act, output_mask):
     xs, s = f64(x), f64(scale)
     gz = f64(grad_out) * activation_grad(xs * s + f64(shift), act)
-    grad_scale = sum_to(gz * xs, np.shape(scale))
-    grad_shift = sum_to(gz, np.shape(shift))
-    return like(gz * s, x), like(grad_scale, x), like(grad_shift, x)
+    grads = (gz * s, sum_to(gz * xs, np.shape(scale)), sum_to(gz, np.shape(shift)))
+    return tuple(like(g, x) if m else None for g, m in zip(grads, output_mask))

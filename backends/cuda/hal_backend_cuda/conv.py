@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,17 +43,21 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], st
         return F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, stride, 0, dilation, groups)
 
 
-def conv_grads(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Pair, padding: Pads, dilation: Pair, groups: int) -> tuple:
-    """(grad_x, grad_weight, grad_bias) through aten.convolution_backward (cuDNN)."""
+def conv_grads(
+    g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Pair, padding: Pads, dilation: Pair, groups: int,
+    mask: Sequence[bool] = (True, True, True),
+) -> tuple:
+    """(grad_x, grad_weight, grad_bias) through aten.convolution_backward (cuDNN); None where
+    ``mask`` is False (not computed)."""
     top, bottom, left, right = padding
     sym = _symmetric(padding)
     xp = x if sym else F.pad(x, (left, right, top, bottom))
     pad = [top, left] if sym else [0, 0]
     with ieee_fp32(x.dtype):
         gx, gw, gb = torch.ops.aten.convolution_backward(
-            g, xp, weight, [int(weight.shape[0])], list(stride), pad, list(dilation), False, [0, 0], groups, [True, True, True]
+            g, xp, weight, [int(weight.shape[0])], list(stride), pad, list(dilation), False, [0, 0], groups, list(mask)
         )
-    if not sym:
+    if not sym and gx is not None:
         gx = gx[:, :, top : top + x.shape[2], left : left + x.shape[3]]
     return gx, gw, gb
 
@@ -64,8 +68,8 @@ def conv2d(x, weight, bias, stride, padding, dilation, groups):
 
 
 @kernel("conv2d_backward", name="cudnn", priority=10, dtypes=FLOATS)
-def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups):
-    return conv_grads(grad_out, x, weight, stride, padding, dilation, groups)
+def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups, output_mask):
+    return conv_grads(grad_out, x, weight, stride, padding, dilation, groups, output_mask)
 
 
 # --- batch_norm ---------------------------------------------------------------------------------

@@ -85,7 +85,11 @@ def test_scale_shift_act(gen, dtype, x_shape, scale_shape, shift_shape, channels
     shift = randn(gen, *shift_shape, dtype=dtype) if shift_shape else -0.25
     check("scale_shift_act", kern("scale_shift_act", "triton"), (x, scale, shift, act))
     g = randn(gen, *x_shape, dtype=dtype)
-    check("scale_shift_act_backward", kern("scale_shift_act_backward", "triton"), (g, x, scale, shift, act), outputs=3)
+    backward = kern("scale_shift_act_backward", "triton")
+    check("scale_shift_act_backward", backward, (g, x, scale, shift, act, (True, True, True)), outputs=3)
+    if act in ("gelu", "relu"):  # gradients left out of the mask: neither reduced nor returned
+        for mask in ((True, False, True), (True, False, False), (False, True, False)):
+            check("scale_shift_act_backward", backward, (g, x, scale, shift, act, mask), outputs=3)
 
 
 # --- norms and softmax ---------------------------------------------------------------------------
@@ -183,7 +187,8 @@ def test_conv2d_asymmetric_padding_and_backward(gen):
     args = ((2, 1), (0, 1, 1, 1), (1, 2), 2)
     check("conv2d", conv.conv2d, (x, w, b, *args))
     g = randn(gen, *conv.conv2d(x, w, b, *args).shape)
-    check("conv2d_backward", conv.conv2d_backward, (g, x, w, *args), outputs=3)
+    check("conv2d_backward", conv.conv2d_backward, (g, x, w, *args, (True, True, True)), outputs=3)
+    check("conv2d_backward", conv.conv2d_backward, (g, x, w, *args, (False, True, False)), outputs=3)
 
 
 def test_fold_cache_tracks_parameter_updates(gen):
