@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from hal.arrays import FLOAT_DTYPES
 from hal.registry import declare
-from hal.types import OptionalTensor, Tensor
+from hal.types import OptionalTensor, OutputMask, Tensor
 
 from . import _checks as c
 from . import _empty as e
@@ -99,20 +99,31 @@ def _linear_backward_k(a: dict) -> int:
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="linear", reduction=_linear_backward_k)
-def linear_backward(grad_out: Tensor, x: Tensor, weight: Tensor, bias: OptionalTensor = None, act: str = "none") -> tuple:
+def linear_backward(
+    grad_out: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: OptionalTensor = None,
+    act: str = "none",
+    output_mask: OutputMask = (True, True, True),
+) -> tuple:
     """Gradients of linear: (grad_x, grad_weight, grad_bias); the pre-activation is recomputed.
 
-    grad_bias is returned whether or not the forward had a bias.
+    grad_bias is the sum of the pre-activation's gradient over the rows, whether or not the
+    forward had a bias. ``output_mask`` says which of the three to compute; the others come back
+    None (the autograd node asks for no grad_bias of a bias-free layer, nor a grad_weight of a
+    frozen one).
     """
 
 
 @linear_backward.checker
-def _check_linear_backward(grad_out, x, weight, bias, act):
+def _check_linear_backward(grad_out, x, weight, bias, act, output_mask):
     op = "linear_backward"
     _check_linear(op, x, weight, bias)
     c.choice(op, "act", act, ACTIVATIONS)
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, c.shape_of(x)[:-1] + (int(weight.shape[0]),), "(..., out_features)")
+    return {"output_mask": c.bool_tuple(op, "output_mask", output_mask, 3)}
 
 
 def _empty_linear_backward(a: Mapping[str, Any]) -> tuple:
@@ -127,7 +138,7 @@ def _empty_linear_backward(a: Mapping[str, Any]) -> tuple:
     else:  # K = 0: the pre-activation is the bias in every row
         rows = g.reshape(-1, n)
         grad_bias = scale_shift_act_backward(rows, e.zeros_like(rows), 1.0, _pre_activation_row(a), a["act"])[2]
-    return e.zeros_like(x), e.zeros(x, w.shape), grad_bias
+    return e.masked((e.zeros_like(x), e.zeros(x, w.shape), grad_bias), a["output_mask"])
 
 
 # --- matmul ---------------------------------------------------------------------------------
@@ -249,7 +260,7 @@ def _check_grouped_gemm_backward(grad_out, x, weight, group_sizes):
 @linear_backward.fake
 def _fake_linear_backward(a):
     x, w = a["x"], a["weight"]
-    return like(x), like(w), param_like(a["bias"], x, (w.shape[0],))
+    return e.masked((like(x), like(w), param_like(a["bias"], x, (w.shape[0],))), a["output_mask"])
 
 
 @matmul.fake

@@ -9,6 +9,8 @@ scale. grouped_gemm draws ragged MoE group sizes with empty groups.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from typing import Any, Optional
 
@@ -42,10 +44,12 @@ def linear_args(
     return Call(args, scale=mag)
 
 
-def _linear_backward(d: Draw, **kw: Any) -> Call:
+def _linear_backward(d: Draw, output_mask: Optional[tuple] = None, **kw: Any) -> Call:
+    """The backward call; with ``output_mask`` only those gradients (the others must come back None)."""
     fwd = linear_args(d, **kw)
     x, w = fwd.args["x"], fwd.args["weight"]
-    return backward_call("linear_backward", d, fwd, tuple(x.shape[:-1]) + (int(w.shape[0]),))
+    call = backward_call("linear_backward", d, fwd, tuple(x.shape[:-1]) + (int(w.shape[0]),))
+    return call if output_mask is None else dataclasses.replace(call, args={**call.args, "output_mask": output_mask})
 
 
 LINEAR_SHAPES: Table = {
@@ -78,6 +82,12 @@ LINEAR_BACKWARD = from_table(LINEAR_SHAPES, _linear_backward, backward=True)
 LINEAR_BACKWARD += [
     case(f"act_{a}", _linear_backward, quick=a == "none", x=(3, 5, 48), n=40, act=a, bias_mean=1.5 if a == "relu" else 0.0)
     for a in ACTIVATIONS
+]
+# what the autograd node asks for: no grad_bias of a bias-free layer, no grad_weight of a frozen one
+LINEAR_BACKWARD += [
+    case("no_bias_gradient", _linear_backward, quick=True, x=(2, 8, 64), n=48, bias=False, output_mask=(True, True, False)),
+    case("frozen_weight_gelu", _linear_backward, x=(4, 64), n=32, act="gelu", output_mask=(True, False, True)),
+    case("weight_only", _linear_backward, x=(3, 5, 48), n=40, act="silu", output_mask=(False, True, False)),
 ]
 
 # --- matmul -------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -14,12 +14,37 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     return ACTIVATION_FNS[act](F.linear(x, weight, bias))
 
 
-def linear_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], act: str) -> tuple:
-    """(grad_x, grad_weight, grad_bias) by autograd; a missing bias is a zero bias, so grad_bias exists."""
+def grads_of_rows(gz: torch.Tensor, x2: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mask: Sequence[bool]) -> tuple:
+    """linear's (grad_x, grad_weight, grad_bias) from the pre-activation's gradient ``gz`` (rows,
+    out) and x as rows ``x2``: two GEMMs and a column sum, each only where ``mask`` asks (shared by
+    the CPU backend and the Triton kit's kernels)."""
+    want_x, want_w, want_b = mask
+    return (
+        (gz @ weight).view(x.shape) if want_x else None,
+        gz.t() @ x2 if want_w else None,
+        gz.sum(0) if want_b else None,
+    )
+
+
+def linear_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], act: str,
+    output_mask: Sequence[bool] = (True, True, True),
+) -> tuple:
+    """(grad_x, grad_weight, grad_bias) by autograd; a missing bias is a zero bias, so grad_bias
+    exists; None where ``output_mask`` is False."""
+    want_x, want_w, want_b = output_mask
     with torch.enable_grad():
-        b = leaf(bias) if bias is not None else filled_leaf(weight.shape[0], 0.0, x)
-        xg, wg = leaf(x), leaf(weight)
-        return torch.autograd.grad(linear(xg, wg, b, act), (xg, wg, b), grad_out)
+        if want_b:
+            b = leaf(bias) if bias is not None else filled_leaf(weight.shape[0], 0.0, x)
+        else:
+            b = None if bias is None else bias.detach()
+        xg = leaf(x) if want_x else x.detach()
+        wg = leaf(weight) if want_w else weight.detach()
+        wanted = [t for t, m in zip((xg, wg, b), output_mask) if m]
+        if not wanted:
+            return None, None, None
+        grads = iter(torch.autograd.grad(linear(xg, wg, b, act), wanted, grad_out))
+        return tuple(next(grads) if m else None for m in output_mask)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from hal.arrays import dense_alike
+from hal.eager.gemm import grads_of_rows
 from hal.plugin import Archs, Plugin
 
 from . import autotune
@@ -185,9 +186,9 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
         return gemm.linear(x2, weight, bias, act, cfg).view(*x.shape[:-1], n)
 
     @kernel("linear_backward", f"{vendor.blas_name}_triton", 20)
-    def linear_backward(grad_out, x, weight, bias, act):
+    def linear_backward(grad_out, x, weight, bias, act, output_mask):
         """The pre-activation is recomputed by the library GEMM; one Triton pass turns grad_out
-        into its gradient."""
+        into its gradient; then the GEMMs (and the bias sum) output_mask asks for."""
         x2 = _rows(x)
         g2 = _rows(grad_out)
         if act == "none":
@@ -195,8 +196,7 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
         else:
             z = blas_linear(x2, weight, bias)
             gz = family("elementwise").affine_act_backward(g2, z, 1.0, 0.0, act, (True, False, False), **tables.elementwise(z))[0]
-        grad_x = (gz @ weight).view(x.shape)
-        return grad_x, gz.t() @ x2, gz.sum(0)
+        return grads_of_rows(gz, x2, x, weight, output_mask)
 
     # --- grouped_gemm (group sizes stay on the device: no synchronisation, capturable) ---------
 

@@ -51,9 +51,10 @@ def linear_torch(x, weight, bias, act):
 
 
 @kernel("linear_backward", name="torch", priority=20, dtypes=FLOATS)
-def linear_backward(grad_out, x, weight, bias, act):
+def linear_backward(grad_out, x, weight, bias, act, output_mask):
     """The pre-activation is recomputed (one GEMM) when the activation needs it; its gradient is
-    computed in float32 for half precision and rounded once before the GEMMs."""
+    computed in float32 for half precision and rounded once before the GEMMs. Only the gradients
+    in ``output_mask`` are computed."""
     x2 = _rows(x)
     g2 = _rows(grad_out)
     if act == "none":
@@ -62,7 +63,7 @@ def linear_backward(grad_out, x, weight, bias, act):
         z = F.linear(x2, weight, bias)
         half = z.dtype in (torch.float16, torch.bfloat16)
         gz = act_backward(act, g2.float(), z.float()).to(z.dtype) if half else act_backward(act, g2, z)
-    return (gz @ weight).view(x.shape), gz.t() @ x2, gz.sum(0)
+    return eager.grads_of_rows(gz, x2, x, weight, output_mask)
 
 
 # --- matmul ------------------------------------------------------------------------------------

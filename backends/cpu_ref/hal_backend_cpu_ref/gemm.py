@@ -29,11 +29,12 @@ def linear(x, weight, bias, act):
 
 
 @reference("linear_backward", with_result(_linear_result))
-def linear_backward(grad_out, x, weight, bias, act):
+def linear_backward(grad_out, x, weight, bias, act, output_mask):
     gz = f64(grad_out) * activation_grad(_pre_activation(x, weight, bias), act)
     rows = elements(x.shape[:-1])
     rows_gz, rows_x = gz.reshape(rows, gz.shape[-1]), f64(x).reshape(rows, x.shape[-1])
-    return like(gz @ f64(weight), x), like(rows_gz.T @ rows_x, x), like(rows_gz.sum(axis=0), x)
+    grads = (gz @ f64(weight), rows_gz.T @ rows_x, rows_gz.sum(axis=0))
+    return tuple(like(g, x) if m else None for g, m in zip(grads, output_mask))
 
 
 # --- matmul: torch.matmul's rules (1-D operands gain a unit dimension, then lose it) -------------

@@ -221,7 +221,10 @@ def test_linear_backward(gen, act):
     declared tolerance where grad_weight cancels (the device conformance judges it)."""
     x, w, b = randn(gen, 3, 5, 40), randn(gen, 24, 40, scale=0.2), randn(gen, 24)
     g = randn(gen, 3, 5, 24)
-    check("linear_backward", kern("linear_backward", "cublas_triton"), (g, x, w, b, act), outputs=3)
+    backward = kern("linear_backward", "cublas_triton")
+    check("linear_backward", backward, (g, x, w, b, act, (True, True, True)), outputs=3)
+    check("linear_backward", backward, (g, x, w, None, act, (True, True, False)), outputs=3)  # a bias-free layer
+    check("linear_backward", backward, (g, x, w, b, act, (False, True, True)), outputs=3)
 
 
 def test_linear_cublaslt_epilogues_on_cpu(gen):
