@@ -78,9 +78,9 @@ def trivial_plugin(array_api: str, device_type: str = "cpu") -> Plugin:
     p.kernel("layer_norm", name="identity")(lambda x, normalized_shape, weight, bias, eps: x)
     p.kernel("layer_norm_backward", name="identity")(lambda grad_out, x, normalized_shape, weight, eps: (grad_out, weight, weight))
     p.kernel("linear", name="identity")(lambda x, weight, bias, act: x)
-    p.kernel("linear_backward", name="identity")(lambda grad_out, x, weight, bias, act: (grad_out, weight, bias))
+    p.kernel("linear_backward", name="identity")(lambda grad_out, x, weight, bias, act, output_mask: (grad_out, weight, bias))
     p.kernel("scale_shift_act", name="identity")(lambda x, scale, shift, act: x)
-    p.kernel("scale_shift_act_backward", name="identity")(lambda grad_out, x, scale, shift, act: (grad_out, None, None))
+    p.kernel("scale_shift_act_backward", name="identity")(lambda grad_out, x, scale, shift, act, output_mask: (grad_out, None, None))
     return p
 
 
