@@ -1,5 +1,6 @@
 """amp_unscale_ and fused_adamw_ on torch's multi-tensor CPU kernels
-(``_amp_foreach_non_finite_check_and_unscale_``, ``_fused_adamw_``: one vectorised pass per tensor)."""
+(``_amp_foreach_non_finite_check_and_unscale_``, ``_fused_adamw_``: one vectorised pass per tensor);
+fused_adamw_ calls that torch's fused kernel cannot take in place run hal.eager's copies."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from hal.arrays import flat_runs
 from hal.eager import mixed_precision as eager
+from hal.plugin import Inputs
 
 from ._common import FLOATS, kernel
 
@@ -19,24 +21,28 @@ kernel("amp_unscale_", name="torch", priority=20, dtypes=FLOATS)(eager.amp_unsca
 _DTYPE = operator.attrgetter("dtype")
 
 
-def _direct(params, grads, exp_avgs, exp_avg_sqs, master_params, inv_scale) -> bool:
+def _fused_kernel_fits(inputs: Inputs) -> list[str]:
     """Whether torch's fused kernel can update the tensors themselves: one dtype for params, grads
     and states, tensors it can walk as runs of memory (hal.arrays.flat_runs), no master weights and
-    no unscaling (its grad_scale would write the unscaled grads back, and grads must stay unchanged)."""
-    if master_params is not None or inv_scale is not None:
-        return False
-    lists = (params, grads, exp_avgs, exp_avg_sqs)
-    return len(set(map(_DTYPE, itertools.chain.from_iterable(lists)))) == 1 and flat_runs(*lists)
+    no unscaling (its grad_scale would write the unscaled grads back, and grads must stay
+    unchanged). A check, so it is decided once per input signature, not on every step."""
+    if inputs["master_params"] is not None:
+        return ["master weights: torch's fused kernel updates one set of parameters"]
+    if inputs["inv_scale"] is not None:
+        return ["inv_scale: torch's fused kernel would write the unscaled gradients back"]
+    lists = tuple(inputs[n] for n in ("params", "grads", "exp_avgs", "exp_avg_sqs"))
+    if len(set(map(_DTYPE, itertools.chain.from_iterable(lists)))) > 1:
+        return ["params, grads and states of more than one dtype"]
+    if not flat_runs(*lists):
+        return ["tensors that are not dense, or not laid out alike across the lists"]
+    return []
 
 
-@kernel("fused_adamw_", name="torch", priority=20, dtypes=FLOATS)
-def fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf):
-    """torch._fused_adamw_ in place where it can (one step tensor shared by all: the kernel only
-    reads it); hal.eager's working copies otherwise (mixed dtypes, master weights, unscaling)."""
+@kernel("fused_adamw_", name="torch_fused", priority=25, dtypes=FLOATS, checks=[_fused_kernel_fits])
+def fused_adamw_fused(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf):
+    """torch._fused_adamw_ in place (one step tensor shared by all: the kernel only reads it)."""
     if not params:
         return None
-    if not _direct(params, grads, exp_avgs, exp_avg_sqs, master_params, inv_scale):
-        return eager.fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf)
     skip = None if found_inf is None else (torch.as_tensor(found_inf, dtype=torch.float32).reshape(1) != 0).float()
     steps = [eager.step_tensor(step, params[0].device)] * len(params)
     torch._fused_adamw_(
@@ -45,3 +51,7 @@ def fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, we
         amsgrad=False, maximize=False, grad_scale=None, found_inf=skip,
     )  # fmt: skip
     return None
+
+
+#: everything else (mixed dtypes, master weights, unscaling, strided tensors): hal.eager's working copies
+kernel("fused_adamw_", name="torch", priority=20, dtypes=FLOATS)(eager.fused_adamw_)
