@@ -44,6 +44,7 @@ ops (``hal.nn`` modules cast their inputs under autocast).
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 import threading
 from typing import Any, Callable, Optional, Sequence
@@ -188,12 +189,20 @@ class TorchOp:
     has_autograd: bool = False
     #: slot index of each parameter's first slot, by name.
     offsets: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: per parameter, a function of the slots giving its hal value (decode's hot path: one call each)
+    readers: tuple[Callable[[Sequence[Any]], Any], ...] = ()
 
     def __post_init__(self) -> None:
         at = 0
+        readers = []
         for c in self.codecs:
             self.offsets[c.param.name] = at
+            if c.form in ("array", "plain"):
+                readers.append(operator.itemgetter(at))
+            else:
+                readers.append(lambda slots, c=c, a=at, b=at + c.width: c.decode(slots[a:b]))
             at += c.width
+        self.readers = tuple(readers)
 
     @property
     def slot_names(self) -> list[str]:
@@ -213,11 +222,7 @@ class TorchOp:
         return out
 
     def decode(self, slots: Sequence[Any]) -> tuple:
-        at, out = 0, []
-        for c in self.codecs:
-            out.append(c.decode(slots[at : at + c.width]))
-            at += c.width
-        return tuple(out)
+        return tuple([read(slots) for read in self.readers])
 
     def slot(self, slots: Sequence[Any], name: str) -> Any:
         """The first slot value of parameter ``name`` (its tensor slot for a number-or-array)."""
@@ -230,18 +235,50 @@ TORCH_OPS: dict[str, TorchOp] = {}
 _LOCK = threading.RLock()
 
 
-def _distinct(out: Any, slots: Sequence[Any]) -> Any:
-    """A torch operator must not return its inputs or views of them: copy such outputs, and make
-    outputs contiguous as the fake rules describe them."""
+_CHANNELS_LAST = torch.channels_last
+
+
+def _layout_of(slots: Sequence[Any]) -> torch.memory_format:
+    """The memory format of an operator's 4-D results: channels_last when its first tensor argument
+    is a 4-D channels_last tensor (as torch's own kernels keep it), else contiguous. The fake
+    kernels and the operators apply this one rule, so their strides agree by construction; a
+    channels_last network under torch.compile then stays channels_last through hal's operators
+    (no layout copy per operator, and no mix of layouts for Inductor's kernels around them)."""
+    for s in slots:
+        if isinstance(s, torch.Tensor):
+            if s.dim() == 4 and not s.is_contiguous() and s.is_contiguous(memory_format=_CHANNELS_LAST):
+                return _CHANNELS_LAST
+            return torch.contiguous_format
+    return torch.contiguous_format
+
+
+def _in_layout(out: Any, layout: torch.memory_format) -> Any:
+    """Results in the layout :func:`_layout_of` gives: 4-D tensors in ``layout``, others contiguous."""
     if isinstance(out, (tuple, list)):
-        return tuple(_distinct(o, slots) for o in out)
+        return tuple(_in_layout(o, layout) for o in out)
     if not isinstance(out, torch.Tensor):
         return out
+    return out.contiguous(memory_format=layout if out.dim() == 4 else torch.contiguous_format)
+
+
+def _distinct(out: Any, slots: Sequence[Any]) -> Any:
+    """A torch operator must not return its inputs or views of them: copy such outputs; and lay
+    outputs out as the fake kernels describe them (:func:`_layout_of`)."""
+    layout = _layout_of(slots)
+    return _distinct_in(out, slots, layout)
+
+
+def _distinct_in(out: Any, slots: Sequence[Any], layout: torch.memory_format) -> Any:
+    if isinstance(out, (tuple, list)):
+        return tuple(_distinct_in(o, slots, layout) for o in out)
+    if not isinstance(out, torch.Tensor):
+        return out
+    fmt = layout if out.dim() == 4 else torch.contiguous_format
     ptr = out.untyped_storage().data_ptr()
     for s in slots:
         if isinstance(s, torch.Tensor) and s.numel() and s.untyped_storage().data_ptr() == ptr:
-            return out.clone(memory_format=torch.contiguous_format)
-    return out.contiguous()
+            return out.clone(memory_format=fmt)
+    return out.contiguous(memory_format=fmt)
 
 
 # --- fake kernels -------------------------------------------------------------------------------
@@ -282,7 +319,7 @@ def _fake_kernel(top: TorchOp) -> Callable[..., Any]:
     decl = top.decl
 
     def fake(*slots: Any) -> Any:
-        return _fake_rule(decl)(canonical(decl, top.decode(slots)))
+        return _in_layout(_fake_rule(decl)(canonical(decl, top.decode(slots))), _layout_of(slots))
 
     return fake
 
@@ -294,7 +331,7 @@ def _fake_twin_kernel(top: TorchOp, mutated: list[str]) -> Callable[..., Any]:
 
     def fake(*slots: Any) -> Any:
         a = canonical(decl, top.decode(slots))
-        out = _fake_rule(decl)(a)
+        out = _in_layout(_fake_rule(decl)(a), _layout_of(slots))
         writes = decl.writes(a)
         fresh = [a[n].new_empty(a[n].shape) if (writes and a[n] is not None) else out.new_empty(0) for n in mutated]
         return (out, *fresh)

@@ -208,3 +208,35 @@ def test_number_or_array_keeps_its_type(value: Any) -> None:
     codec.encode(v, slots)
     back = codec.decode(slots)
     assert type(back) is type(v) and (back is v if isinstance(v, torch.Tensor) else back == v)
+
+
+def test_operators_keep_channels_last_and_fakes_agree(seed: int) -> None:
+    """A channels_last network stays channels_last through the torch.ops.hal operators (no copy
+    to contiguous per operator, no mix of layouts for Inductor's kernels around them: torch 2.13's
+    vectorised CPU reductions over a contiguous and a channels_last bfloat16 input give NaN), and
+    each fake kernel reports the strides its operator returns; a contiguous input keeps contiguous
+    results."""
+    cl = torch.channels_last
+    x = torch.randn(2, 8, 6, 6).contiguous(memory_format=cl)
+    w = torch.randn(8, 8, 3, 3).contiguous(memory_format=cl)
+    g = torch.randn(2, 8, 6, 6).contiguous(memory_format=cl)
+    calls = {
+        "conv2d": (x, w, None, 1, 1, 1, 1),
+        "conv2d_backward": (g, x, w, 1, 1, 1, 1),
+        "scale_shift_act": (x, 1.5, 0.25, "gelu"),
+        "scale_shift_act_backward": (g, x, 1.5, 0.25, "gelu"),
+        "batch_norm": (x, None, None, torch.rand(8) + 0.5, torch.randn(8), True, 0.1, 1e-5),
+    }
+    for name, args in calls.items():
+        for layout in (cl, torch.contiguous_format):
+            args_l = tuple(a.contiguous(memory_format=layout) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
+            top = torch_library.TORCH_OPS[name]
+            slots = top.encode(args_l)
+            real = top.overload(*slots)
+            real = real if isinstance(real, tuple) else (real,)
+            four_d = [r for r in real if isinstance(r, torch.Tensor) and r.dim() == 4]
+            assert four_d and all(r.is_contiguous(memory_format=layout) for r in four_d), (name, layout, [r.stride() for r in four_d])
+            with torch._subclasses.FakeTensorMode() as mode:
+                fake = top.overload(*[mode.from_tensor(s) if isinstance(s, torch.Tensor) else s for s in slots])
+            fake = fake if isinstance(fake, tuple) else (fake,)
+            assert [f.stride() for f in fake if isinstance(f, torch.Tensor)] == [r.stride() for r in real if isinstance(r, torch.Tensor)], name
