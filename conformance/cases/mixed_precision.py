@@ -43,6 +43,9 @@ AMP_UNSCALE = [
     case("single_tensor", unscale_args, shapes=[(31, 17)], inv_scale=2.0**-8),
     case("inf_in_one", unscale_args, quick=True, shapes=SHAPES, inv_scale=2.0**-10, special=float("inf")),
     case("nan_in_one", unscale_args, shapes=SHAPES, inv_scale=2.0**-10, as_tensor=True, special=float("nan")),
+    # a factor above 1: half-precision values overflow while scaling (flagged), float32 ones do not
+    case("factor_above_one", unscale_args, shapes=SHAPES, inv_scale=4.0),
+    case("factor_above_one_tensor", unscale_args, shapes=SHAPES, inv_scale=64.0, as_tensor=True),
     # empty tensors hold nothing to scale or flag
     case("empty_tensor_among", unscale_args, quick=True, shapes=[(0,), (3, 7), (2, 0)], inv_scale=2.0**-10),
     case("empty_all", unscale_args, shapes=[(0,), (0, 4)], inv_scale=2.0**-10),

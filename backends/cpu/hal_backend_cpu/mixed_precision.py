@@ -15,7 +15,19 @@ from hal.plugin import Inputs
 
 from ._common import FLOATS, kernel
 
-kernel("amp_unscale_", name="torch", priority=20, dtypes=FLOATS)(eager.amp_unscale_)
+@kernel("amp_unscale_", name="torch", priority=20, dtypes=FLOATS)
+def amp_unscale_(tensors, inv_scale):
+    """One pass of torch's kernel where |inv_scale| <= 1 (read on the host: free on the CPU): a
+    finite value times a factor of at most 1 cannot overflow, so the second pass hal.eager makes
+    (which flags values that overflow while scaling) would find nothing. Loss scaling unscales by
+    1 / scale, mostly below 1. Otherwise, and for NaN, hal.eager's two passes."""
+    if tensors:
+        factor = float(inv_scale)
+        if abs(factor) <= 1.0:
+            found = torch.zeros(1, dtype=torch.float32)
+            torch._amp_foreach_non_finite_check_and_unscale_(list(tensors), found, torch.tensor([factor], dtype=torch.float32))
+            return found.reshape(())
+    return eager.amp_unscale_(tensors, inv_scale)
 
 
 _DTYPE = operator.attrgetter("dtype")
