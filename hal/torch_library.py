@@ -252,13 +252,18 @@ def _layout_of(slots: Sequence[Any]) -> torch.memory_format:
     return torch.contiguous_format
 
 
+def _format_of(result: torch.Tensor, layout: torch.memory_format) -> torch.memory_format:
+    """One result's memory format under :func:`_layout_of`: 4-D tensors in ``layout``, others contiguous."""
+    return layout if result.dim() == 4 else torch.contiguous_format
+
+
 def _in_layout(out: Any, layout: torch.memory_format) -> Any:
-    """Results in the layout :func:`_layout_of` gives: 4-D tensors in ``layout``, others contiguous."""
+    """Results laid out as :func:`_format_of` says (the fake kernels' side of the rule)."""
     if isinstance(out, (tuple, list)):
         return tuple(_in_layout(o, layout) for o in out)
     if not isinstance(out, torch.Tensor):
         return out
-    return out.contiguous(memory_format=layout if out.dim() == 4 else torch.contiguous_format)
+    return out.contiguous(memory_format=_format_of(out, layout))
 
 
 def _distinct(out: Any, slots: Sequence[Any]) -> Any:
@@ -273,7 +278,7 @@ def _distinct_in(out: Any, slots: Sequence[Any], layout: torch.memory_format) ->
         return tuple(_distinct_in(o, slots, layout) for o in out)
     if not isinstance(out, torch.Tensor):
         return out
-    fmt = layout if out.dim() == 4 else torch.contiguous_format
+    fmt = _format_of(out, layout)
     ptr = out.untyped_storage().data_ptr()
     for s in slots:
         if isinstance(s, torch.Tensor) and s.numel() and s.untyped_storage().data_ptr() == ptr:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from hal.plugin import Inputs
 
-from .elementwise import filled_leaf, leaf
+from .elementwise import detached, filled_leaf, leaf, masked_grads
 
 Pair = tuple[int, int]
 Pads = tuple[int, int, int, int]
@@ -52,14 +52,10 @@ def conv2d_backward(
 ) -> tuple:
     want_x, want_w, want_b = output_mask
     with torch.enable_grad():
-        xg = leaf(x) if want_x else x.detach()
-        wg = leaf(weight) if want_w else weight.detach()
+        xg = leaf(x) if want_x else detached(x)
+        wg = leaf(weight) if want_w else detached(weight)
         b = filled_leaf(weight.shape[0], 0.0, x) if want_b else None
-        wanted = [t for t, m in zip((xg, wg, b), output_mask) if m]
-        if not wanted:
-            return None, None, None
-        grads = iter(torch.autograd.grad(conv2d(xg, wg, b, stride, padding, dilation, groups), wanted, grad_out))
-        return tuple(next(grads) if m else None for m in output_mask)
+        return masked_grads(lambda: conv2d(xg, wg, b, stride, padding, dilation, groups), (xg, wg, b), output_mask, grad_out)
 
 
 def batch_norm(

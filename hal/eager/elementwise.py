@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +43,20 @@ def scale_shift_act(x: torch.Tensor, scale: Scalar, shift: Scalar, act: str) -> 
     return ACTIVATION_FNS[act](x * s + b)
 
 
-def _detached(v: Scalar) -> Scalar:
+def detached(v: Scalar) -> Scalar:
+    """A tensor cut from its graph (a number as it is): an input whose gradient is not asked for."""
     return v.detach() if isinstance(v, torch.Tensor) else v
+
+
+def masked_grads(forward: Callable[[], torch.Tensor], leaves: Sequence[Any], mask: Sequence[bool], grad_out: torch.Tensor) -> tuple:
+    """Autograd's gradients of ``forward()`` for the leaves ``mask`` asks for, None for the others
+    (``forward`` not run when none is asked): the tail of the eager backward ops that take an
+    output mask. Call it under ``torch.enable_grad()``."""
+    wanted = [t for t, m in zip(leaves, mask) if m]
+    if not wanted:
+        return (None,) * len(mask)
+    grads = iter(torch.autograd.grad(forward(), wanted, grad_out))
+    return tuple(next(grads) if m else None for m in mask)
 
 
 def scale_shift_act_backward(
@@ -53,12 +65,9 @@ def scale_shift_act_backward(
     """(grad_x, grad_scale, grad_shift) by autograd; grad_scale/grad_shift in x's dtype, 0-d for
     numbers; None where ``output_mask`` is False."""
     with torch.enable_grad():
-        leaves = [leaf(v, x) if m else _detached(v) for v, m in zip((x, scale, shift), output_mask)]
-        wanted = [t for t, m in zip(leaves, output_mask) if m]
-        if not wanted:
-            return None, None, None
-        grads = iter(torch.autograd.grad(scale_shift_act(*leaves, act), wanted, grad_out))
-    return tuple(next(grads).to(x.dtype) if m else None for m in output_mask)
+        leaves = [leaf(v, x) if m else detached(v) for v, m in zip((x, scale, shift), output_mask)]
+        grads = masked_grads(lambda: scale_shift_act(*leaves, act), leaves, output_mask, grad_out)
+    return tuple(None if g is None else g.to(x.dtype) for g in grads)
 
 
 __all__ = ["scale_shift_act", "scale_shift_act_backward"]

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .elementwise import ACTIVATION_FNS, filled_leaf, leaf
+from .elementwise import ACTIVATION_FNS, detached, filled_leaf, leaf, masked_grads
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], act: str) -> torch.Tensor:
@@ -37,14 +37,10 @@ def linear_backward(
         if want_b:
             b = leaf(bias) if bias is not None else filled_leaf(weight.shape[0], 0.0, x)
         else:
-            b = None if bias is None else bias.detach()
-        xg = leaf(x) if want_x else x.detach()
-        wg = leaf(weight) if want_w else weight.detach()
-        wanted = [t for t, m in zip((xg, wg, b), output_mask) if m]
-        if not wanted:
-            return None, None, None
-        grads = iter(torch.autograd.grad(linear(xg, wg, b, act), wanted, grad_out))
-        return tuple(next(grads) if m else None for m in output_mask)
+            b = None if bias is None else detached(bias)
+        xg = leaf(x) if want_x else detached(x)
+        wg = leaf(weight) if want_w else detached(weight)
+        return masked_grads(lambda: linear(xg, wg, b, act), (xg, wg, b), output_mask, grad_out)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
