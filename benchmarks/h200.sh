@@ -6,7 +6,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, the whole-model table
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
-#   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels, host times, step profiles
+#   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels (SKIP_CPP=1 skips), host times, step profiles
 #
 # Wheels the image lacks travel in .whl/ (carry it): stevedore, and Liger-Kernel for the bench's
 # "liger" peers (pip download --no-deps --only-binary=:all: -d .whl stevedore liger-kernel==0.8.5).
@@ -54,7 +54,7 @@ case "$mode" in
   explore)  # what to fix next: GPU tests, conformance, the C++ kernels on the device, where model steps spend time
     step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
     OMP_NUM_THREADS=2 step conformance 180 python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
-    HAL_CPP_CACHE_DIR="$out/cpp-cache" step cpp 90 python3 benchmarks/cpp_h200.py "$out/cpp"
+    [ -z "${SKIP_CPP:-}" ] && HAL_CPP_CACHE_DIR="$out/cpp-cache" step cpp 90 python3 benchmarks/cpp_h200.py "$out/cpp"
     step optimizer 30 python3 benchmarks/optimizer_host.py --steps 30
     step overhead 40 python3 benchmarks/dispatch_overhead.py --repeat 5 --number 2000 --device cuda
     step profile 100 python3 benchmarks/profile_steps.py "$out/profile" "${PROFILE_MODELS:-resnet50_train,llama_train}"
