@@ -6,6 +6,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, the whole-model table
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
+#   HAL_COMMIT=<sha> benchmarks/h200.sh host    # host time per layer on the training path, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels (SKIP_CPP=1 skips), host times, step profiles
 #
 # Wheels the image lacks travel in .whl/ (carry it): stevedore, and Liger-Kernel for the bench's
@@ -79,6 +80,16 @@ for r in rows:
             shown = "n/a" if t["value"] is None else f"{t['value']:.2f}x"
             print(f"  best_peer {r['op']}: {r['case']}: {shown} ({'met' if t['met'] else t.get('reason') or 'missed'})")
 PY
+    ;;
+  host)  # where the host time of a training layer goes, then the same models under each setting of AB_ENVS
+    step host-training 60 python3 benchmarks/host_training.py
+    IFS=';' read -ra settings <<< "${AB_ENVS:-}"
+    for i in "" "${!settings[@]}"; do
+      setting=${i:+${settings[$i]}}
+      echo "== models with: ${setting:-defaults}"
+      env $setting timeout 150 python3 -m hal bench --models "${MODELS:-resnet50_train}" --variants "${VARIANTS:-eager,hal}" --out "$out/models-ab$i" 2>&1 | grep -E "^\| (resnet|llama|moe)" | head -8
+    done
+    tar czf "$OUT/run.tgz" -C "$out" .
     ;;
   *) echo "unknown mode $mode (check, verify, final, bench, explore)"; exit 2 ;;
 esac

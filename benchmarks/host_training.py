@@ -1,0 +1,125 @@
+"""Host time of one ResNet layer on the training path, layer by layer: tiny inputs (the device is
+never the bottleneck), forward alone and forward + backward, hal next to the torch calls a model
+would make instead, then the single hal ops of the training decomposition and one bare Triton
+launch. For finding where a training step's host time goes, not for the results table.
+
+    python benchmarks/host_training.py [--device cuda] [--calls 300]
+
+Each row: the best of three rounds of ``calls`` back-to-back calls, in µs per call (launches are
+asynchronous, so this is the host's cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+import hal
+from hal.bench.timing import host_overhead_us
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    dev = torch.device(args.device)
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    cl = torch.channels_last
+    gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+    def rand(*shape: int, grad: bool = False, fmt: Any = None) -> torch.Tensor:
+        t = torch.randn(*shape, generator=gen).to(dev, dt)
+        if fmt is not None:
+            t = t.contiguous(memory_format=fmt)
+        return t.requires_grad_(grad)
+
+    x = rand(2, 16, 8, 8, grad=True, fmt=cl)
+    w = rand(16, 16, 3, 3, grad=True, fmt=cl)
+    gamma = (torch.rand(16, generator=gen) + 0.5).to(dev, dt).requires_grad_()
+    beta = rand(16, grad=True)
+    rm, rv = torch.zeros(16, device=dev, dtype=dt), torch.ones(16, device=dev, dtype=dt)
+    g = rand(2, 16, 8, 8, fmt=cl)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def row(name: str, fn: Callable[[], Any]) -> float:
+        fn()
+        sync()
+        us = host_overhead_us(fn, calls=args.calls)
+        sync()
+        print(f"{name:<72} {us:9.1f} us/call", flush=True)
+        return us
+
+    def fwd_bwd(f: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        return lambda: f().backward(g)
+
+    def torch_layer() -> torch.Tensor:
+        return F.relu(F.batch_norm(F.conv2d(x, w, None, 1, 1), rm, rv, gamma, beta, True, 0.1, 1e-5))
+
+    def hal_layer() -> torch.Tensor:
+        return hal.ops.fused_conv_bn_relu(x, w, None, gamma, beta, rm, rv, 1, 1, 1, 1, 1e-5, 0.1, True)
+
+    print(f"torch {torch.__version__}, hal {hal.__version__}, {dev}, {dt}, (2, 16, 8, 8) channels_last, 3x3 conv 16->16")
+    print("-- one layer: conv -> batch norm (training) -> ReLU")
+    row("torch: conv2d, batch_norm, relu forward", torch_layer)
+    row("torch: conv2d, batch_norm, relu forward + backward", fwd_bwd(torch_layer))
+    row("hal.ops.fused_conv_bn_relu training forward (its route)", hal_layer)
+    row("hal.ops.fused_conv_bn_relu training forward + backward (its route)", fwd_bwd(hal_layer))
+    decision = hal.explain("fused_conv_bn_relu", x, w, None, gamma, beta, rm, rv, 1, 1, 1, 1, 1e-5, 0.1, True)
+    print(f"   its route: {decision.route} ({decision.backend}/{decision.kernel})")
+    with torch.no_grad():  # the kernels that could run these inputs as one autograd node
+        plain = hal.explain("fused_conv_bn_relu", x.detach(), w.detach(), None, gamma.detach(), beta.detach(), rm, rv, 1, 1, 1, 1, 1e-5, 0.1, True)
+    for cand in plain.candidates:
+        if cand.backend == plain.backend and cand.supported and cand.kernel != "composite":
+            with hal.use(kernel={"fused_conv_bn_relu": cand.kernel}):
+                row(f"hal fused_conv_bn_relu forced {cand.kernel}: forward + backward", fwd_bwd(hal_layer))
+
+    print("-- the ops of the training decomposition, each with autograd, against torch's")
+    y = rand(2, 16, 8, 8, grad=True, fmt=cl)
+    row("torch: conv2d forward + backward", fwd_bwd(lambda: F.conv2d(x, w, None, 1, 1)))
+    row("hal.ops.conv2d forward + backward", fwd_bwd(lambda: hal.ops.conv2d(x, w, None, 1, 1)))
+    row("torch: batch_norm training forward + backward", fwd_bwd(lambda: F.batch_norm(y, rm, rv, gamma, beta, True, 0.1, 1e-5)))
+    row("hal.ops.batch_norm training forward + backward", fwd_bwd(lambda: hal.ops.batch_norm(y, rm, rv, gamma, beta, True, 0.1, 1e-5)))
+    row("torch: relu forward + backward", fwd_bwd(lambda: F.relu(y)))
+    row("hal.ops.scale_shift_act(relu) forward + backward", fwd_bwd(lambda: hal.ops.scale_shift_act(y, 1.0, 0.0, "relu")))
+
+    print("-- without autograd")
+    with torch.no_grad():
+        yd = y.detach()
+        row("torch: batch_norm training forward, no grad", lambda: F.batch_norm(yd, rm, rv, gamma, beta, True, 0.1, 1e-5))
+        row("hal.ops.batch_norm training forward, no grad", lambda: hal.ops.batch_norm(yd, rm, rv, gamma, beta, True, 0.1, 1e-5))
+        row("torch: relu, no grad", lambda: F.relu(yd))
+        row("hal.ops.scale_shift_act(relu), no grad", lambda: hal.ops.scale_shift_act(yd, 1.0, 0.0, "relu"))
+        row("torch.empty_like", lambda: torch.empty_like(yd))
+        if dev.type == "cuda":
+            _bare_launches(row, yd)
+
+
+def _bare_launches(row: Callable[[str, Callable[[], Any]], float], t: torch.Tensor) -> None:
+    """One Triton launch through hal's launch helper (the fast path) and through Triton itself."""
+    import triton
+    import triton.language as tl
+
+    from hal.triton._launch import launch
+
+    @triton.jit
+    def _copy(src, dst, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+    out = torch.empty_like(t)
+    n = t.numel()
+    row("Triton launch through hal.triton launch() (fast path)", lambda: launch(_copy, (1,), t, out, n, BLOCK=1024))
+    row("Triton launch through kernel[grid](...)", lambda: _copy[(1,)](t, out, n, BLOCK=1024))
+    row("torch: out.copy_(t)", lambda: out.copy_(t))
+
+
+if __name__ == "__main__":
+    main()
