@@ -55,7 +55,8 @@ def launch(kernel: Any, grid: Sequence[int], *args: Any, num_warps: int = 4, num
     The first launch of a specialisation goes through Triton (``kernel[grid](...)``: binding,
     specialisation, compilation); later ones with the same :func:`_spec_key` call the compiled
     kernel's launcher directly (see :class:`_Launched`), which saves most of Triton's per-launch
-    host time. ``HAL_TRITON_FAST_LAUNCH=0`` turns that off.
+    host time. ``HAL_TRITON_FAST_LAUNCH=0`` turns that off. A call site that launches the same
+    geometry over and over does better still with a :class:`LaunchPlan`.
     """
     if _FAST_LAUNCH[0]:
         try:
@@ -68,15 +69,59 @@ def launch(kernel: Any, grid: Sequence[int], *args: Any, num_warps: int = 4, num
             return
     else:
         key = None
+    launched = _through_triton(kernel, grid, args, num_warps, num_stages, fp_fusion, options, constexprs)
+    if key is not None and launched is not None:
+        if len(_LAUNCHED) > 8192:
+            _LAUNCHED.clear()
+        _LAUNCHED[key] = launched
+
+
+def _through_triton(kernel: Any, grid: Sequence[int], args: tuple, num_warps: int, num_stages: int, fp_fusion: bool,
+                    options: Sequence[tuple[str, Any]], constexprs: dict[str, Any]) -> "Optional[_Launched]":
+    """Launch through Triton itself (binding, specialisation, compilation on a miss of its cache);
+    the compiled specialisation as a :class:`_Launched` for the fast path, or None where there is
+    none (the fast path off, the interpreter, a Triton whose compiled kernels look otherwise)."""
     compiled = kernel[tuple(grid)](*args, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion, **dict(options), **constexprs)
-    if key is not None and compiled is not None:
-        launched = _Launched.build(kernel, compiled, len(args), constexprs)
-        if launched is None:
-            _FAST_LAUNCH[0] = False  # this Triton's compiled kernels do not look as expected
-        else:
-            if len(_LAUNCHED) > 8192:
-                _LAUNCHED.clear()
-            _LAUNCHED[key] = launched
+    if not _FAST_LAUNCH[0] or compiled is None:
+        return None
+    launched = _Launched.build(kernel, compiled, len(args), constexprs)
+    if launched is None:
+        _FAST_LAUNCH[0] = False  # this Triton's compiled kernels do not look as expected
+    return launched
+
+
+class LaunchPlan:
+    """One launch of a call site for one geometry: the kernel, its grid, the trailing runtime
+    arguments (sizes, strides) and the constexprs fixed once; each call passes only the leading
+    ``live`` arguments (the tensors, and numbers that change from call to call).
+
+    A kernel family builds one per geometry it keys on (shapes, strides, dtypes, options) and keeps
+    it, so a repeated call costs the live arguments' specialisation key, one dict lookup and the
+    launcher, instead of the family's planning and a key over every argument. The key still covers
+    every live tensor's dtype, 16-byte alignment and device, so a call never reaches a compiled
+    specialisation that assumed otherwise.
+    """
+
+    __slots__ = ("kernel", "grid", "fixed", "_opts", "_constexprs", "_by_spec")
+
+    def __init__(self, kernel: Any, grid: Sequence[int], fixed: Sequence[Any] = (), *, num_warps: int = 4, num_stages: int = 2,
+                 fp_fusion: bool = True, options: Sequence[tuple[str, Any]] = (), **constexprs: Any) -> None:
+        self.kernel, self.grid, self.fixed = kernel, tuple(grid), tuple(fixed)
+        self._opts = (num_warps, num_stages, fp_fusion, tuple(options))
+        self._constexprs = constexprs
+        self._by_spec: dict[tuple, _Launched] = {}
+
+    def __call__(self, *live: Any) -> None:
+        spec = live_key(live)
+        hit = self._by_spec.get(spec)
+        if hit is not None:
+            hit(self.grid, live + self.fixed)
+            return
+        launched = _through_triton(self.kernel, self.grid, live + self.fixed, *self._opts, self._constexprs)
+        if launched is not None:
+            if len(self._by_spec) > 64:
+                self._by_spec.clear()
+            self._by_spec[spec] = launched
 
 
 #: whether launches of compiled specialisations bypass Triton's Python launch path
@@ -101,6 +146,12 @@ def _spec_key(a: Any) -> Any:
 
 
 _Tensor = torch.Tensor
+
+
+def live_key(args: Sequence[Any]) -> tuple:
+    """``tuple(map(_spec_key, args))``, with the tensor case inlined (a plan's live arguments are
+    mostly tensors, and this runs on every launch)."""
+    return tuple([(a.dtype, a.data_ptr() & 15, a.get_device()) if type(a) is _Tensor else _spec_key(a) for a in args])
 
 
 class _Launched:

@@ -28,13 +28,14 @@ Per-channel vectors live in one (8, C) buffer in the compute precision, rows: 0 
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, compute_dtype, launch, split_f64, torch_compute_dtype
+from ._launch import LaunchPlan, cdiv, compute_dtype, split_f64, torch_compute_dtype
 from .config import BNConfig
 
 _A, _B, _MEAN, _INVSTD, _GA, _GB, _GC = range(7)
@@ -290,26 +291,59 @@ def _chunks(view: _View, cfg: BNConfig) -> tuple[int, int, int, int]:
     return 1, s_per, s_groups, view.n * s_groups
 
 
-def _reduce(kernel, inputs: tuple, view: _View, vec_or_none, relu: Optional[bool], cfg: BNConfig, cdt) -> tuple[torch.Tensor, int]:
-    n_per, s_per, n_sgroups, n_chunks = _chunks(view, cfg)
-    ncb = cdiv(view.c, cfg.block_c)
-    x = inputs[-1]
-    part = torch.empty((n_chunks, 2, view.c), dtype=torch_compute_dtype(x.dtype), device=x.device)
-    extra = {} if relu is None else {"RELU": relu}
-    args = (*inputs, part) + ((vec_or_none,) if vec_or_none is not None else ())
-    launch(kernel, (n_chunks * ncb,), *args, view.n, view.c, view.s, *view.strides, n_per, s_per, n_sgroups, ncb,
-           num_warps=cfg.reduce_warps or cfg.num_warps, BLOCK_C=cfg.block_c, BLOCK_S=cfg.reduce_block_s or cfg.block_s, COMPUTE=cdt, **extra)
-    return part, n_chunks
+class _Geometry:
+    """The launches of one batch-norm geometry (x's shape, strides and dtype, the tiles, which
+    optional tensors are given, momentum and eps), planned once: a model calls the same layers over
+    and over, and planning costs more host time than the launches."""
+
+    def __init__(self, x: torch.Tensor, cfg: BNConfig) -> None:
+        view = self.view = _View(x)
+        self.cfg = cfg
+        self.cdt, self.acc = compute_dtype(x.dtype), torch_compute_dtype(x.dtype)
+        n_per, s_per, n_sgroups, self.n_chunks = _chunks(view, cfg)
+        ncb, nsb = cdiv(view.c, cfg.block_c), cdiv(view.s, cfg.block_s)
+        self.reduce_grid = (self.n_chunks * cdiv(view.c, cfg.block_c),)
+        self.reduce_fixed = (view.n, view.c, view.s, *view.strides, n_per, s_per, n_sgroups, ncb)
+        self.apply_grid = (ncb * nsb * view.n,)
+        self.apply_fixed = (view.c, view.s, *view.strides, ncb, nsb)
+        self.vector_grid = (cdiv(view.c, cfg.finalize_block),)
+        self.count = float(view.n * view.s)
+        self.plans: dict[tuple, LaunchPlan] = {}
+
+    def reduce(self, kernel, **constexprs) -> LaunchPlan:
+        """A per-chunk reduction over the (N, C, S) view: stats, or the backward's sums."""
+        cfg = self.cfg
+        return LaunchPlan(kernel, self.reduce_grid, self.reduce_fixed, num_warps=cfg.reduce_warps or cfg.num_warps,
+                          BLOCK_C=cfg.block_c, BLOCK_S=cfg.reduce_block_s or cfg.block_s, COMPUTE=self.cdt, **constexprs)
+
+    def elementwise(self, kernel, relu: bool) -> LaunchPlan:
+        cfg = self.cfg
+        return LaunchPlan(kernel, self.apply_grid, self.apply_fixed, num_warps=cfg.num_warps, RELU=relu,
+                          BLOCK_C=cfg.block_c, BLOCK_S=cfg.block_s, COMPUTE=self.cdt)
+
+    def plan(self, key: tuple, build) -> LaunchPlan:
+        hit = self.plans.get(key)
+        if hit is None:
+            hit = self.plans[key] = build()
+        return hit
 
 
-def _elementwise_grid(view: _View, cfg: BNConfig) -> tuple[tuple[int], int, int]:
-    ncb, nsb = cdiv(view.c, cfg.block_c), cdiv(view.s, cfg.block_s)
-    return (ncb * nsb * view.n,), ncb, nsb
+_GEOMETRIES: dict[tuple, _Geometry] = {}
+
+
+def _geometry(x: torch.Tensor, cfg: BNConfig) -> _Geometry:
+    key = (x.shape, x.stride(), x.dtype, cfg)
+    geo = _GEOMETRIES.get(key)
+    if geo is None:
+        if len(_GEOMETRIES) > 1024:
+            _GEOMETRIES.clear()
+        geo = _GEOMETRIES[key] = _Geometry(x, cfg)
+    return geo
 
 
 def affine_params(
     x: torch.Tensor,
-    view: _View,
+    geo: _Geometry,
     weight: Optional[torch.Tensor],
     bias: Optional[torch.Tensor],
     running_mean: Optional[torch.Tensor],
@@ -319,30 +353,74 @@ def affine_params(
     update_running: bool,
     momentum: float,
     eps: float,
-    cfg: BNConfig,
 ) -> torch.Tensor:
-    """The (8, C) per-channel buffer (rows 0-3 filled) of a batch norm of the dense x (``view``:
-    its _View); with ``update_running`` (training, running statistics given) these are updated in
+    """The (8, C) per-channel buffer (rows 0-3 filled) of a batch norm of the dense x (``geo``: its
+    geometry); with ``update_running`` (training, running statistics given) these are updated in
     place with ``momentum``."""
-    cdt = compute_dtype(x.dtype)
-    vec = torch.empty((8, view.c), dtype=torch_compute_dtype(x.dtype), device=x.device)
+    c = geo.view.c
+    vec = torch.empty((8, c), dtype=geo.acc, device=x.device)
     if training:
-        part, n_chunks = _reduce(bn_stats_kernel, (x,), view, None, None, cfg, cdt)
+        part = torch.empty((geo.n_chunks, 2, c), dtype=geo.acc, device=x.device)
+        geo.plan(("stats",), lambda: geo.reduce(bn_stats_kernel))(x, part)
+        n_chunks = geo.n_chunks
     else:
         part, n_chunks = vec, 0
     update = update_running and training and running_mean is not None
-    launch(
-        bn_finalize_kernel, (cdiv(view.c, cfg.finalize_block),),
-        x, part, vec, _or(weight, vec), _or(bias, vec), _or(running_mean, vec), _or(running_var, vec), _or(conv_bias, vec),
-        n_chunks, view.c, view.strides[1], float(view.n * view.s), *split_f64(momentum), *split_f64(eps),
-        num_warps=4, TRAINING=training, UPDATE_RUNNING=update, HAS_W=weight is not None, HAS_B=bias is not None,
-        HAS_CONV_BIAS=conv_bias is not None, BLOCK_C=cfg.finalize_block, BLOCK_R=cfg.finalize_rows, COMPUTE=cdt,
-    )
+    flags = (training, update, weight is not None, bias is not None, conv_bias is not None)
+
+    def build() -> LaunchPlan:
+        cfg = geo.cfg
+        return LaunchPlan(
+            bn_finalize_kernel, geo.vector_grid, (n_chunks, c, geo.view.strides[1], geo.count, *split_f64(momentum), *split_f64(eps)),
+            num_warps=4, TRAINING=training, UPDATE_RUNNING=update, HAS_W=flags[2], HAS_B=flags[3], HAS_CONV_BIAS=flags[4],
+            BLOCK_C=cfg.finalize_block, BLOCK_R=cfg.finalize_rows, COMPUTE=geo.cdt,
+        )
+
+    geo.plan(("finalize", flags, momentum, eps), build)(
+        x, part, vec, _or(weight, vec), _or(bias, vec), _or(running_mean, vec), _or(running_var, vec), _or(conv_bias, vec))
     return vec
 
 
 def _or(t: Optional[torch.Tensor], default: torch.Tensor) -> torch.Tensor:
     return t if t is not None else default
+
+
+class _SavedStatistics:
+    """A training forward's per-channel buffer, kept for the backward of the same batch norm so
+    that it does not recompute the statistics (two launches and a pass over x).
+
+    An entry holds x weakly and answers only the same live tensor at the same version counter and
+    the same eps (rows 2-3, mean and 1/std, depend on nothing else); a backward with the ReLU also
+    reads the affine pair of rows 0-1, so it needs the same weight, bias and convolution bias at
+    their versions. Anything else recomputes. The backward takes its entry (a second backward of the
+    same graph recomputes). A few hundred entries at most: one per batch norm of a model between its
+    forward and its backward.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._entries: dict[int, tuple] = {}
+
+    @staticmethod
+    def _params(params: tuple) -> tuple:
+        return tuple([(None, 0) if p is None else (p._cdata, p._version) for p in params])
+
+    def keep(self, x: torch.Tensor, params: tuple, eps: float, vec: torch.Tensor) -> None:
+        entries = self._entries
+        if len(entries) >= self.size:
+            del entries[next(iter(entries))]  # the oldest
+        entries[x._cdata] = (weakref.ref(x), x._version, eps, self._params(params), vec)
+
+    def take(self, x: torch.Tensor, params: tuple, eps: float, relu: bool) -> Optional[torch.Tensor]:
+        hit = self._entries.pop(x._cdata, None)
+        if hit is None or hit[0]() is not x or hit[1] != x._version or hit[2] != eps:
+            return None
+        if relu and hit[3] != self._params(params):
+            return None
+        return hit[4]
+
+
+_SAVED = _SavedStatistics()
 
 
 def batch_norm_forward(
@@ -360,13 +438,13 @@ def batch_norm_forward(
 ) -> torch.Tensor:
     """``act(batch_norm(x + conv_bias))`` with act ReLU or none, in x's layout (x dense: see
     :func:`dense`). conv_bias is the bias of a convolution x came out of without it."""
-    view = _View(x)
-    vec = affine_params(x, view, weight, bias, running_mean, running_var, conv_bias, training, True, momentum, eps, cfg)
+    geo = _geometry(x, cfg)
+    vec = affine_params(x, geo, weight, bias, running_mean, running_var, conv_bias, training, True, momentum, eps)
+    if training:
+        _SAVED.keep(x, (weight, bias, conv_bias), eps, vec)
     y = torch.empty_like(x)
     assert y.stride() == x.stride()
-    grid, ncb, nsb = _elementwise_grid(view, cfg)
-    launch(bn_apply_kernel, grid, x, y, vec, view.c, view.s, *view.strides, ncb, nsb,
-           num_warps=cfg.num_warps, RELU=relu, BLOCK_C=cfg.block_c, BLOCK_S=cfg.block_s, COMPUTE=compute_dtype(x.dtype))
+    geo.plan(("apply", relu), lambda: geo.elementwise(bn_apply_kernel, relu))(x, y, vec)
     return y
 
 
@@ -384,24 +462,30 @@ def batch_norm_backward(
     grad_dtypes: tuple[torch.dtype, torch.dtype],
     conv_bias: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(grad_x, grad_weight, grad_bias) of :func:`batch_norm_forward` (statistics recomputed, running
-    ones left alone); the parameter gradients in ``grad_dtypes``."""
-    view = _View(x)  # the statistics are recomputed; the running ones are read, never written
-    vec = affine_params(x, view, weight, bias, running_mean, running_var, conv_bias, training, False, 0.0, eps, cfg)
+    """(grad_x, grad_weight, grad_bias) of :func:`batch_norm_forward`; the parameter gradients in
+    ``grad_dtypes``. The batch statistics are those the forward kept for this x (see
+    :class:`_SavedStatistics`), else recomputed; the running ones are read, never written."""
+    geo = _geometry(x, cfg)
+    vec = _SAVED.take(x, (weight, bias, conv_bias), eps, relu) if training else None
+    if vec is None:
+        vec = affine_params(x, geo, weight, bias, running_mean, running_var, conv_bias, training, False, 0.0, eps)
     if grad_out.stride() != x.stride():
         g = torch.empty_like(x)
         g.copy_(grad_out)
     else:
         g = grad_out
-    cdt = compute_dtype(x.dtype)
-    part, n_chunks = _reduce(bn_bwd_reduce_kernel, (g, x), view, vec, relu, cfg, cdt)
-    gw = torch.empty(view.c, dtype=grad_dtypes[0], device=x.device)
-    gb = torch.empty(view.c, dtype=grad_dtypes[1], device=x.device)
-    launch(bn_bwd_finalize_kernel, (cdiv(view.c, cfg.finalize_block),), part, vec, _or(weight, vec), gw, gb,
-           n_chunks, view.c, float(view.n * view.s),
-           num_warps=4, TRAINING=training, HAS_W=weight is not None, BLOCK_C=cfg.finalize_block, BLOCK_R=cfg.finalize_rows, COMPUTE=cdt)
+    c = geo.view.c
+    part = torch.empty((geo.n_chunks, 2, c), dtype=geo.acc, device=x.device)
+    geo.plan(("bwd_reduce", relu), lambda: geo.reduce(bn_bwd_reduce_kernel, RELU=relu))(g, x, part, vec)
+    gw = torch.empty(c, dtype=grad_dtypes[0], device=x.device)
+    gb = torch.empty(c, dtype=grad_dtypes[1], device=x.device)
+    has_w = weight is not None
+
+    def finalize() -> LaunchPlan:
+        return LaunchPlan(bn_bwd_finalize_kernel, geo.vector_grid, (geo.n_chunks, c, geo.count), num_warps=4, TRAINING=training,
+                          HAS_W=has_w, BLOCK_C=cfg.finalize_block, BLOCK_R=cfg.finalize_rows, COMPUTE=geo.cdt)
+
+    geo.plan(("bwd_finalize", training, has_w), finalize)(part, vec, _or(weight, vec), gw, gb)
     dx = torch.empty_like(x)
-    grid, ncb, nsb = _elementwise_grid(view, cfg)
-    launch(bn_bwd_apply_kernel, grid, g, x, dx, vec, view.c, view.s, *view.strides, ncb, nsb,
-           num_warps=cfg.num_warps, RELU=relu, BLOCK_C=cfg.block_c, BLOCK_S=cfg.block_s, COMPUTE=cdt)
+    geo.plan(("bwd_apply", relu), lambda: geo.elementwise(bn_bwd_apply_kernel, relu))(g, x, dx, vec)
     return dx, gw, gb

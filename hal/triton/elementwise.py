@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, compute_dtype, launch, next_pow2, torch_compute_dtype
+from ._launch import LaunchPlan, cdiv, compute_dtype, next_pow2, torch_compute_dtype
 from .activation import ACT_CODES, act_fwd, act_grad
 
 Scalar = Union[float, torch.Tensor]
@@ -166,9 +166,15 @@ def _param_args(x: torch.Tensor, value: Scalar, strides: Optional[tuple[int, ...
     if isinstance(value, torch.Tensor):
         assert strides is not None
         return value, 0.0, strides, 2 if strides[:3] == (0, 0, 0) else 1
+    return (*_number_args(x, value), (0, 0, 0, 0), 1 if x.dtype == torch.float64 else 0)
+
+
+def _number_args(x: torch.Tensor, value: Any) -> tuple[torch.Tensor, float]:
+    """(pointer, scalar) of a parameter that is a number: x stands in for the unused pointer. For
+    float64 the number goes in a one-element tensor (read in mode 1 with zero strides)."""
     if x.dtype == torch.float64:  # Triton passes Python floats as float32: a float64 fill keeps it exact
-        return torch.full((1,), float(value), dtype=torch.float64, device=x.device), 0.0, (0, 0, 0, 0), 1
-    return x, float(value), (0, 0, 0, 0), 0
+        return torch.full((1,), float(value), dtype=torch.float64, device=x.device), 0.0
+    return x, float(value)
 
 
 #: widest column tile when there are several rows: per-column parameters are then loaded once for a
@@ -185,38 +191,50 @@ def _blocks(layout: Layout, block_elems: int) -> tuple[int, int, int]:
     return block_r, block_c, cdiv(layout.cols, block_c)
 
 
-_PLANS: dict[tuple, Layout] = {}
-
-
 def _geometry(t: Any) -> Any:
-    return (tuple(t.shape), t.stride()) if isinstance(t, torch.Tensor) else None
+    return (t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else None
 
 
-def _layout(x: torch.Tensor, tensors: list[Optional[torch.Tensor]]) -> tuple[Layout, list[Optional[torch.Tensor]]]:
-    """plan_layout, cached by the geometry of the call (the host cost of a launch matters: a model
-    calls the same shapes over and over); plans that materialise a parameter are not cached."""
-    key = (tuple(x.shape), x.stride(), *map(_geometry, tensors))
-    hit = _PLANS.get(key)
-    if hit is not None:
-        return hit, tensors
-    layout, planned = plan_layout(x, tensors)
-    if all(a is b for a, b in zip(planned, tensors)):
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        _PLANS[key] = layout
-    return layout, planned
-
-
-def _prepare(x: torch.Tensor, scale: Scalar, shift: Scalar) -> tuple[torch.Tensor, Layout, list[Any]]:
+def _prepare(x: torch.Tensor, scale: Scalar, shift: Scalar) -> tuple[torch.Tensor, Layout, list[Any], bool]:
+    """x dense, its layout, the kernels' (pointer, scalar, strides, mode) of scale and shift, and
+    whether a plan of this geometry may be kept (nothing was copied or materialised for it)."""
+    kept = True
     if not x.is_contiguous() and memory_order(x) is None:
-        x = x.contiguous()
+        x, kept = x.contiguous(), False
     tensors = [v if isinstance(v, torch.Tensor) else None for v in (scale, shift)]
-    layout, tensors = _layout(x, tensors)
+    layout, planned = plan_layout(x, tensors)
+    kept = kept and all(a is b for a, b in zip(planned, tensors))
     strides = iter(layout.strides)
     args = []
-    for value, t in zip((scale, shift), tensors):
+    for value, t in zip((scale, shift), planned):
         args.append(_param_args(x, t if t is not None else value, next(strides) if t is not None else None))
-    return x, layout, args
+    return x, layout, args, kept
+
+
+def _live(x: torch.Tensor, value: Scalar) -> tuple[Any, Any]:
+    """(pointer, scalar) of a parameter for one call of a kept plan."""
+    return (value, 0.0) if isinstance(value, torch.Tensor) else _number_args(x, value)
+
+
+class _Site:
+    """What the calls of one geometry share: the launch plan and, for the backward, the buffers'
+    sizes and which of them it writes."""
+
+    __slots__ = ("plan", "n_programs", "write_dz", "partials")
+
+    def __init__(self, plan: LaunchPlan, n_programs: int = 0, write_dz: bool = False, partials: bool = False) -> None:
+        self.plan, self.n_programs, self.write_dz, self.partials = plan, n_programs, write_dz, partials
+
+
+#: kept plans by call geometry (a model calls the same shapes over and over: planning a launch costs
+#: more host time than the launch)
+_SITES: dict[tuple, _Site] = {}
+
+
+def _keep(key: tuple, site: _Site) -> None:
+    if len(_SITES) > 4096:
+        _SITES.clear()
+    _SITES[key] = site
 
 
 def affine_act(
@@ -231,19 +249,26 @@ def affine_act(
 ) -> torch.Tensor:
     """``act(x * scale + shift)`` into a new tensor of x's layout (or into ``out``, which may be x
     itself: the GEMM epilogue runs in place). ``block_elems`` elements per program."""
-    x, layout, ((sp, sv, ss, st), (hp, hv, hs, ht)) = _prepare(x, scale, shift)
+    key = (0, x.shape, x.stride(), x.dtype, _geometry(scale), _geometry(shift), act, block_elems, num_warps)
+    site = _SITES.get(key)
+    if site is None:
+        x, layout, ((sp, sv, ss, st), (hp, hv, hs, ht)), kept = _prepare(x, scale, shift)
+        block_r, block_c, n_col_blocks = _blocks(layout, block_elems)
+        _, d1, d2, _ = layout.dims
+        site = _Site(LaunchPlan(
+            affine_act_kernel, (cdiv(layout.rows, block_r) * n_col_blocks,), (layout.rows, layout.cols, n_col_blocks, d1, d2, *ss, *hs),
+            num_warps=num_warps, ACT=ACT_CODES[act], SCALE_TENSOR=st, SHIFT_TENSOR=ht, BLOCK_R=block_r, BLOCK_C=block_c,
+            COMPUTE=compute_dtype(x.dtype),
+        ))
+        if kept:
+            _keep(key, site)
+    else:
+        sp, sv = _live(x, scale)
+        hp, hv = _live(x, shift)
     if out is None:
         out = torch.empty_like(x)
     assert out.stride() == x.stride(), "out must have x's layout"
-    block_r, block_c, n_col_blocks = _blocks(layout, block_elems)
-    grid = (cdiv(layout.rows, block_r) * n_col_blocks,)
-    _, d1, d2, _ = layout.dims
-    launch(
-        affine_act_kernel, grid,
-        x, out, sp, hp, sv, hv, layout.rows, layout.cols, n_col_blocks, d1, d2, *ss, *hs,
-        num_warps=num_warps, ACT=ACT_CODES[act], SCALE_TENSOR=st, SHIFT_TENSOR=ht, BLOCK_R=block_r, BLOCK_C=block_c,
-        COMPUTE=compute_dtype(x.dtype),
-    )
+    site.plan(x, out, sp, hp, sv, hv)
     return out
 
 
@@ -272,25 +297,34 @@ def affine_act_backward(
     for numbers) and x's dtype; those ``output_mask`` leaves out are neither reduced nor returned
     (grad_x is computed anyway: it is the pass itself)."""
     want_x, want_scale, want_shift = output_mask
-    x, layout, ((sp, sv, ss, st), (hp, hv, hs, ht)) = _prepare(x, scale, shift)
-    if grad_out.stride() != x.stride():
-        grad_out = _like_layout(grad_out, x)
-    block_r, block_c, n_col_blocks = _blocks(layout, block_elems)
-    n_programs = cdiv(layout.rows, block_r) * n_col_blocks
-    gx = torch.empty_like(x)
     scale_t, shift_t = isinstance(scale, torch.Tensor), isinstance(shift, torch.Tensor)
     write_dz = (want_scale and scale_t) or (want_shift and shift_t)
     partials = (want_scale and not scale_t) or (want_shift and not shift_t)
+    key = (1, x.shape, x.stride(), x.dtype, _geometry(scale), _geometry(shift), act, block_elems, num_warps, write_dz, partials)
+    site = _SITES.get(key)
+    if site is None:
+        x, layout, ((sp, sv, ss, st), (hp, hv, hs, ht)), kept = _prepare(x, scale, shift)
+        block_r, block_c, n_col_blocks = _blocks(layout, block_elems)
+        n_programs = cdiv(layout.rows, block_r) * n_col_blocks
+        _, d1, d2, _ = layout.dims
+        site = _Site(LaunchPlan(
+            affine_act_backward_kernel, (n_programs,), (layout.rows, layout.cols, n_col_blocks, d1, d2, *ss, *hs),
+            num_warps=num_warps, ACT=ACT_CODES[act], SCALE_TENSOR=st, SHIFT_TENSOR=ht, WRITE_DZ=write_dz,
+            PARTIALS=partials, BLOCK_R=block_r, BLOCK_C=block_c, COMPUTE=compute_dtype(x.dtype),
+        ), n_programs, write_dz, partials)
+        if kept:
+            _keep(key, site)
+    else:
+        sp, sv = _live(x, scale)
+        hp, hv = _live(x, shift)
+    if grad_out.stride() != x.stride():
+        grad_out = _like_layout(grad_out, x)
+    gx = torch.empty_like(x)
     acc = torch_compute_dtype(x.dtype)
     dz = torch.empty_like(x, dtype=acc) if write_dz else gx
+    n_programs = site.n_programs
     part = torch.empty(2 * n_programs if partials else 1, dtype=acc, device=x.device)
-    _, d1, d2, _ = layout.dims
-    launch(
-        affine_act_backward_kernel, (n_programs,),
-        grad_out, x, gx, dz, part, sp, hp, sv, hv, layout.rows, layout.cols, n_col_blocks, d1, d2, *ss, *hs,
-        num_warps=num_warps, ACT=ACT_CODES[act], SCALE_TENSOR=st, SHIFT_TENSOR=ht, WRITE_DZ=write_dz,
-        PARTIALS=partials, BLOCK_R=block_r, BLOCK_C=block_c, COMPUTE=compute_dtype(x.dtype),
-    )
+    site.plan(grad_out, x, gx, dz, part, sp, hp, sv, hv)
     grad_scale = grad_shift = None
     if want_scale:
         grad_scale = _reduce_to(dz * x.to(acc), scale, x) if scale_t else part[:n_programs].sum().to(x.dtype)

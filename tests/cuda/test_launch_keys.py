@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from hal.triton._launch import _spec_key
+from hal.triton._launch import _spec_key, live_key
 
 from ._support import fresh_seed
 
@@ -73,3 +73,8 @@ def test_key_separates_what_changes_the_compiled_code():
         assert _spec_key(a) != _spec_key(b), (a, b)
     for a, b in itertools.combinations([2, 3, 5, 7], 2):  # unaligned, not 1: one specialisation
         assert _spec_key(a) == _spec_key(b)
+
+
+def test_a_plans_live_key_is_the_launch_key_of_each_argument():
+    values = edge_values() + [torch.nn.Parameter(torch.empty(8))]  # a tensor subclass takes the general case
+    assert live_key(values) == tuple(map(_spec_key, values))

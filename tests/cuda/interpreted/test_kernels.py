@@ -162,6 +162,27 @@ def test_batch_norm_backward_leaves_running_statistics_alone(gen):
     assert torch.equal(rm, before[0]) and torch.equal(rv, before[1])
 
 
+def test_batch_norm_backward_reuses_the_forwards_statistics_only_for_the_unchanged_input(gen, monkeypatch):
+    """The training forward keeps its statistics for the backward of the same x; after an in-place
+    change of x (a new version) the backward recomputes them and follows the new data."""
+    from hal.triton import batchnorm
+
+    recomputed = []
+    real = batchnorm.affine_params
+    monkeypatch.setattr(batchnorm, "affine_params", lambda *a, **k: recomputed.append(a[-3]) or real(*a, **k))
+    x = randn(gen, 4, 6, 3, 5).contiguous(memory_format=torch.channels_last)
+    w, b, g = randn(gen, 6, shift=1.5), randn(gen, 6), randn(gen, 4, 6, 3, 5)
+    fwd, bwd = kern("batch_norm", "triton"), kern("batch_norm_backward", "triton")
+    fwd(x, None, None, w, b, True, 0.1, 1e-5)
+    check("batch_norm_backward", bwd, (g, x, None, None, w, True, 1e-5), outputs=3)
+    assert recomputed == [True], "the backward recomputed what the forward kept"  # the forward's own call only
+    fwd(x, None, None, w, b, True, 0.1, 1e-5)
+    x.mul_(3.0).add_(1.0)
+    check("batch_norm_backward", bwd, (g, x, None, None, w, True, 1e-5), outputs=3)
+    assert recomputed == [True, True, False], "the backward used statistics of x before its in-place change"
+    check("batch_norm_backward", bwd, (g, x, None, None, w, True, 1e-5), outputs=3)  # nothing kept: recomputed
+
+
 def test_batch_norm_2d_input_without_affine(gen):
     x = randn(gen, 9, 4, shift=-2.0)
     check("batch_norm", kern("batch_norm", "triton"), (x, None, None, None, None, True, 0.1, 1e-5))
