@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from typing import Any, Callable
 
 import torch
@@ -57,6 +58,15 @@ def main() -> None:
         print(f"{name:<72} {us:9.1f} us/call", flush=True)
         return us
 
+    def row_on_thread(name: str, fn: Callable[[], Any]) -> None:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            _on_thread(fn, args.calls)
+            sync()
+            best = min(best, (time.perf_counter() - t0) / args.calls * 1e6)
+        print(f"{name:<72} {best:9.1f} us/call", flush=True)
+
     def fwd_bwd(f: Callable[[], torch.Tensor]) -> Callable[[], None]:
         return lambda: f().backward(g)
 
@@ -90,6 +100,19 @@ def main() -> None:
     row("torch: relu forward + backward", fwd_bwd(lambda: F.relu(y)))
     row("hal.ops.scale_shift_act(relu) forward + backward", fwd_bwd(lambda: hal.ops.scale_shift_act(y, 1.0, 0.0, "relu")))
 
+    print("-- backward ops called directly, on this thread and on another (autograd runs CUDA backward nodes on its device thread)")
+    yd, gd = y.detach(), g
+    direct = {
+        "torch: aten.threshold_backward": lambda: torch.ops.aten.threshold_backward(gd, yd, 0.0),
+        "hal.ops.scale_shift_act_backward (relu, grad_x only)": lambda: hal.ops.scale_shift_act_backward(gd, yd, 1.0, 0.0, "relu", (True, False, False)),
+        "hal.ops.batch_norm_backward (statistics recomputed)": lambda: hal.ops.batch_norm_backward(gd, yd, rm, rv, gamma.detach(), True, 1e-5),
+    }
+    for name, fn in direct.items():
+        row(f"{name}, this thread", fn)
+        row_on_thread(f"{name}, another thread", fn)
+    row("torch: relu forward with grad (no backward)", lambda: F.relu(y))
+    row("hal.ops.scale_shift_act(relu) forward with grad (no backward)", lambda: hal.ops.scale_shift_act(y, 1.0, 0.0, "relu"))
+
     print("-- without autograd")
     with torch.no_grad():
         yd = y.detach()
@@ -100,6 +123,19 @@ def main() -> None:
         row("torch.empty_like", lambda: torch.empty_like(yd))
         if dev.type == "cuda":
             _bare_launches(row, yd)
+
+
+def _on_thread(fn: Callable[[], Any], calls: int) -> None:
+    """``calls`` calls of fn on a fresh thread, waited for (its start is paid once per ``calls``)."""
+    import threading
+
+    def loop() -> None:
+        for _ in range(calls):
+            fn()
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    worker.join()
 
 
 def _bare_launches(row: Callable[[str, Callable[[], Any]], float], t: torch.Tensor) -> None:
