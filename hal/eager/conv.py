@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from hal.kept import KeptForBackward
 from hal.plugin import Inputs
 
 from .elementwise import detached, filled_leaf, leaf, masked_grads
@@ -58,6 +59,14 @@ def conv2d_backward(
         return masked_grads(lambda: conv2d(xg, wg, b, stride, padding, dilation, groups), (xg, wg, b), output_mask, grad_out)
 
 
+def torch_bn_eps(inputs: Inputs) -> list[str]:
+    """A check of kernels built on torch's batch norm: its kernels refuse eps = 0 in training (the
+    op allows it)."""
+    if inputs["training"] and inputs["eps"] == 0:
+        return ["eps = 0 in training (torch's batch-norm kernels require eps > 0 there)"]
+    return []
+
+
 def batch_norm(
     x: torch.Tensor,
     running_mean: Optional[torch.Tensor],
@@ -91,6 +100,68 @@ def batch_norm_backward(
         w = leaf(weight) if weight is not None else filled_leaf(x.shape[1], 1.0, x)
         b = torch.zeros_like(w, requires_grad=True)  # in the weight's dtype, as a real bias would be
         return torch.autograd.grad(F.batch_norm(xg, rm, rv, w, b, training, 0.0, eps), (xg, w, b), grad_out)
+
+
+#: the batch statistics (mean, 1/std) of kept_batch_norm's training forwards, for the backward of the same x
+KEPT = KeptForBackward()
+
+
+def kept_batch_norm(
+    x: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> torch.Tensor:
+    """torch's own batch norm (``torch.native_batch_norm``: torch's kernels, as an eager model runs
+    them); in training its batch statistics are kept for :func:`kept_batch_norm_backward` of the
+    same x (hal.kept)."""
+    if not training:
+        return F.batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)
+    out, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
+    KEPT.keep(x, eps, (mean, invstd))
+    return out
+
+
+def kept_batch_norm_backward(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    training: bool,
+    eps: float,
+) -> tuple:
+    """(grad_x, grad_weight, grad_bias) by torch's batch-norm backward kernel, from the statistics
+    :func:`kept_batch_norm` kept for this x (else recomputed; in eval the running ones). The
+    parameter gradients come in the weight's dtype (x's without a weight)."""
+    if training:
+        kept = KEPT.take(x, eps)
+        mean, invstd = kept if kept is not None else torch.native_batch_norm(x, weight, None, None, None, True, 0.0, eps)[1:]
+        stats = (None, None)
+    else:
+        mean = invstd = None
+        stats = (running_mean, running_var)
+    w = weight if weight is not None else x.new_ones(x.shape[1], dtype=torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype)
+    gx, gw, gb = torch.ops.aten.native_batch_norm_backward(grad_out, x, w, *stats, mean, invstd, training, eps, [True, True, True])
+    if weight is None:
+        gw, gb = gw.to(x.dtype), gb.to(x.dtype)
+    return gx, gw, gb
+
+
+def torch_bn_dtypes(inputs: Inputs) -> list[str]:
+    """A check of kernels built on torch's batch norm: its parameters and statistics have x's
+    dtype, or all float32 beside half-precision x (torch's mixed-precision batch norm)."""
+    x = inputs["x"]
+    names = [n for n in ("running_mean", "running_var", "weight", "bias") if n in inputs.op.param_names]
+    params = [p for p in map(inputs.__getitem__, names) if p is not None]
+    dtypes = {p.dtype for p in params}
+    if dtypes <= {x.dtype} or (x.dtype in (torch.float16, torch.bfloat16) and dtypes == {torch.float32}):
+        return []
+    return [f"parameters in {sorted(str(d) for d in dtypes)} beside {x.dtype} x (torch's batch norm takes x's dtype, or float32 with half x)"]
 
 
 def fused_conv_bn_relu(

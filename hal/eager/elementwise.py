@@ -71,3 +71,23 @@ def scale_shift_act_backward(
 
 
 __all__ = ["scale_shift_act", "scale_shift_act_backward"]
+
+
+#: activations that round nothing: after an identity affine they run in x's own dtype, in one pass
+EXACT_ACTS = ("none", "relu")
+
+
+def identity_affine(scale: Scalar, shift: Scalar) -> bool:
+    """scale 1 and shift 0 as numbers: a bare activation (the training decomposition of
+    fused_conv_bn_relu ends with a ReLU on its own)."""
+    return not isinstance(scale, torch.Tensor) and not isinstance(shift, torch.Tensor) and scale == 1.0 and shift == 0.0
+
+
+def exact_activation(x: torch.Tensor, act: str) -> torch.Tensor:
+    """act(x) for an act of EXACT_ACTS: one torch kernel in x's dtype."""
+    return torch.relu(x) if act == "relu" else x.clone()
+
+
+def exact_activation_grad(grad_out: torch.Tensor, x: torch.Tensor, act: str) -> torch.Tensor:
+    """grad_x of :func:`exact_activation`: one torch kernel."""
+    return torch.ops.aten.threshold_backward(grad_out, x, 0) if act == "relu" else grad_out.clone()

@@ -28,12 +28,13 @@ Per-channel vectors live in one (8, C) buffer in the compute precision, rows: 0 
 
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+
+from hal.kept import KeptForBackward, param_state
 
 from ._launch import LaunchPlan, cdiv, compute_dtype, split_f64, torch_compute_dtype
 from .config import BNConfig
@@ -385,42 +386,10 @@ def _or(t: Optional[torch.Tensor], default: torch.Tensor) -> torch.Tensor:
     return t if t is not None else default
 
 
-class _SavedStatistics:
-    """A training forward's per-channel buffer, kept for the backward of the same batch norm so
-    that it does not recompute the statistics (two launches and a pass over x).
-
-    An entry holds x weakly and answers only the same live tensor at the same version counter and
-    the same eps (rows 2-3, mean and 1/std, depend on nothing else); a backward with the ReLU also
-    reads the affine pair of rows 0-1, so it needs the same weight, bias and convolution bias at
-    their versions. Anything else recomputes. The backward takes its entry (a second backward of the
-    same graph recomputes). A few hundred entries at most: one per batch norm of a model between its
-    forward and its backward.
-    """
-
-    def __init__(self, size: int = 256) -> None:
-        self.size = size
-        self._entries: dict[int, tuple] = {}
-
-    @staticmethod
-    def _params(params: tuple) -> tuple:
-        return tuple([(None, 0) if p is None else (p._cdata, p._version) for p in params])
-
-    def keep(self, x: torch.Tensor, params: tuple, eps: float, vec: torch.Tensor) -> None:
-        entries = self._entries
-        if len(entries) >= self.size:
-            del entries[next(iter(entries))]  # the oldest
-        entries[x._cdata] = (weakref.ref(x), x._version, eps, self._params(params), vec)
-
-    def take(self, x: torch.Tensor, params: tuple, eps: float, relu: bool) -> Optional[torch.Tensor]:
-        hit = self._entries.pop(x._cdata, None)
-        if hit is None or hit[0]() is not x or hit[1] != x._version or hit[2] != eps:
-            return None
-        if relu and hit[3] != self._params(params):
-            return None
-        return hit[4]
-
-
-_SAVED = _SavedStatistics()
+#: the training forward's per-channel buffer, kept for the backward of the same x (hal.kept): rows
+#: 2-3 (mean, 1/std) depend on x and eps alone; a backward with the ReLU also reads the affine pair of
+#: rows 0-1, so it needs the same weight, bias and convolution bias too.
+_KEPT = KeptForBackward()
 
 
 def batch_norm_forward(
@@ -441,7 +410,7 @@ def batch_norm_forward(
     geo = _geometry(x, cfg)
     vec = affine_params(x, geo, weight, bias, running_mean, running_var, conv_bias, training, True, momentum, eps)
     if training:
-        _SAVED.keep(x, (weight, bias, conv_bias), eps, vec)
+        _KEPT.keep(x, eps, (vec, param_state(weight, bias, conv_bias)))
     y = torch.empty_like(x)
     assert y.stride() == x.stride()
     geo.plan(("apply", relu), lambda: geo.elementwise(bn_apply_kernel, relu))(x, y, vec)
@@ -464,9 +433,10 @@ def batch_norm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad_x, grad_weight, grad_bias) of :func:`batch_norm_forward`; the parameter gradients in
     ``grad_dtypes``. The batch statistics are those the forward kept for this x (see
-    :class:`_SavedStatistics`), else recomputed; the running ones are read, never written."""
+    ``_KEPT``), else recomputed; the running ones are read, never written."""
     geo = _geometry(x, cfg)
-    vec = _SAVED.take(x, (weight, bias, conv_bias), eps, relu) if training else None
+    kept = _KEPT.take(x, eps) if training else None
+    vec = kept[0] if kept is not None and not (relu and kept[1] != param_state(weight, bias, conv_bias)) else None
     if vec is None:
         vec = affine_params(x, geo, weight, bias, running_mean, running_var, conv_bias, training, False, 0.0, eps)
     if grad_out.stride() != x.stride():

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.eager import conv as eager
-from hal.eager.conv import padding_in_proportion
+from hal.eager.conv import padding_in_proportion, torch_bn_eps
 from hal.plugin import Inputs
 
 from ._common import FLOATS, kernel, onednn_dtype
@@ -76,26 +76,24 @@ def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups, outp
 HALF = (torch.float16, torch.bfloat16)
 
 
-def torch_bn_eps(inputs: Inputs) -> list[str]:
-    """A check: torch's batch-norm kernels refuse eps = 0 in training (the op allows it)."""
-    if inputs["training"] and inputs["eps"] == 0:
-        return ["eps = 0 in training (torch's batch-norm kernels require eps > 0 there)"]
-    return []
-
-
 def _f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.float()
 
 
 def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momentum: float, eps: float) -> torch.Tensor:
-    """F.batch_norm; half-precision training, and half x beside float32 parameters or statistics,
-    in float32 (the running statistics written back)."""
+    """torch's batch norm; half-precision training, and half x beside float32 parameters or
+    statistics, in float32 (the running statistics written back). In training the batch statistics
+    are kept for the backward of this x (``hal.eager.conv.KEPT``)."""
     params = [t for t in (running_mean, running_var, weight, bias) if t is not None]
     mixed = any(t.dtype != x.dtype for t in params)
     if not (x.dtype in HALF and (training or mixed)):
-        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        return eager.kept_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     rm, rv = _f32(running_mean), _f32(running_var)
-    out = F.batch_norm(x.float(), rm, rv, _f32(weight), _f32(bias), training, momentum, eps)
+    if training:
+        out, mean, invstd = torch.native_batch_norm(x.float(), _f32(weight), _f32(bias), rm, rv, True, momentum, eps)
+        eager.KEPT.keep(x, eps, (mean, invstd))
+    else:
+        out = F.batch_norm(x.float(), rm, rv, _f32(weight), _f32(bias), training, momentum, eps)
     for dst, src in ((running_mean, rm), (running_var, rv)) if training else ():
         if dst is not None and dst is not src:
             dst.copy_(src)
@@ -110,13 +108,15 @@ def batch_norm(x, running_mean, running_var, weight, bias, training, momentum, e
 def bn_grads(g: torch.Tensor, x: torch.Tensor, running_mean, running_var, weight, bias, training: bool, eps: float) -> tuple:
     """(grad_x, grad_weight, grad_bias) from torch's batch-norm backward kernel, the parameter
     gradients in their parameter's dtype (x's for a missing one). In training the batch statistics
-    are recomputed from x (float32 for half x), in eval the running statistics are constants."""
+    are those the forward kept for this x, else recomputed (float32 for half x); in eval the
+    running statistics are constants."""
     dtype = x.dtype
     if training:
+        kept = eager.KEPT.take(x, eps)
         w = weight
         if dtype in HALF:
             g, x, w = g.float(), x.float(), _f32(weight)
-        _, mean, invstd = torch.native_batch_norm(x, w, None, None, None, True, 0.0, eps)
+        mean, invstd = kept if kept is not None else torch.native_batch_norm(x, w, None, None, None, True, 0.0, eps)[1:]
         gx, gw, gb = torch.ops.aten.native_batch_norm_backward(g, x, w, None, None, mean, invstd, True, eps, [True, True, True])
     else:  # one dtype for the kernel: float32 for half x (its statistics may be float32 beside it)
         acc = torch.float32 if dtype in HALF else dtype

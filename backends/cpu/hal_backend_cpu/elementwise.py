@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hal.eager.elementwise import ACTIVATION_FNS
+from hal.eager.elementwise import ACTIVATION_FNS, EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine
 from hal.plugin import Inputs
 
 from . import _numba
@@ -90,20 +90,10 @@ def scale_shift_act_numba(x, scale, shift, act):
     return out
 
 
-#: activations that round nothing: after an identity affine they run in x's own dtype, one pass
-EXACT_ACTS = ("none", "relu")
-
-
-def _identity(scale: Scalar, shift: Scalar) -> bool:
-    """scale 1 and shift 0 as numbers (a ReLU on its own: the training decomposition of
-    fused_conv_bn_relu ends with one)."""
-    return not isinstance(scale, torch.Tensor) and not isinstance(shift, torch.Tensor) and scale == 1.0 and shift == 0.0
-
-
 @kernel("scale_shift_act", name="torch", priority=20, dtypes=FLOATS)
 def scale_shift_act_torch(x, scale, shift, act):
-    if act in EXACT_ACTS and _identity(scale, shift):
-        return torch.relu(x) if act == "relu" else x.clone()
+    if act in EXACT_ACTS and identity_affine(scale, shift):
+        return exact_activation(x, act)
     acc = _compute_dtype(x)
     z = x.to(acc) * _param(scale, acc)
     z.add_(_param(shift, acc))
@@ -113,9 +103,8 @@ def scale_shift_act_torch(x, scale, shift, act):
 @kernel("scale_shift_act_backward", name="torch", priority=20, dtypes=FLOATS)
 def scale_shift_act_backward_torch(grad_out, x, scale, shift, act, output_mask):
     want_x, want_scale, want_shift = output_mask
-    if act in EXACT_ACTS and _identity(scale, shift) and not (want_scale or want_shift):
-        gx = torch.ops.aten.threshold_backward(grad_out, x, 0) if act == "relu" else grad_out.clone()
-        return gx if want_x else None, None, None
+    if act in EXACT_ACTS and identity_affine(scale, shift) and not (want_scale or want_shift):
+        return exact_activation_grad(grad_out, x, act) if want_x else None, None, None
     acc = _compute_dtype(x)
     xa = x.to(acc)
     s = _param(scale, acc)

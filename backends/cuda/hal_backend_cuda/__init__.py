@@ -29,7 +29,7 @@ plugin.define_backend(priority=100, device_types=("cuda",), probe=probe, devices
 
 # The vendor-library kernels register themselves on `plugin` when their modules are imported; the
 # shared Triton kernels are registered by the kit with this plugin's tables and libraries.
-from . import attention, conv, gemm, losses, mixed_precision, norm, transformer  # noqa: E402,F401
+from . import attention, conv, elementwise, gemm, losses, mixed_precision, norm, transformer  # noqa: E402,F401
 
 TRITON_KERNELS = register(plugin, TABLES, archs=SM80,
                           vendor=VendorLibs("cudnn", conv.conv, conv.conv_grads, "cublas", gemm.blas_linear, gemm.gemm_f32))

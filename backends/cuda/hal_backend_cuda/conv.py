@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from hal.eager import conv as eager
 from hal.plugin import Inputs
 
 from ._common import FLOATS, NOT_F64, ieee_fp32, kernel
@@ -78,6 +79,26 @@ def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups, outp
 @kernel("batch_norm", name="cudnn", priority=10, dtypes=FLOATS)
 def batch_norm_cudnn(x, running_mean, running_var, weight, bias, training, momentum, eps):
     return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+# torch's own batch-norm kernels, the training forward keeping its statistics for the backward
+# (hal.eager.conv.kept_batch_norm). Above the Triton kernels (20): measured on the H200 on 2026-12-01
+# (benchmarks/host_training.py), a training forward costs 24-35 us of host time here against 91-148
+# us for the Triton one (three launches and their planning), and in a graph the backward takes 58 us
+# of device time at ResNet's (64, 64, 56, 56) channels_last against Triton's 117 us; Triton's
+# forward is 54 us against 62 us there. Model steps are host-bound on this machine, so the host
+# cost decides; the Triton and C++ kernels stay for conformance and hal.use(kernel=...).
+_NATIVE_CHECKS = [eager.torch_bn_eps, eager.torch_bn_dtypes]
+
+
+@kernel("batch_norm", name="native", priority=25, dtypes=FLOATS, checks=_NATIVE_CHECKS)
+def batch_norm_native(x, running_mean, running_var, weight, bias, training, momentum, eps):
+    return eager.kept_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+@kernel("batch_norm_backward", name="native", priority=25, dtypes=FLOATS, checks=_NATIVE_CHECKS)
+def batch_norm_backward_native(grad_out, x, running_mean, running_var, weight, training, eps):
+    return eager.kept_batch_norm_backward(grad_out, x, running_mean, running_var, weight, training, eps)
 
 
 # --- fused_conv_bn_relu --------------------------------------------------------------------------

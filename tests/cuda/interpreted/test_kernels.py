@@ -183,6 +183,24 @@ def test_batch_norm_backward_reuses_the_forwards_statistics_only_for_the_unchang
     check("batch_norm_backward", bwd, (g, x, None, None, w, True, 1e-5), outputs=3)  # nothing kept: recomputed
 
 
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+def test_native_batch_norm_pair(gen, training, affine, monkeypatch):
+    """torch's own batch norm, the training forward keeping its statistics for the backward of the
+    same x (float32 here: torch's CPU kernels accumulate half precision in it too coarsely; the
+    H200 conformance run checks every dtype on the device)."""
+    calls = []
+    real = torch.native_batch_norm
+    monkeypatch.setattr(torch, "native_batch_norm", lambda *a: calls.append(a[5]) or real(*a))
+    x = randn(gen, 4, 5, 3, 6).contiguous(memory_format=torch.channels_last)
+    rm, rv = randn(gen, 5), randn(gen, 5).abs() + 0.5
+    w, b = (randn(gen, 5, shift=1.5), randn(gen, 5)) if affine else (None, None)
+    g = randn(gen, 4, 5, 3, 6)
+    check("batch_norm", kern("batch_norm", "native"), (x, rm, rv, w, b, training, 0.1, 1e-5), inplace=("running_mean", "running_var"))
+    check("batch_norm_backward", kern("batch_norm_backward", "native"), (g, x, None if training else rm, None if training else rv, w, training, 1e-5), outputs=3)
+    assert calls == ([True] if training else []), "the training backward recomputed the statistics its forward kept"
+
+
 def test_batch_norm_2d_input_without_affine(gen):
     x = randn(gen, 9, 4, shift=-2.0)
     check("batch_norm", kern("batch_norm", "triton"), (x, None, None, None, None, True, 0.1, 1e-5))

@@ -1,0 +1,51 @@
+"""What a forward kernel keeps for the backward kernel of the same call, so that the backward need
+not recompute it (batch norm's batch statistics: a pass over x and, for Triton, two launches).
+
+A backward op takes the forward's inputs, not its intermediates (``hal.gradients``), so a kernel
+that has them at hand keeps them here, keyed by the input they describe. An entry holds that input
+weakly and answers only the same live tensor at the same version counter with the same ``state``
+(the other inputs the kept values depend on: eps, parameters as :func:`param_state`); anything else
+is a miss and the backward recomputes, as it would without this module. The backward takes its
+entry: a second backward of the same graph recomputes. Entries are few and small (one per layer
+between its forward and its backward) and the oldest go first past ``size``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Hashable, Optional
+
+import torch
+
+
+def param_state(*params: Optional[torch.Tensor]) -> tuple:
+    """The identity and version of each parameter (None stays None): state that changes whenever a
+    parameter is replaced or updated in place."""
+    return tuple([None if p is None else (p._cdata, p._version) for p in params])
+
+
+class KeptForBackward:
+    """Values a forward kernel keeps for its backward, keyed by the input tensor they describe."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._entries: dict[int, tuple] = {}
+
+    def keep(self, x: torch.Tensor, state: Hashable, value: Any) -> None:
+        entries = self._entries
+        if len(entries) >= self.size:
+            del entries[next(iter(entries))]  # the oldest
+        entries[x._cdata] = (weakref.ref(x), x._version, state, value)
+
+    def take(self, x: torch.Tensor, state: Hashable) -> Any:
+        """The value kept for this x in this state, removed; None if there is none."""
+        hit = self._entries.pop(x._cdata, None)
+        if hit is None or hit[0]() is not x or hit[1] != x._version or hit[2] != state:
+            return None
+        return hit[3]
+
+    def __contains__(self, x: torch.Tensor) -> bool:
+        return x._cdata in self._entries
+
+    def clear(self) -> None:
+        self._entries.clear()

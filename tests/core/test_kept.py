@@ -1,0 +1,49 @@
+"""hal.kept: a forward's values reach the backward of the same unchanged input only."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from hal.kept import KeptForBackward, param_state
+
+
+def test_taken_once_by_the_same_tensor_in_the_same_state():
+    kept = KeptForBackward()
+    x, y = torch.randn(3), torch.randn(3)
+    kept.keep(x, ("eps", 1e-5), "stats")
+    assert kept.take(y, ("eps", 1e-5)) is None  # another tensor
+    assert x in kept
+    assert kept.take(x, ("eps", 1e-3)) is None  # another state: a miss, and the entry is gone
+    kept.keep(x, ("eps", 1e-5), "stats")
+    assert kept.take(x, ("eps", 1e-5)) == "stats"
+    assert kept.take(x, ("eps", 1e-5)) is None  # taken
+
+
+def test_an_in_place_change_or_a_changed_parameter_is_a_miss():
+    kept = KeptForBackward()
+    x, w = torch.randn(4), torch.randn(4)
+    kept.keep(x, param_state(w, None), 1)
+    x.add_(1.0)
+    assert kept.take(x, param_state(w, None)) is None
+    kept.keep(x, param_state(w, None), 2)
+    w.mul_(2.0)
+    assert kept.take(x, param_state(w, None)) is None
+    kept.keep(x, param_state(w, None), 3)
+    assert kept.take(x, param_state(torch.randn(4), None)) is None  # a replaced parameter
+
+
+def test_entries_hold_their_tensor_weakly_and_are_bounded():
+    kept = KeptForBackward(size=4)
+    x = torch.randn(1000)
+    key = x._cdata
+    kept.keep(x, (), "v")
+    del x
+    gc.collect()
+    assert key in kept._entries  # the entry is there, but answers nobody
+    live = [torch.randn(2) for _ in range(10)]
+    for i, t in enumerate(live):
+        kept.keep(t, (), i)
+    assert len(kept._entries) == 4
+    assert kept.take(live[0], ()) is None and kept.take(live[-1], ()) == 9  # the oldest went first
