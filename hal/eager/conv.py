@@ -138,14 +138,15 @@ def kept_batch_norm_backward(
     """(grad_x, grad_weight, grad_bias) by torch's batch-norm backward kernel, from the statistics
     :func:`kept_batch_norm` kept for this x (else recomputed; in eval the running ones). The
     parameter gradients come in the weight's dtype (x's without a weight)."""
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     if training:
         kept = KEPT.take(x, eps)
         mean, invstd = kept if kept is not None else torch.native_batch_norm(x, weight, None, None, None, True, 0.0, eps)[1:]
         stats = (None, None)
-    else:
-        mean = invstd = None
+    else:  # the running statistics, also as the "saved" ones (torch's CUDA kernel for 2-D x requires them)
+        mean, invstd = running_mean.to(acc), torch.rsqrt(running_var.to(acc) + eps)
         stats = (running_mean, running_var)
-    w = weight if weight is not None else x.new_ones(x.shape[1], dtype=torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype)
+    w = weight if weight is not None else x.new_ones(x.shape[1], dtype=acc)
     gx, gw, gb = torch.ops.aten.native_batch_norm_backward(grad_out, x, w, *stats, mean, invstd, training, eps, [True, True, True])
     if weight is None:
         gw, gb = gw.to(x.dtype), gb.to(x.dtype)

@@ -30,7 +30,7 @@ from . import autotune
 from .checks import Check, contiguous_vectors, flat_lists, triton_check
 from .config import GemmConfig
 from .layouts import rotary_geometry
-from .tables import INTERPRETER, LaunchTables, interpreted
+from .tables import INTERPRETER, LaunchTables, PerGeometry, interpreted
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 NOT_F64 = ("float16", "bfloat16", "float32")
@@ -86,6 +86,7 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
     another), launched with ``tables``. Returns the kernel functions by (op, name), for vendor
     kernels that build on them (a choice between a library GEMM and the Triton one, say)."""
     registered: dict[tuple[str, str], Callable[..., Any]] = {}
+    tables = PerGeometry(tables)  # type: ignore[assignment]  (the same answers, each computed once per geometry)
 
     def kernel(op: str, name: str, priority: int, dtypes: Optional[tuple[str, ...]] = FLOATS,
                checks: tuple[Check, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, compute_dtype, launch, split_f64, torch_compute_dtype
+from ._launch import LaunchPlan, cdiv, compute_dtype, split_f64, torch_compute_dtype
 
 
 @triton.jit
@@ -180,8 +180,22 @@ def norm_bwd_loop_kernel(
 # --- host side ----------------------------------------------------------------------------------
 
 
-def _as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
-    return x.contiguous().view(-1, n)
+#: launch plans by call geometry (a model normalises the same shapes over and over)
+_PLANS: dict[tuple, LaunchPlan] = {}
+
+
+def _plan(key: tuple, build) -> LaunchPlan:
+    hit = _PLANS.get(key)
+    if hit is None:
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        hit = _PLANS[key] = build()
+    return hit
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """t as the kernels walk it: rows of n contiguous elements from its first (no copy when dense)."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def norm_forward(
@@ -198,18 +212,21 @@ def norm_forward(
 ) -> torch.Tensor:
     """Normalise each run of the last ``n`` elements of x. ``block_n >= n`` runs the tile kernel
     (``block_m`` rows a program), a smaller ``block_n`` the loop kernel (one row a program)."""
-    x2 = _as_rows(x, n)
-    m = x2.shape[0]
+    x2 = _dense(x)
+    m = x2.numel() // n if n else 0
     y = torch.empty_like(x2)
-    w = weight.contiguous().view(-1) if weight is not None else x2
-    b = bias.contiguous().view(-1) if bias is not None else x2
-    flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype))
-    if block_n >= n:
-        launch(norm_fwd_tile_kernel, (cdiv(m, block_m),), x2, w, b, y, m, n, *split_f64(eps),
-               num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
-    else:
-        launch(norm_fwd_loop_kernel, (m,), x2, w, b, y, n, *split_f64(eps), num_warps=num_warps, BLOCK_N=block_n, **flags)
-    return y.view(x.shape)
+    w = _dense(weight) if weight is not None else x2
+    b = _dense(bias) if bias is not None else x2
+
+    def build() -> LaunchPlan:
+        flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype))
+        if block_n >= n:
+            return LaunchPlan(norm_fwd_tile_kernel, (cdiv(m, block_m),), (m, n, *split_f64(eps)),
+                              num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
+        return LaunchPlan(norm_fwd_loop_kernel, (m,), (n, *split_f64(eps)), num_warps=num_warps, BLOCK_N=block_n, **flags)
+
+    _plan((0, m, n, x.dtype, weight is None, bias is None, eps, rms, block_m, block_n, num_warps), build)(x2, w, b, y)
+    return y
 
 
 def norm_backward(
@@ -227,21 +244,21 @@ def norm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad_x, grad_weight, grad_bias) with grad_weight/grad_bias flat (n,) in x's dtype (the
     caller reshapes them). ``programs`` persistent programs (the partial rows to sum)."""
-    x2 = _as_rows(x, n)
-    g2 = _as_rows(grad_out, n)
-    m = x2.shape[0]
+    x2, g2 = _dense(x), _dense(grad_out)
+    m = x2.numel() // n if n else 0
     dx = torch.empty_like(x2)
-    w = weight.contiguous().view(-1) if weight is not None else x2
-    flags = dict(HAS_W=weight is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype))
+    w = _dense(weight) if weight is not None else x2
     acc = torch_compute_dtype(x.dtype)
-    if block_n >= n:
-        p = max(1, min(programs, cdiv(m, block_m)))
-        part = torch.empty((2 * p, n), dtype=acc, device=x.device)
-        launch(norm_bwd_tile_kernel, (p,), g2, x2, w, dx, part, m, n, *split_f64(eps),
-               num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
-    else:
-        p = max(1, min(programs, m))
-        part = torch.zeros((2 * p, n), dtype=acc, device=x.device)
-        launch(norm_bwd_loop_kernel, (p,), g2, x2, w, dx, part, m, n, *split_f64(eps), num_warps=num_warps, BLOCK_N=block_n, **flags)
-    sums = part.view(2, p, n).sum(dim=1)
-    return dx.view(x.shape), sums[0].to(x.dtype), sums[1].to(x.dtype)
+    tile = block_n >= n
+    p = max(1, min(programs, cdiv(m, block_m) if tile else m))
+
+    def build() -> LaunchPlan:
+        flags = dict(HAS_W=weight is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype))
+        if tile:
+            return LaunchPlan(norm_bwd_tile_kernel, (p,), (m, n, *split_f64(eps)), num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
+        return LaunchPlan(norm_bwd_loop_kernel, (p,), (m, n, *split_f64(eps)), num_warps=num_warps, BLOCK_N=block_n, **flags)
+
+    part = (torch.empty if tile else torch.zeros)((2 * p, n), dtype=acc, device=x.device)  # the loop kernel accumulates
+    _plan((1, m, n, x.dtype, weight is None, eps, rms, block_m, block_n, num_warps, p), build)(g2, x2, w, dx, part)
+    sums = part.view(2, p, n).sum(dim=1).to(x.dtype)
+    return dx, sums[0], sums[1]

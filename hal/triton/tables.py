@@ -101,3 +101,39 @@ class LaunchTables(abc.ABC):
     @abc.abstractmethod
     def fma_gemm(self, x: torch.Tensor) -> GemmConfig:
         """The tile of float64 GEMMs, which multiply with FMAs (no float64 tl.dot)."""
+
+
+class PerGeometry:
+    """A plugin's tables with the per-call answers remembered per tensor geometry.
+
+    The kit asks the tables on every launch, and a model asks about the same few geometries over
+    and over; an answer is a function of the tensor's shape, strides, dtype and device (and the
+    method's other arguments), which is what the tables are given, so it is computed once. Every
+    other attribute (GEMM candidates, the device slug, seed_dir) is the plugin's own.
+    """
+
+    _PER_CALL = ("elementwise", "rows", "persistent_programs", "columns", "batch_norm", "multi_tensor")
+
+    def __init__(self, tables: LaunchTables) -> None:
+        self.tables = tables
+        self._answers: dict[tuple, object] = {}
+        for name in self._PER_CALL:
+            setattr(self, name, self._remembered(name, getattr(tables, name)))
+
+    def _remembered(self, name: str, method):
+        answers = self._answers
+
+        def answer(t: torch.Tensor, *args):
+            key = (name, t.shape, t.stride(), t.dtype, t.get_device(), *args)
+            hit = answers.get(key)
+            if hit is None:
+                if len(answers) > 4096:
+                    answers.clear()
+                hit = answers[key] = method(t, *args)
+            return hit
+
+        answer.__doc__ = method.__doc__
+        return answer
+
+    def __getattr__(self, name: str):
+        return getattr(self.tables, name)

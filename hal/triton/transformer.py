@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, compute_dtype, launch, next_pow2
+from ._launch import LaunchPlan, cdiv, compute_dtype, next_pow2
 from .layouts import four_dims, rotary_geometry, storage_view
 
 
@@ -56,22 +56,39 @@ def rotary_kernel(
         tl.store(y_ptr + yrow[:, None] + (d2 * syd)[None, :], (x2 * c + x1 * s).to(out_ty), mask=mask)
 
 
+#: launch plans by call geometry (a model rotates the same shapes in every layer)
+_PLANS: dict[tuple, LaunchPlan] = {}
+
+
+def _plan(key: tuple, build) -> LaunchPlan:
+    hit = _PLANS.get(key)
+    if hit is None:
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        hit = _PLANS[key] = build()
+    return hit
+
+
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, negate_sin: bool, *, block_r: int, num_warps: int) -> torch.Tensor:
     """Rotate x's pairs by (cos, sin) (by (cos, -sin) for the backward); the result in x's layout."""
-    geo = rotary_geometry(x, cos, sin)
-    assert geo is not None, "rotary_geometry(x, cos, sin) must be checked first"
     y = torch.empty_like(x)
-    (xs, xst), (_, cst), (_, sst) = geo
-    yfour = four_dims(tuple(y.shape), tuple(y.stride()))
-    assert yfour is not None
-    _, yst = yfour
-    a, b, t, d = xs
-    half = d // 2
-    rows = a * b * t
-    block_h = min(next_pow2(half), 128)
-    launch(rotary_kernel, (cdiv(rows, block_r),), x, cos, sin, y, rows, t, b, half, *xst, *yst, *cst, *sst,
-           num_warps=num_warps, INTERLEAVED=interleaved, NEGATE_SIN=negate_sin, BLOCK_R=block_r, BLOCK_H=block_h,
-           COMPUTE=compute_dtype(x.dtype))
+
+    def build() -> LaunchPlan:
+        geo = rotary_geometry(x, cos, sin)
+        assert geo is not None, "rotary_geometry(x, cos, sin) must be checked first"
+        (xs, xst), (_, cst), (_, sst) = geo
+        yfour = four_dims(tuple(y.shape), tuple(y.stride()))
+        assert yfour is not None
+        _, yst = yfour
+        a, b, t, d = xs
+        half = d // 2
+        rows = a * b * t
+        return LaunchPlan(rotary_kernel, (cdiv(rows, block_r),), (rows, t, b, half, *xst, *yst, *cst, *sst),
+                          num_warps=num_warps, INTERLEAVED=interleaved, NEGATE_SIN=negate_sin, BLOCK_R=block_r,
+                          BLOCK_H=min(next_pow2(half), 128), COMPUTE=compute_dtype(x.dtype))
+
+    key = (x.shape, x.stride(), y.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(), x.dtype, interleaved, negate_sin, block_r, num_warps)
+    _plan(key, build)(x, cos, sin, y)
     return y
 
 
@@ -109,14 +126,16 @@ def swiglu_bwd_kernel(go_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, BLOCK: tl.constex
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, block_elems: int, num_warps: int) -> torch.Tensor:
     y = torch.empty_like(gate)
     n = gate.numel()
-    launch(swiglu_kernel, (cdiv(n, block_elems),), storage_view(gate), storage_view(up), storage_view(y), n,
-           num_warps=num_warps, BLOCK=block_elems, COMPUTE=compute_dtype(gate.dtype))
+    plan = _plan((2, n, gate.dtype, block_elems, num_warps), lambda: LaunchPlan(
+        swiglu_kernel, (cdiv(n, block_elems),), (n,), num_warps=num_warps, BLOCK=block_elems, COMPUTE=compute_dtype(gate.dtype)))
+    plan(storage_view(gate), storage_view(up), storage_view(y))
     return y
 
 
 def swiglu_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, *, block_elems: int, num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
     dg, du = torch.empty_like(gate), torch.empty_like(up)
     n = gate.numel()
-    launch(swiglu_bwd_kernel, (cdiv(n, block_elems),), storage_view(grad_out), storage_view(gate), storage_view(up),
-           storage_view(dg), storage_view(du), n, num_warps=num_warps, BLOCK=block_elems, COMPUTE=compute_dtype(gate.dtype))
+    plan = _plan((3, n, gate.dtype, block_elems, num_warps), lambda: LaunchPlan(
+        swiglu_bwd_kernel, (cdiv(n, block_elems),), (n,), num_warps=num_warps, BLOCK=block_elems, COMPUTE=compute_dtype(gate.dtype)))
+    plan(storage_view(grad_out), storage_view(gate), storage_view(up), storage_view(dg), storage_view(du))
     return dg, du

@@ -185,17 +185,19 @@ def test_batch_norm_backward_reuses_the_forwards_statistics_only_for_the_unchang
 
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("affine", [True, False])
-def test_native_batch_norm_pair(gen, training, affine, monkeypatch):
+@pytest.mark.parametrize("shape", [(4, 5, 3, 6), (7, 5)])
+def test_native_batch_norm_pair(gen, training, affine, shape, monkeypatch):
     """torch's own batch norm, the training forward keeping its statistics for the backward of the
     same x (float32 here: torch's CPU kernels accumulate half precision in it too coarsely; the
     H200 conformance run checks every dtype on the device)."""
     calls = []
     real = torch.native_batch_norm
     monkeypatch.setattr(torch, "native_batch_norm", lambda *a: calls.append(a[5]) or real(*a))
-    x = randn(gen, 4, 5, 3, 6).contiguous(memory_format=torch.channels_last)
+    x = randn(gen, *shape)
+    x = x.contiguous(memory_format=torch.channels_last) if x.ndim == 4 else x
     rm, rv = randn(gen, 5), randn(gen, 5).abs() + 0.5
     w, b = (randn(gen, 5, shift=1.5), randn(gen, 5)) if affine else (None, None)
-    g = randn(gen, 4, 5, 3, 6)
+    g = randn(gen, *shape)
     check("batch_norm", kern("batch_norm", "native"), (x, rm, rv, w, b, training, 0.1, 1e-5), inplace=("running_mean", "running_var"))
     check("batch_norm_backward", kern("batch_norm_backward", "native"), (g, x, None if training else rm, None if training else rv, w, training, 1e-5), outputs=3)
     assert calls == ([True] if training else []), "the training backward recomputed the statistics its forward kept"
