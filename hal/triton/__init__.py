@@ -22,8 +22,14 @@ is about to run:
 - ``loss``        cross-entropy rows (online log-sum-exp), and the LM head + loss over blocks of rows
 - ``aot``         representative signatures of every kernel, for ahead-of-time compilation checks
 
-Triton-free helpers for the plugins: ``tables`` (the launch-table protocol), ``kernels`` (registers
-every kernel into a plugin), ``autotune``, ``checks``, ``layouts``.
+Triton-free helpers for the plugins: ``tables`` (the launch-table protocol, and ``PerGeometry``,
+which answers each table question once per tensor geometry), ``kernels`` (registers every kernel
+into a plugin), ``autotune``, ``checks``, ``layouts``.
+
+Host time matters as much as the kernels (a model step is often host-bound): ``_launch.launch``
+skips Triton's Python launch path for compiled specialisations, and a host function that launches
+the same geometry over and over builds a ``_launch.LaunchPlan`` once per geometry, so that a call
+keys only its live arguments (the tensors) before the launcher runs.
 
 The GEMM tiles multiply with tensor cores, except in float64 (FMAs: Triton 3.6 cannot lower a
 float64 ``tl.dot`` for sm_90) and, in the interpreter only, bfloat16 (upcast: the 3.9 interpreter
