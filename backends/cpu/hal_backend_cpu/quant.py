@@ -1,21 +1,51 @@
 """quantize, dequantize, fake_quantize (+ backward) and int8_linear: torch's CPU kernels
 (``fake_quantize_per_*_affine``, the int8 GEMM ``torch._int_mm``) with hal.eager's tensor math
-around them, and the op's formula where torch's kernels refuse the zero points."""
+around them, and the op's formula where torch's kernels refuse the zero points; per-tensor
+quantize and dequantize in one numba pass (``_nb.quant``)."""
 
 from __future__ import annotations
 
 from typing import Optional, Union
 
+import numpy as np
 import torch
 
 from hal.eager import quant as eager
+from hal.plugin import Inputs
 
-from ._common import FLOATS, kernel
+from . import _numba
+from ._common import FLOATS, NUMBA_FLOATS, contiguous, kernel, numba_kernel
 
 Scalar = Union[float, int, torch.Tensor]
 
 kernel("quantize", name="torch", priority=20, dtypes=FLOATS)(eager.quantize)
 kernel("dequantize", name="torch", priority=20, dtypes=("int8", "uint8"))(eager.dequantize)
+
+QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+NUMPY_QTYPES = {"int8": np.int8, "uint8": np.uint8}
+
+
+def _per_tensor_numbers(inputs: Inputs) -> list[str]:
+    """The numba kernels take one scale and one zero point given as numbers (the op checker has
+    checked them), over a C-contiguous array."""
+    reasons = []
+    if inputs["axis"] is not None or isinstance(inputs["scale"], (np.ndarray, torch.Tensor)) or isinstance(inputs["zero_point"], (np.ndarray, torch.Tensor)):
+        reasons.append("per-channel, or scale / zero point given as arrays (the torch kernel runs them)")
+    return reasons
+
+
+@numba_kernel("quantize", priority=30, dtypes=NUMBA_FLOATS, checks=[_per_tensor_numbers, contiguous("x")])
+def quantize_numba(x, scale, zero_point, axis, dtype):
+    out = np.empty(x.shape, dtype=NUMPY_QTYPES[dtype])
+    _numba.family("quant").quantize_flat(x.reshape(-1), float(scale), float(zero_point), *QRANGE[dtype], out.reshape(-1))
+    return out
+
+
+@numba_kernel("dequantize", priority=30, dtypes=("int8", "uint8"), checks=[_per_tensor_numbers, contiguous("q")])
+def dequantize_numba(q, scale, zero_point, axis):
+    out = np.empty(q.shape, dtype=np.float32)
+    _numba.family("quant").dequantize_flat(q.reshape(-1), float(scale), int(zero_point), out.reshape(-1))
+    return out
 kernel("int8_linear", name="torch", priority=20)(eager.int8_linear)
 
 
