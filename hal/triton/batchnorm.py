@@ -36,7 +36,7 @@ import triton.language as tl
 
 from hal.kept import KeptForBackward, param_state
 
-from ._launch import LaunchPlan, cdiv, compute_dtype, split_f64, torch_compute_dtype
+from ._launch import LaunchPlan, Plans, cdiv, compute_dtype, split_f64, torch_compute_dtype
 from .config import BNConfig
 
 _A, _B, _MEAN, _INVSTD, _GA, _GB, _GC = range(7)
@@ -329,17 +329,11 @@ class _Geometry:
         return hit
 
 
-_GEOMETRIES: dict[tuple, _Geometry] = {}
+_GEOMETRIES = Plans(1024)
 
 
 def _geometry(x: torch.Tensor, cfg: BNConfig) -> _Geometry:
-    key = (x.shape, x.stride(), x.dtype, cfg)
-    geo = _GEOMETRIES.get(key)
-    if geo is None:
-        if len(_GEOMETRIES) > 1024:
-            _GEOMETRIES.clear()
-        geo = _GEOMETRIES[key] = _Geometry(x, cfg)
-    return geo
+    return _GEOMETRIES.get_or_build((x.shape, x.stride(), x.dtype, cfg), lambda: _Geometry(x, cfg))
 
 
 def affine_params(

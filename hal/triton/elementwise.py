@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import LaunchPlan, cdiv, compute_dtype, next_pow2, torch_compute_dtype
+from ._launch import LaunchPlan, Plans, cdiv, compute_dtype, next_pow2, torch_compute_dtype
 from .activation import ACT_CODES, act_fwd, act_grad
 
 Scalar = Union[float, torch.Tensor]
@@ -228,13 +228,7 @@ class _Site:
 
 #: kept plans by call geometry (a model calls the same shapes over and over: planning a launch costs
 #: more host time than the launch)
-_SITES: dict[tuple, _Site] = {}
-
-
-def _keep(key: tuple, site: _Site) -> None:
-    if len(_SITES) > 4096:
-        _SITES.clear()
-    _SITES[key] = site
+_SITES = Plans()
 
 
 def affine_act(
@@ -261,7 +255,7 @@ def affine_act(
             COMPUTE=compute_dtype(x.dtype),
         ))
         if kept:
-            _keep(key, site)
+            _SITES.put(key, site)
     else:
         sp, sv = _live(x, scale)
         hp, hv = _live(x, shift)
@@ -313,7 +307,7 @@ def affine_act_backward(
             PARTIALS=partials, BLOCK_R=block_r, BLOCK_C=block_c, COMPUTE=compute_dtype(x.dtype),
         ), n_programs, write_dz, partials)
         if kept:
-            _keep(key, site)
+            _SITES.put(key, site)
     else:
         sp, sv = _live(x, scale)
         hp, hv = _live(x, shift)

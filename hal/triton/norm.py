@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import LaunchPlan, cdiv, compute_dtype, split_f64, torch_compute_dtype
+from ._launch import LaunchPlan, Plans, cdiv, compute_dtype, split_f64, torch_compute_dtype
 
 
 @triton.jit
@@ -181,16 +181,7 @@ def norm_bwd_loop_kernel(
 
 
 #: launch plans by call geometry (a model normalises the same shapes over and over)
-_PLANS: dict[tuple, LaunchPlan] = {}
-
-
-def _plan(key: tuple, build) -> LaunchPlan:
-    hit = _PLANS.get(key)
-    if hit is None:
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        hit = _PLANS[key] = build()
-    return hit
+_PLANS = Plans()
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
@@ -225,7 +216,7 @@ def norm_forward(
                               num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
         return LaunchPlan(norm_fwd_loop_kernel, (m,), (n, *split_f64(eps)), num_warps=num_warps, BLOCK_N=block_n, **flags)
 
-    _plan((0, m, n, x.dtype, weight is None, bias is None, eps, rms, block_m, block_n, num_warps), build)(x2, w, b, y)
+    _PLANS.get_or_build((0, m, n, x.dtype, weight is None, bias is None, eps, rms, block_m, block_n, num_warps), build)(x2, w, b, y)
     return y
 
 
@@ -259,6 +250,6 @@ def norm_backward(
         return LaunchPlan(norm_bwd_loop_kernel, (p,), (m, n, *split_f64(eps)), num_warps=num_warps, BLOCK_N=block_n, **flags)
 
     part = (torch.empty if tile else torch.zeros)((2 * p, n), dtype=acc, device=x.device)  # the loop kernel accumulates
-    _plan((1, m, n, x.dtype, weight is None, eps, rms, block_m, block_n, num_warps, p), build)(g2, x2, w, dx, part)
+    _PLANS.get_or_build((1, m, n, x.dtype, weight is None, eps, rms, block_m, block_n, num_warps, p), build)(g2, x2, w, dx, part)
     sums = part.view(2, p, n).sum(dim=1).to(x.dtype)
     return dx, sums[0], sums[1]

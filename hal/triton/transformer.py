@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import LaunchPlan, cdiv, compute_dtype, next_pow2
+from ._launch import LaunchPlan, Plans, cdiv, compute_dtype, next_pow2
 from .layouts import four_dims, rotary_geometry, storage_view
 
 
@@ -57,16 +57,7 @@ def rotary_kernel(
 
 
 #: launch plans by call geometry (a model rotates the same shapes in every layer)
-_PLANS: dict[tuple, LaunchPlan] = {}
-
-
-def _plan(key: tuple, build) -> LaunchPlan:
-    hit = _PLANS.get(key)
-    if hit is None:
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        hit = _PLANS[key] = build()
-    return hit
+_PLANS = Plans()
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, negate_sin: bool, *, block_r: int, num_warps: int) -> torch.Tensor:
@@ -88,7 +79,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
                           BLOCK_H=min(next_pow2(half), 128), COMPUTE=compute_dtype(x.dtype))
 
     key = (x.shape, x.stride(), y.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(), x.dtype, interleaved, negate_sin, block_r, num_warps)
-    _plan(key, build)(x, cos, sin, y)
+    _PLANS.get_or_build(key, build)(x, cos, sin, y)
     return y
 
 
@@ -126,7 +117,7 @@ def swiglu_bwd_kernel(go_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, BLOCK: tl.constex
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, block_elems: int, num_warps: int) -> torch.Tensor:
     y = torch.empty_like(gate)
     n = gate.numel()
-    plan = _plan((2, n, gate.dtype, block_elems, num_warps), lambda: LaunchPlan(
+    plan = _PLANS.get_or_build((2, n, gate.dtype, block_elems, num_warps), lambda: LaunchPlan(
         swiglu_kernel, (cdiv(n, block_elems),), (n,), num_warps=num_warps, BLOCK=block_elems, COMPUTE=compute_dtype(gate.dtype)))
     plan(storage_view(gate), storage_view(up), storage_view(y))
     return y
@@ -135,7 +126,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, block_elems: int, num_warps:
 def swiglu_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, *, block_elems: int, num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
     dg, du = torch.empty_like(gate), torch.empty_like(up)
     n = gate.numel()
-    plan = _plan((3, n, gate.dtype, block_elems, num_warps), lambda: LaunchPlan(
+    plan = _PLANS.get_or_build((3, n, gate.dtype, block_elems, num_warps), lambda: LaunchPlan(
         swiglu_bwd_kernel, (cdiv(n, block_elems),), (n,), num_warps=num_warps, BLOCK=block_elems, COMPUTE=compute_dtype(gate.dtype)))
     plan(storage_view(grad_out), storage_view(gate), storage_view(up), storage_view(dg), storage_view(du))
     return dg, du
