@@ -80,6 +80,34 @@ def fake_quantize(x, scale, zero_point, quant_min, quant_max, axis):
     return out.to(x.dtype)
 
 
+#: below these magnitudes (v + magic) - magic is rint(v) in float32 / float64 (see _nb.quant.MAGIC)
+_ROUNDS = {"float32": (np.float32, np.float32(12582912.0), 2**21), "float64": (np.float64, np.float64(6755399441055744.0), 2**50)}
+
+
+def _fake_grad_numba_takes(inputs: Inputs) -> list[str]:
+    """Per-tensor numbers, grad_out laid out as x, and a quantised range small enough that codes
+    past it are told apart by the vectorised rounding."""
+    reasons = _per_tensor_numbers(inputs)
+    if not reasons and inputs["grad_out"].shape != inputs["x"].shape:
+        reasons.append("grad_out broadcast against x (the torch kernel runs it)")
+    bound = _ROUNDS.get(inputs.dtype, (None, None, 0))[2]
+    if not reasons and max(abs(inputs["quant_min"]), abs(inputs["quant_max"])) >= bound:
+        reasons.append(f"quantised range beyond +-{bound} (the torch kernel runs it)")
+    return reasons
+
+
+@numba_kernel("fake_quantize_backward", priority=30, dtypes=NUMBA_FLOATS,
+              checks=[_fake_grad_numba_takes, contiguous("x"), contiguous("grad_out")])
+def fake_quantize_backward_numba(grad_out, x, scale, zero_point, quant_min, quant_max, axis):
+    """One pass (torch's kernel recomputes the forward with its mask, then masks the gradient)."""
+    work, magic, _ = _ROUNDS[x.dtype.name]
+    inv = work(np.float32(1.0) / np.float32(scale))  # the reference's inverse: float32, then x's dtype
+    out = np.empty(x.shape, dtype=grad_out.dtype)
+    _numba.family("quant").fake_quantize_grad_flat(grad_out.reshape(-1), x.reshape(-1), inv, magic, work(zero_point),
+                                                   float(quant_min), float(quant_max), out.reshape(-1))
+    return out
+
+
 @kernel("fake_quantize_backward", name="torch", priority=20, dtypes=FLOATS)
 def fake_quantize_backward(grad_out, x, scale, zero_point, quant_min, quant_max, axis):
     if _in_range(zero_point, quant_min, quant_max):  # torch's kernel gives the mask with the forward

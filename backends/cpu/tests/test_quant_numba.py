@@ -43,3 +43,26 @@ def test_dequantize_matches_the_torch_kernel(rng, qtype):
     got = hal.ops.dequantize(q, scale, zero_point)
     assert got.dtype == want.dtype == torch.float32
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fake_quantize_backward_matches_the_torch_kernel(rng, dtype):
+    scale = float(rng.uniform(0.005, 0.5))
+    zero_point = int(rng.integers(-20, 20))
+    values = np.concatenate([rng.standard_normal(10_000) * scale * 150, _specials(scale)])
+    x = torch.from_numpy(values).to(dtype)
+    g = torch.from_numpy(rng.standard_normal(values.size)).to(dtype)
+    args = (g, x, scale, zero_point, -128, 127, None)
+    assert hal.explain("fake_quantize_backward", *args).kernel == "numba"
+    got = hal.ops.fake_quantize_backward(*args)
+    with hal.use(backend="cpu", kernel={"fake_quantize_backward": "torch"}):
+        want = hal.ops.fake_quantize_backward(*args)
+    mismatch = (got != want).nonzero().flatten()
+    assert mismatch.numel() == 0, f"{mismatch.numel()} differ, e.g. x={values[mismatch[:5].numpy()]}"
+
+
+def test_fake_quantize_backward_leaves_wide_ranges_to_torch(rng):
+    x = torch.from_numpy(rng.standard_normal(64)).float()
+    decision = hal.explain("fake_quantize_backward", torch.ones_like(x), x, 0.1, 0, -(2**24), 2**24, None)
+    assert decision.kernel == "torch"
+    assert any("quantised range" in r for c in decision.candidates if c.kernel == "numba" for r in c.reasons)

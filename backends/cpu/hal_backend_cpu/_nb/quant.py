@@ -37,3 +37,13 @@ def dequantize_flat(q, scale, zero_point, out):
     s, z = np.float32(scale), np.float32(zero_point)
     for i in prange(n):
         out[i] = (np.float32(q[i]) - z) * s  # q - z is exact: small integers
+
+
+@njit(parallel=True, cache=True)
+def fake_quantize_grad_flat(g, x, inv, magic, z, qmin, qmax, out):
+    """grad where ``rint(x * inv) + z`` lies in [qmin, qmax], else 0 (NaN and infinite codes are
+    outside); the product in x's dtype, rounded with ``magic`` (MAGIC, or its float64 twin)."""
+    zero = g.dtype.type(0)
+    for i in prange(x.size):
+        c = ((x[i] * inv + magic) - magic) + z
+        out[i] = g[i] if (c >= qmin and c <= qmax) else zero
