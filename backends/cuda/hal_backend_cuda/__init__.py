@@ -5,7 +5,10 @@ conv + bias + ReLU, cuBLAS/cuBLASLt GEMMs with epilogues, ``torch._int_mm``, the
 the shared Triton kernels of :mod:`hal.triton` for the fusions (batch norm + ReLU, scale_shift_act,
 norms, softmax, grouped GEMM, multi-tensor AdamW, quantisation), registered by
 :func:`hal.triton.kernels.register` with this plugin's NVIDIA launch tables
-(:mod:`hal_backend_cuda.launch`); autotuned tiles are cached per device model.
+(:mod:`hal_backend_cuda.launch`); autotuned tiles are cached per device model. Where torch's own
+kernel costs less host time than a Triton launch and does the same passes (the training batch
+norm, a bare ReLU: :mod:`.conv`, :mod:`.elementwise`), that one ranks first; PERF_NOTES.md has the
+measurements.
 
 Importing the plugin registers kernels only: Triton is imported, and kernels are compiled, on first
 use. Every kernel keeps the device asynchronous (nothing is read back to the host), so sequences of
