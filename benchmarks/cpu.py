@@ -10,6 +10,8 @@ ratios: torch / hal (> 1: hal is faster) and numpy / hal (the cost of NumPy inpu
 issue's target). Threads: torch's default (all cores). The issue's targets are judged per row.
 Backward ops are timed against autograd's backward of the eager forward, its graph built once
 (what a PyTorch training step runs); hal's backward ops recompute what they need from the inputs.
+The ``train_step`` rows time what a training step pays for an op: its forward with autograd and
+the backward, torch's op against hal's (a hal forward may keep what its backward needs).
 """
 
 from __future__ import annotations
@@ -71,8 +73,21 @@ def _autograd(forward: Callable[..., torch.Tensor], inputs: list[torch.Tensor], 
     return lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True)
 
 
+def _step(forward: Callable[..., torch.Tensor], inputs: list[torch.Tensor], grad: torch.Tensor) -> Fn:
+    """A training step's share of an op: forward with autograd, then its backward."""
+    leaves = [t.detach().requires_grad_(True) for t in inputs]
+    return lambda: torch.autograd.grad(forward(*leaves), leaves, grad)
+
+
 def cases() -> list[Case]:
     out: list[Case] = []
+
+    def add_step(op: str, name: str, torch_forward: Callable[..., torch.Tensor], hal_forward: Callable[..., torch.Tensor],
+                 inputs: list[torch.Tensor], grad: torch.Tensor) -> None:
+        """Forward + backward through autograd, torch's op against hal's (no NumPy column: arrays
+        have no autograd). A backward op timed alone recomputes what its forward had at hand;
+        here hal's forward may keep it for the backward, as torch's does."""
+        out.append(Case(op, name, _step(torch_forward, inputs, grad), _step(hal_forward, inputs, grad)))
 
     def add(op: str, name: str, torch_fn: Fn, *args: Any, extra: Optional[dict[str, Fn]] = None, **kwargs: Any) -> None:
         h, n = _hal_pair(op, *args, **kwargs)
@@ -88,6 +103,9 @@ def cases() -> list[Case]:
     rm2, rv2 = rm.clone(), rv.clone()
     add("batch_norm", "train_b8", lambda: F.batch_norm(x, rm2, rv2, gam, bet, True), x, rm2, rv2, gam, bet, training=True)
     add("batch_norm_backward", "train_b8", _autograd(lambda a, c: F.batch_norm(a, None, None, c, None, True), [x, gam], g), g, x, None, None, gam, training=True)
+    rm3, rv3 = rm.clone(), rv.clone()
+    add_step("batch_norm", "train_step_b8", lambda a, c, d: F.batch_norm(a, rm3, rv3, c, d, True),
+             lambda a, c, d: hal.ops.batch_norm(a, rm3, rv3, c, d, True), [x, gam, bet], g)
     add("fused_conv_bn_relu", "eval_b8*", lambda: F.relu(F.batch_norm(F.conv2d(x, w, b, 1, 1), rm, rv, gam, bet, False)),
         x, w, b, gam, bet, rm, rv, padding=1)
     add("fused_conv_bn_relu", "train_b8", lambda: F.relu(F.batch_norm(F.conv2d(x, w, b, 1, 1), rm2, rv2, gam, bet, True)),
@@ -126,6 +144,8 @@ def cases() -> list[Case]:
     wn, bn_ = torch.rand(1024) + 0.5, _rand(1024)
     add("layer_norm", "4096x1024", lambda: F.layer_norm(t, (1024,), wn, bn_), t, 1024, wn, bn_)
     add("layer_norm_backward", "4096x1024", _autograd(lambda p, q: F.layer_norm(p, (1024,), q, bn_), [t, wn], gt), gt, t, 1024, wn)
+    add_step("layer_norm", "train_step_4096x1024", lambda p, q, r: F.layer_norm(p, (1024,), q, r),
+             lambda p, q, r: hal.ops.layer_norm(p, 1024, q, r), [t, wn, bn_], gt)
     add("rms_norm", "4096x1024", lambda: F.rms_norm(t, (1024,), wn, 1e-6), t, 1024, wn, 1e-6)
     add("rms_norm_backward", "4096x1024", _autograd(lambda p, q: F.rms_norm(p, (1024,), q, 1e-6), [t, wn], gt), gt, t, 1024, wn, 1e-6)
     add("softmax", "4096x1024", lambda: torch.softmax(t, -1), t, -1)
@@ -136,6 +156,14 @@ def cases() -> list[Case]:
     go = _rand(4, 8, 512, 64, seed=5)
     add("scaled_dot_product_attention_backward", "b4_h8_512_causal",
         _autograd(lambda p, r, s: F.scaled_dot_product_attention(p, r, s, is_causal=True), [q, k, v], go), go, q, k, v, is_causal=True)
+
+    add_step("scaled_dot_product_attention", "train_step_b4_h8_512_causal",
+             lambda p, r, s_: F.scaled_dot_product_attention(p, r, s_, is_causal=True),
+             lambda p, r, s_: hal.ops.scaled_dot_product_attention(p, r, s_, is_causal=True), [q, k, v], go)
+    rm4, rv4 = rm.clone(), rv.clone()
+    add_step("fused_conv_bn_relu", "train_step_b8",
+             lambda a, c: F.relu(F.batch_norm(F.conv2d(a, c, None, 1, 1), rm4, rv4, gam, bet, True)),
+             lambda a, c: hal.ops.fused_conv_bn_relu(a, c, None, gam, bet, rm4, rv4, padding=1, training=True), [x, w], g)
 
     # optimizer steps: 64 tensors of 256K float32 (16M parameters)
     ps = [_rand(256 * 1024, seed=i) for i in range(64)]

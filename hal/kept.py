@@ -6,8 +6,9 @@ that has them at hand keeps them here, keyed by the input they describe. An entr
 weakly and answers only the same live tensor at the same version counter with the same ``state``
 (the other inputs the kept values depend on: eps, parameters as :func:`param_state`); anything else
 is a miss and the backward recomputes, as it would without this module. The backward takes its
-entry: a second backward of the same graph recomputes. Entries are few and small (one per layer
-between its forward and its backward) and the oldest go first past ``size``.
+entry: a second backward of the same graph recomputes. An entry goes when its tensor dies (so a
+forward whose backward never comes holds nothing past its graph), and the oldest go first past
+``size``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ class KeptForBackward:
         entries = self._entries
         if len(entries) >= self.size:
             del entries[next(iter(entries))]  # the oldest
-        entries[x._cdata] = (weakref.ref(x), x._version, state, value)
+        key = x._cdata
+
+        def forget(ref: weakref.ref) -> None:  # x died: its values go with it
+            entry = entries.get(key)
+            if entry is not None and entry[0] is ref:
+                del entries[key]
+
+        entries[key] = (weakref.ref(x, forget), x._version, state, value)
 
     def take(self, x: torch.Tensor, state: Hashable) -> Any:
         """The value kept for this x in this state, removed; None if there is none."""

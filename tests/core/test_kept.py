@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 import torch
 
@@ -34,14 +35,15 @@ def test_an_in_place_change_or_a_changed_parameter_is_a_miss():
     assert kept.take(x, param_state(torch.randn(4), None)) is None  # a replaced parameter
 
 
-def test_entries_hold_their_tensor_weakly_and_are_bounded():
+def test_entries_hold_their_tensor_weakly_go_with_it_and_are_bounded():
     kept = KeptForBackward(size=4)
     x = torch.randn(1000)
-    key = x._cdata
-    kept.keep(x, (), "v")
-    del x
+    value = torch.randn(1000)
+    gone = weakref.ref(value)
+    kept.keep(x, (), value)
+    del x, value
     gc.collect()
-    assert key in kept._entries  # the entry is there, but answers nobody
+    assert not kept._entries and gone() is None  # the entry and the value it held went with x
     live = [torch.randn(2) for _ in range(10)]
     for i, t in enumerate(live):
         kept.keep(t, (), i)

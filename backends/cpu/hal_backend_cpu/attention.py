@@ -1,6 +1,7 @@
 """softmax and scaled_dot_product_attention on torch's CPU kernels: native softmax and its
-backward, the fused flash-attention CPU kernel behind F.scaled_dot_product_attention, and an
-attention backward written as GEMMs (no autograd graph: kernels also run inside torch.ops.hal
+backward, the fused flash-attention CPU kernels behind F.scaled_dot_product_attention (forward and
+backward, the forward's output and log-sum-exp kept for the backward: hal.kept), and an attention
+backward written as GEMMs for the rest (no autograd graph: kernels also run inside torch.ops.hal
 calls, where autograd is off)."""
 
 from __future__ import annotations
@@ -10,19 +11,59 @@ import math
 import torch
 
 from hal.eager import attention as eager
+from hal.kept import KeptForBackward, param_state
 
 from ._common import FLOATS, kernel
 
 kernel("softmax", name="torch", priority=20, dtypes=FLOATS)(eager.softmax)
 kernel("softmax_backward", name="torch", priority=20, dtypes=FLOATS)(eager.softmax_backward)
-kernel("scaled_dot_product_attention", name="torch", priority=20, dtypes=FLOATS)(eager.scaled_dot_product_attention)
+#: (output, its version, logsumexp) of flash forwards that autograd will differentiate, for the
+#: backward of the same q, k and v (hal.kept; few and bounded: one per attention layer in flight)
+KEPT = KeptForBackward(size=64)
+_FLASH_DTYPES = (torch.float32, torch.float64)
+_flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _flash_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask) -> bool:
+    """torch's flash CPU kernels, forward and backward, as F.scaled_dot_product_attention runs
+    them: no mask, 4-D inputs with the same batch and heads, one head size, float32 or float64."""
+    return (attn_mask is None and q.ndim == k.ndim == v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+            and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.dtype in _FLASH_DTYPES and q.dtype == k.dtype == v.dtype
+            and q.shape[-2] > 0 and k.shape[-2] > 0)
+
+
+def _state(k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float) -> tuple:
+    return (param_state(k, v), is_causal, scale)
+
+
+@kernel("scaled_dot_product_attention", name="torch", priority=20, dtypes=FLOATS)
+def sdpa(q, k, v, attn_mask, is_causal, scale):
+    """F.scaled_dot_product_attention; where autograd will differentiate the call (an input
+    requires grad) and the flash kernel takes it, that kernel directly, its output and log-sum-exp
+    kept for the backward (which then runs torch's flash backward, as torch's autograd would)."""
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and _flash_takes(q, k, v, attn_mask):
+        out, lse = _flash_forward(q, k, v, 0.0, is_causal, scale=scale)
+        KEPT.keep(q, _state(k, v, is_causal, scale), (out, out._version, lse))
+        return out
+    return eager.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)
 
 
 @kernel("scaled_dot_product_attention_backward", name="torch", priority=20, dtypes=FLOATS)
 def sdpa_backward(grad_out, q, k, v, attn_mask, is_causal, scale):
-    """The attention weights P are recomputed in float32 (float64 for float64), masked scores at
-    -inf and a query row with nothing to attend to at zero weight (torch's safe softmax); then
-    dV = P^T dO, dS = P (dO V^T - rowsum(dO V^T P)), dQ = dS K scale, dK = dS^T Q scale."""
+    """Where the flash kernel takes the inputs: torch's flash backward, from the output and
+    log-sum-exp the forward kept for these q, k, v (unchanged since, the output too), else from a
+    flash forward run again. Otherwise the attention weights P are recomputed in float32 (float64
+    for float64), masked scores at -inf and a query row with nothing to attend to at zero weight
+    (torch's safe softmax); then dV = P^T dO, dS = P (dO V^T - rowsum(dO V^T P)), dQ = dS K scale,
+    dK = dS^T Q scale."""
+    if _flash_takes(q, k, v, attn_mask):
+        kept = KEPT.take(q, _state(k, v, is_causal, scale))
+        if kept is not None and kept[0]._version == kept[1]:
+            out, lse = kept[0], kept[2]
+        else:
+            out, lse = _flash_forward(q, k, v, 0.0, is_causal, scale=scale)
+        return _flash_backward(grad_out.contiguous(), q, k, v, out, lse, 0.0, is_causal, scale=scale)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     qa, ka, va, ga = (t.to(acc) for t in (q, k, v, grad_out))
     s = torch.matmul(qa, ka.transpose(-2, -1)).mul_(scale)
