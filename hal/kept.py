@@ -35,13 +35,16 @@ class KeptForBackward:
     def keep(self, x: torch.Tensor, state: Hashable, value: Any) -> None:
         entries = self._entries
         if len(entries) >= self.size:
-            del entries[next(iter(entries))]  # the oldest
+            try:
+                entries.pop(next(iter(entries)), None)  # the oldest
+            except (StopIteration, RuntimeError):  # emptied meanwhile by a dying tensor's callback
+                pass
         key = x._cdata
 
-        def forget(ref: weakref.ref) -> None:  # x died: its values go with it
+        def forget(ref: weakref.ref) -> None:  # x died: its values go with it (runs where x died)
             entry = entries.get(key)
             if entry is not None and entry[0] is ref:
-                del entries[key]
+                entries.pop(key, None)
 
         entries[key] = (weakref.ref(x, forget), x._version, state, value)
 
