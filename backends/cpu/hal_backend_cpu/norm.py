@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from hal.eager import norm as eager
+from hal.kept import KeptForBackward
 
 from . import _numba
 from ._common import FLOATS, contiguous, kernel, numba_kernel, numel
@@ -44,21 +45,36 @@ def rms_norm_backward_numba(grad_out, x, normalized_shape, weight, eps):
     gw = partial.sum(0).astype(x.dtype if weight is None else weight.dtype).reshape(normalized_shape)
     return gx, gw
 
-kernel("layer_norm", name="torch", priority=20, dtypes=FLOATS)(eager.layer_norm)
 kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS)(eager.rms_norm)
+
+#: (mean, 1/std) of float32 and float64 layer-norm forwards, for the backward of the same x (hal.kept)
+KEPT = KeptForBackward()
+_KEEPS = (torch.float32, torch.float64)
+
+
+@kernel("layer_norm", name="torch", priority=20, dtypes=FLOATS)
+def layer_norm(x, normalized_shape, weight, bias, eps):
+    """torch's layer-norm kernel; in float32 and float64 its statistics are kept for the backward
+    of this x (half precision: the backward recomputes them in float32, see below)."""
+    if x.dtype not in _KEEPS:
+        return eager.layer_norm(x, normalized_shape, weight, bias, eps)
+    out, mean, rstd = torch.ops.aten.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
+    KEPT.keep(x, eps, (mean, rstd))
+    return out
 
 
 @kernel("layer_norm_backward", name="torch", priority=20, dtypes=FLOATS)
 def layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
-    """torch's layer-norm backward kernel, with the statistics from its forward kernel; half
-    precision runs in float32 (torch's half-precision backward loses the parameter gradients of
-    data with a large mean) and rounds once."""
+    """torch's layer-norm backward kernel, with the statistics its forward kept for this x or from
+    its forward kernel run again; half precision runs in float32 (torch's half-precision backward
+    loses the parameter gradients of data with a large mean) and rounds once."""
     dtype = x.dtype
+    kept = KEPT.take(x, eps) if dtype in _KEEPS else None
     if dtype in (torch.float16, torch.bfloat16):
         grad_out, x, weight = grad_out.float(), x.float(), None if weight is None else weight.float()
     shape = list(normalized_shape)
     w = weight if weight is not None else x.new_ones(normalized_shape)
-    _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, w, None, eps)
+    mean, rstd = kept if kept is not None else torch.ops.aten.native_layer_norm(x, shape, w, None, eps)[1:]
     grads = torch.ops.aten.native_layer_norm_backward(grad_out, x, shape, mean, rstd, w, w, [True, True, True])
     return tuple(g.to(dtype) for g in grads)
 

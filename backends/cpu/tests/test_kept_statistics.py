@@ -49,3 +49,24 @@ def test_an_in_place_change_between_forward_and_backward_recomputes(rng):
     F.batch_norm(xr, None, None, wr, br, True, 0.1, 1e-5).backward(g.double())
     for got, ref in zip((gx, gw, gb), (xr.grad, wr.grad, br.grad)):
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_norm_keeps_its_statistics_and_gradients_match_torch(rng):
+    from hal_backend_cpu.norm import KEPT as LN_KEPT
+
+    t = lambda *s: torch.from_numpy(rng.standard_normal(s)).float()  # noqa: E731
+    x, w, b, g = t(6, 5, 32) * 3 + 2, t(32) + 1.5, t(32), t(6, 5, 32)
+    leaves = [v.clone().requires_grad_() for v in (x, w, b)]
+    with hal.use(backend="cpu"):
+        out = hal.ops.layer_norm(leaves[0], 32, leaves[1], leaves[2])
+        assert leaves[0] in LN_KEPT
+        out.backward(g)
+        assert leaves[0] not in LN_KEPT
+        hal.ops.layer_norm(x, 32, w, b)
+        x.mul_(0.5).add_(4.0)  # a new version: the kept statistics no longer describe x
+        changed = hal.ops.layer_norm_backward(g, x, 32, w)
+    for xs, got in ((leaves[0].detach(), [v.grad for v in leaves]), (x, changed)):
+        want = [v.detach().double().requires_grad_() for v in (xs, w, b)]
+        F.layer_norm(want[0], (32,), want[1], want[2]).backward(g.double())
+        for a, e in zip(got, want):
+            torch.testing.assert_close(a.double(), e.grad, rtol=1e-4, atol=1e-4)
