@@ -69,9 +69,22 @@ def run(what: str, call: Callable[[], Any], want: Callable[[], Any]) -> None:
     REPORT["compared"] += 1
     got_t, want_t = (got, expected) if isinstance(got, tuple) else ((got,), (expected,))
     for g, w in zip(got_t, want_t):
-        if tuple(g.shape) != tuple(w.shape) or not torch.allclose(g.double(), w.double(), rtol=1e-5, atol=1e-5):
+        if tuple(g.shape) != tuple(w.shape) or not _close(g, w):
             REPORT["mismatches"].append(f"{what}: got shape {tuple(g.shape)}, torch {tuple(w.shape)}")
             return
+
+
+#: elements compared at a time: the comparison must fit under the limit beside the results (an
+#: expanded reference is a view; converting the whole of it to float64 would not)
+COMPARE_BLOCK = 1 << 22
+
+
+def _close(g: torch.Tensor, w: torch.Tensor) -> bool:
+    """torch.allclose in float64 (rtol = atol = 1e-5), over blocks of leading rows."""
+    if g.ndim == 0 or g.numel() == 0:
+        return torch.allclose(g.double(), w.double(), rtol=1e-5, atol=1e-5)
+    step = max(1, COMPARE_BLOCK // max(1, g[0].numel()))
+    return all(torch.allclose(g[i : i + step].double(), w[i : i + step].double(), rtol=1e-5, atol=1e-5) for i in range(0, g.shape[0], step))
 
 
 @st.composite
