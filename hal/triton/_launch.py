@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 import triton
@@ -18,7 +18,7 @@ from triton.runtime.driver import driver as _driver
 
 from hal.arrays import float32_value
 
-from .config import cdiv, next_pow2  # noqa: F401  (re-exported for the kernel families)
+from .config import Plans, cdiv, next_pow2  # noqa: F401  (re-exported for the kernel families)
 
 #: torch dtype -> Triton element type (for pointers cast from integer addresses, and outputs).
 TL_DTYPES = {
@@ -122,38 +122,6 @@ class LaunchPlan:
             if len(self._by_spec) > 64:
                 self._by_spec.clear()
             self._by_spec[spec] = launched
-
-
-class Plans:
-    """A kernel family's launch plans (or what it keeps with them) by call geometry: a dict that
-    forgets everything past ``size`` entries (a conformance run meets thousands of geometries, a
-    model a few dozen)."""
-
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
-        self._entries: dict[tuple, Any] = {}
-
-    def get(self, key: tuple) -> Any:
-        return self._entries.get(key)
-
-    def put(self, key: tuple, value: Any) -> Any:
-        if len(self._entries) >= self.size:
-            self._entries.clear()
-        self._entries[key] = value
-        return value
-
-    def get_or_build(self, key: tuple, build: Callable[[], Any]) -> Any:
-        hit = self._entries.get(key)
-        return hit if hit is not None else self.put(key, build())
-
-    def values(self):
-        return self._entries.values()
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 #: whether launches of compiled specialisations bypass Triton's Python launch path

@@ -309,7 +309,7 @@ class _Geometry:
         self.apply_fixed = (view.c, view.s, *view.strides, ncb, nsb)
         self.vector_grid = (cdiv(view.c, cfg.finalize_block),)
         self.count = float(view.n * view.s)
-        self.plans: dict[tuple, LaunchPlan] = {}
+        self.plans = Plans()
 
     def reduce(self, kernel, **constexprs) -> LaunchPlan:
         """A per-chunk reduction over the (N, C, S) view: stats, or the backward's sums."""
@@ -322,11 +322,6 @@ class _Geometry:
         return LaunchPlan(kernel, self.apply_grid, self.apply_fixed, num_warps=cfg.num_warps, RELU=relu,
                           BLOCK_C=cfg.block_c, BLOCK_S=cfg.block_s, COMPUTE=self.cdt)
 
-    def plan(self, key: tuple, build) -> LaunchPlan:
-        hit = self.plans.get(key)
-        if hit is None:
-            hit = self.plans[key] = build()
-        return hit
 
 
 _GEOMETRIES = Plans(1024)
@@ -356,7 +351,7 @@ def affine_params(
     vec = torch.empty((8, c), dtype=geo.acc, device=x.device)
     if training:
         part = torch.empty((geo.n_chunks, 2, c), dtype=geo.acc, device=x.device)
-        geo.plan(("stats",), lambda: geo.reduce(bn_stats_kernel))(x, part)
+        geo.plans.get_or_build(("stats",), lambda: geo.reduce(bn_stats_kernel))(x, part)
         n_chunks = geo.n_chunks
     else:
         part, n_chunks = vec, 0
@@ -371,7 +366,7 @@ def affine_params(
             BLOCK_C=cfg.finalize_block, BLOCK_R=cfg.finalize_rows, COMPUTE=geo.cdt,
         )
 
-    geo.plan(("finalize", flags, momentum, eps), build)(
+    geo.plans.get_or_build(("finalize", flags, momentum, eps), build)(
         x, part, vec, _or(weight, vec), _or(bias, vec), _or(running_mean, vec), _or(running_var, vec), _or(conv_bias, vec))
     return vec
 
@@ -407,7 +402,7 @@ def batch_norm_forward(
         _KEPT.keep(x, eps, (vec, param_state(weight, bias, conv_bias)))
     y = torch.empty_like(x)
     assert y.stride() == x.stride()
-    geo.plan(("apply", relu), lambda: geo.elementwise(bn_apply_kernel, relu))(x, y, vec)
+    geo.plans.get_or_build(("apply", relu), lambda: geo.elementwise(bn_apply_kernel, relu))(x, y, vec)
     return y
 
 
@@ -440,7 +435,7 @@ def batch_norm_backward(
         g = grad_out
     c = geo.view.c
     part = torch.empty((geo.n_chunks, 2, c), dtype=geo.acc, device=x.device)
-    geo.plan(("bwd_reduce", relu), lambda: geo.reduce(bn_bwd_reduce_kernel, RELU=relu))(g, x, part, vec)
+    geo.plans.get_or_build(("bwd_reduce", relu), lambda: geo.reduce(bn_bwd_reduce_kernel, RELU=relu))(g, x, part, vec)
     gw = torch.empty(c, dtype=grad_dtypes[0], device=x.device)
     gb = torch.empty(c, dtype=grad_dtypes[1], device=x.device)
     has_w = weight is not None
@@ -449,7 +444,7 @@ def batch_norm_backward(
         return LaunchPlan(bn_bwd_finalize_kernel, geo.vector_grid, (geo.n_chunks, c, geo.count), num_warps=4, TRAINING=training,
                           HAS_W=has_w, BLOCK_C=cfg.finalize_block, BLOCK_R=cfg.finalize_rows, COMPUTE=geo.cdt)
 
-    geo.plan(("bwd_finalize", training, has_w), finalize)(part, vec, _or(weight, vec), gw, gb)
+    geo.plans.get_or_build(("bwd_finalize", training, has_w), finalize)(part, vec, _or(weight, vec), gw, gb)
     dx = torch.empty_like(x)
-    geo.plan(("bwd_apply", relu), lambda: geo.elementwise(bn_bwd_apply_kernel, relu))(g, x, dx, vec)
+    geo.plans.get_or_build(("bwd_apply", relu), lambda: geo.elementwise(bn_bwd_apply_kernel, relu))(g, x, dx, vec)
     return dx, gw, gb

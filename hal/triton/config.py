@@ -4,6 +4,7 @@ their tables from these at import time; the kernels themselves load on first use
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 
 def cdiv(a: int, b: int) -> int:
@@ -12,6 +13,38 @@ def cdiv(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+class Plans:
+    """A kernel family's launch plans (or what it keeps with them, or a launch table's answers) by
+    call geometry: a dict that forgets everything past ``size`` entries (a conformance run meets
+    thousands of geometries, a model a few dozen)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._entries: dict[tuple, Any] = {}
+
+    def get(self, key: tuple) -> Any:
+        return self._entries.get(key)
+
+    def put(self, key: tuple, value: Any) -> Any:
+        if len(self._entries) >= self.size:
+            self._entries.clear()
+        self._entries[key] = value
+        return value
+
+    def get_or_build(self, key: tuple, build: Callable[[], Any]) -> Any:
+        hit = self._entries.get(key)
+        return hit if hit is not None else self.put(key, build())
+
+    def values(self):
+        return self._entries.values()
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -217,13 +217,13 @@ def _live(x: torch.Tensor, value: Scalar) -> tuple[Any, Any]:
 
 
 class _Site:
-    """What the calls of one geometry share: the launch plan and, for the backward, the buffers'
-    sizes and which of them it writes."""
+    """What the calls of one geometry share: the launch plan and, for the backward, its program
+    count (the length of the partial sums)."""
 
-    __slots__ = ("plan", "n_programs", "write_dz", "partials")
+    __slots__ = ("plan", "n_programs")
 
-    def __init__(self, plan: LaunchPlan, n_programs: int = 0, write_dz: bool = False, partials: bool = False) -> None:
-        self.plan, self.n_programs, self.write_dz, self.partials = plan, n_programs, write_dz, partials
+    def __init__(self, plan: LaunchPlan, n_programs: int = 0) -> None:
+        self.plan, self.n_programs = plan, n_programs
 
 
 #: kept plans by call geometry (a model calls the same shapes over and over: planning a launch costs
@@ -305,7 +305,7 @@ def affine_act_backward(
             affine_act_backward_kernel, (n_programs,), (layout.rows, layout.cols, n_col_blocks, d1, d2, *ss, *hs),
             num_warps=num_warps, ACT=ACT_CODES[act], SCALE_TENSOR=st, SHIFT_TENSOR=ht, WRITE_DZ=write_dz,
             PARTIALS=partials, BLOCK_R=block_r, BLOCK_C=block_c, COMPUTE=compute_dtype(x.dtype),
-        ), n_programs, write_dz, partials)
+        ), n_programs)
         if kept:
             _SITES.put(key, site)
     else:

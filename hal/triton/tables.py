@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from .config import BNConfig, GemmConfig, next_pow2
+from .config import BNConfig, GemmConfig, Plans, next_pow2
 
 
 class Interpreter:
@@ -116,7 +116,7 @@ class PerGeometry:
 
     def __init__(self, tables: LaunchTables) -> None:
         self.tables = tables
-        self._answers: dict[tuple, object] = {}
+        self._answers = Plans()
         for name in self._PER_CALL:
             setattr(self, name, self._remembered(name, getattr(tables, name)))
 
@@ -124,13 +124,7 @@ class PerGeometry:
         answers = self._answers
 
         def answer(t: torch.Tensor, *args):
-            key = (name, t.shape, t.stride(), t.dtype, t.get_device(), *args)
-            hit = answers.get(key)
-            if hit is None:
-                if len(answers) > 4096:
-                    answers.clear()
-                hit = answers[key] = method(t, *args)
-            return hit
+            return answers.get_or_build((name, t.shape, t.stride(), t.dtype, t.get_device(), *args), lambda: method(t, *args))
 
         answer.__doc__ = method.__doc__
         return answer
