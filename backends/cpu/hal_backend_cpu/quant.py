@@ -21,8 +21,14 @@ Scalar = Union[float, int, torch.Tensor]
 kernel("quantize", name="torch", priority=20, dtypes=FLOATS)(eager.quantize)
 kernel("dequantize", name="torch", priority=20, dtypes=("int8", "uint8"))(eager.dequantize)
 
-QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+QRANGE = eager.QRANGE
 NUMPY_QTYPES = {"int8": np.int8, "uint8": np.uint8}
+
+
+#: per dtype of the arithmetic: (type, magic, bound). 1.5 * 2**(mantissa bits): (v + magic) - magic
+#: is rint(v), ties to even, for |v| < 2**(mantissa bits - 1); the kernels use it only for values
+#: that stay below ``bound`` (a safety factor of two), or that saturate anyway.
+ROUNDING = {"float32": (np.float32, np.float32(1.5 * 2**23), 2**21), "float64": (np.float64, np.float64(1.5 * 2**52), 2**50)}
 
 
 def _per_tensor_numbers(inputs: Inputs) -> list[str]:
@@ -37,7 +43,7 @@ def _per_tensor_numbers(inputs: Inputs) -> list[str]:
 @numba_kernel("quantize", priority=30, dtypes=NUMBA_FLOATS, checks=[_per_tensor_numbers, contiguous("x")])
 def quantize_numba(x, scale, zero_point, axis, dtype):
     out = np.empty(x.shape, dtype=NUMPY_QTYPES[dtype])
-    _numba.family("quant").quantize_flat(x.reshape(-1), float(scale), float(zero_point), *QRANGE[dtype], out.reshape(-1))
+    _numba.family("quant").quantize_flat(x.reshape(-1), float(scale), float(zero_point), *QRANGE[dtype], ROUNDING["float32"][1], out.reshape(-1))
     return out
 
 
@@ -80,8 +86,6 @@ def fake_quantize(x, scale, zero_point, quant_min, quant_max, axis):
     return out.to(x.dtype)
 
 
-#: below these magnitudes (v + magic) - magic is rint(v) in float32 / float64 (see _nb.quant.MAGIC)
-_ROUNDS = {"float32": (np.float32, np.float32(12582912.0), 2**21), "float64": (np.float64, np.float64(6755399441055744.0), 2**50)}
 
 
 def _fake_grad_numba_takes(inputs: Inputs) -> list[str]:
@@ -90,7 +94,7 @@ def _fake_grad_numba_takes(inputs: Inputs) -> list[str]:
     reasons = _per_tensor_numbers(inputs)
     if not reasons and inputs["grad_out"].shape != inputs["x"].shape:
         reasons.append("grad_out broadcast against x (the torch kernel runs it)")
-    bound = _ROUNDS.get(inputs.dtype, (None, None, 0))[2]
+    bound = ROUNDING.get(inputs.dtype, (None, None, 0))[2]
     if not reasons and max(abs(inputs["quant_min"]), abs(inputs["quant_max"])) >= bound:
         reasons.append(f"quantised range beyond +-{bound} (the torch kernel runs it)")
     return reasons
@@ -100,7 +104,7 @@ def _fake_grad_numba_takes(inputs: Inputs) -> list[str]:
               checks=[_fake_grad_numba_takes, contiguous("x"), contiguous("grad_out")])
 def fake_quantize_backward_numba(grad_out, x, scale, zero_point, quant_min, quant_max, axis):
     """One pass (torch's kernel recomputes the forward with its mask, then masks the gradient)."""
-    work, magic, _ = _ROUNDS[x.dtype.name]
+    work, magic, _ = ROUNDING[x.dtype.name]
     inv = work(np.float32(1.0) / np.float32(scale))  # the reference's inverse: float32, then x's dtype
     out = np.empty(x.shape, dtype=grad_out.dtype)
     _numba.family("quant").fake_quantize_grad_flat(grad_out.reshape(-1), x.reshape(-1), inv, magic, work(zero_point),

@@ -5,6 +5,10 @@ quantize: ``q = rint(float32(x) / scale) + zero_point`` in float32 (rounding hal
 saturated to [lo, hi]; NaN gives 0 (as the reference and torch's cast give). dequantize:
 ``(q - zero_point) * scale`` in float32. Plain parallel loops over the flat arrays: LLVM vectorises
 them (a loop over chunks inside the parallel one measured six times slower: it did not).
+
+Rounding to the nearest integer, ties to even, is ``(v + magic) - magic``: two vectorisable
+additions where ``np.rint`` is a libm call per element; ``magic`` and the magnitudes it rounds come
+from the caller (``hal_backend_cpu.quant.ROUNDING``).
 """
 
 from __future__ import annotations
@@ -13,19 +17,15 @@ import numpy as np
 from numba import njit, prange
 
 
-#: 1.5 * 2**23: (v + MAGIC) - MAGIC rounds a float32 v with |v| < 2**22 to the nearest integer, ties
-#: to even, in two vectorisable additions (np.rint is a libm call per element). Larger |v| come out
-#: large with their sign, which the saturation maps to lo or hi as it would the exact rint.
-MAGIC = np.float32(12582912.0)
-
-
 @njit(parallel=True, cache=True)
-def quantize_flat(x, scale, zero_point, lo, hi, out):
+def quantize_flat(x, scale, zero_point, lo, hi, magic, out):
+    """Values of |x / scale| past the magnitudes ``magic`` rounds come out large with their sign,
+    which the saturation maps to lo or hi as it would the exact rint."""
     n = x.size
-    s, z = np.float32(scale), np.float32(zero_point)
+    s, z, m = np.float32(scale), np.float32(zero_point), np.float32(magic)
     flo, fhi, zero = np.float32(lo), np.float32(hi), np.float32(0)
     for i in prange(n):
-        q = ((np.float32(x[i]) / s + MAGIC) - MAGIC) + z
+        q = ((np.float32(x[i]) / s + m) - m) + z
         q = flo if q < flo else q
         q = fhi if q > fhi else q
         out[i] = zero if q != q else q
@@ -42,7 +42,7 @@ def dequantize_flat(q, scale, zero_point, out):
 @njit(parallel=True, cache=True)
 def fake_quantize_grad_flat(g, x, inv, magic, z, qmin, qmax, out):
     """grad where ``rint(x * inv) + z`` lies in [qmin, qmax], else 0 (NaN and infinite codes are
-    outside); the product in x's dtype, rounded with ``magic`` (MAGIC, or its float64 twin)."""
+    outside); the product in x's dtype, rounded with ``magic`` of x's dtype."""
     zero = g.dtype.type(0)
     for i in prange(x.size):
         c = ((x[i] * inv + magic) - magic) + z
