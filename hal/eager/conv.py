@@ -104,6 +104,7 @@ def batch_norm_backward(
 
 #: the batch statistics (mean, 1/std) of kept_batch_norm's training forwards, for the backward of the same x
 KEPT = KeptForBackward()
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def kept_batch_norm(
@@ -120,7 +121,7 @@ def kept_batch_norm(
     them); in training its batch statistics are kept for :func:`kept_batch_norm_backward` of the
     same x (hal.kept)."""
     if not training:
-        return F.batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)
+        return batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)
     out, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
     KEPT.keep(x, eps, (mean, invstd))
     return out
@@ -138,7 +139,7 @@ def kept_batch_norm_backward(
     """(grad_x, grad_weight, grad_bias) by torch's batch-norm backward kernel, from the statistics
     :func:`kept_batch_norm` kept for this x (else recomputed; in eval the running ones). The
     parameter gradients come in the weight's dtype (x's without a weight)."""
-    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    acc = torch.float32 if x.dtype in _HALF else x.dtype
     if training:
         kept = KEPT.take(x, eps)
         mean, invstd = kept if kept is not None else torch.native_batch_norm(x, weight, None, None, None, True, 0.0, eps)[1:]
@@ -160,7 +161,7 @@ def torch_bn_dtypes(inputs: Inputs) -> list[str]:
     names = [n for n in ("running_mean", "running_var", "weight", "bias") if n in inputs.op.param_names]
     params = [p for p in map(inputs.__getitem__, names) if p is not None]
     dtypes = {p.dtype for p in params}
-    if dtypes <= {x.dtype} or (x.dtype in (torch.float16, torch.bfloat16) and dtypes == {torch.float32}):
+    if dtypes <= {x.dtype} or (x.dtype in _HALF and dtypes == {torch.float32}):
         return []
     return [f"parameters in {sorted(str(d) for d in dtypes)} beside {x.dtype} x (torch's batch norm takes x's dtype, or float32 with half x)"]
 
