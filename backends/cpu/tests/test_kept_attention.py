@@ -18,12 +18,18 @@ def _draw(rng: np.random.Generator, lq: int = 24, lk: int = 24) -> tuple[torch.T
     return t(2, 3, lq, 16), t(2, 3, lk, 16), t(2, 3, lk, 16), t(2, 3, lq, 16)
 
 
-@pytest.mark.parametrize("causal, lq, lk", [(True, 24, 24), (False, 24, 40), (True, 40, 24)])
-def test_autograd_gradients_match_torch_with_one_forward(rng, monkeypatch, causal, lq, lk):
-    q, k, v, g = _draw(rng, lq, lk)
-    forwards = []
+@pytest.fixture
+def forwards(monkeypatch) -> list:
+    """One entry per run of the flash forward kernel (the real one runs)."""
+    runs: list = []
     real = attention._flash_forward
-    monkeypatch.setattr(attention, "_flash_forward", lambda *a, **kw: forwards.append(1) or real(*a, **kw))
+    monkeypatch.setattr(attention, "_flash_forward", lambda *a, **kw: runs.append(1) or real(*a, **kw))
+    return runs
+
+
+@pytest.mark.parametrize("causal, lq, lk", [(True, 24, 24), (False, 24, 40), (True, 40, 24)])
+def test_autograd_gradients_match_torch_with_one_forward(rng, forwards, causal, lq, lk):
+    q, k, v, g = _draw(rng, lq, lk)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     with hal.use(backend="cpu"):
         out = hal.ops.scaled_dot_product_attention(*leaves, is_causal=causal)
@@ -36,11 +42,8 @@ def test_autograd_gradients_match_torch_with_one_forward(rng, monkeypatch, causa
         torch.testing.assert_close(got.grad.double(), ref.grad, rtol=1e-4, atol=1e-5)
 
 
-def test_a_changed_output_or_input_runs_the_forward_again(rng, monkeypatch):
+def test_a_changed_output_or_input_runs_the_forward_again(rng, forwards):
     q, k, v, g = _draw(rng)
-    forwards = []
-    real = attention._flash_forward
-    monkeypatch.setattr(attention, "_flash_forward", lambda *a, **kw: forwards.append(1) or real(*a, **kw))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     with hal.use(backend="cpu"):
         out = hal.ops.scaled_dot_product_attention(*leaves, is_causal=True)
