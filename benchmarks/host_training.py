@@ -68,7 +68,11 @@ def main() -> None:
         print(f"{name:<72} {best:9.1f} us/call", flush=True)
 
     def fwd_bwd(f: Callable[[], torch.Tensor]) -> Callable[[], None]:
-        return lambda: f().backward(g)
+        def run() -> None:
+            out = f()
+            out.backward(g if out.shape == g.shape else torch.ones_like(out))
+
+        return run
 
     def torch_layer() -> torch.Tensor:
         return F.relu(F.batch_norm(F.conv2d(x, w, None, 1, 1), rm, rv, gamma, beta, True, 0.1, 1e-5))
@@ -100,6 +104,15 @@ def main() -> None:
     row("torch: relu forward + backward", fwd_bwd(lambda: F.relu(y)))
     row("hal.ops.scale_shift_act(relu) forward + backward", fwd_bwd(lambda: hal.ops.scale_shift_act(y, 1.0, 0.0, "relu")))
 
+    print("-- the same with hal's own autograd nodes (HAL_TORCH_AUTOGRAD=0), and a minimal Python autograd node")
+    os.environ["HAL_TORCH_AUTOGRAD"] = "0"
+    hal.dispatch.reset()
+    row("hal.ops.fused_conv_bn_relu training forward + backward, hal's nodes", fwd_bwd(hal_layer))
+    row("hal.ops.scale_shift_act(relu) forward + backward, hal's node", fwd_bwd(lambda: hal.ops.scale_shift_act(y, 1.0, 0.0, "relu")))
+    del os.environ["HAL_TORCH_AUTOGRAD"]
+    hal.dispatch.reset()
+    row("torch.autograd.Function around torch.relu: forward + backward", fwd_bwd(lambda: _PythonRelu.apply(y)))
+
     print("-- backward ops called directly, on this thread and on another (autograd runs CUDA backward nodes on its device thread)")
     yd, gd = y.detach(), g
     direct = {
@@ -113,6 +126,8 @@ def main() -> None:
     row("torch: relu forward with grad (no backward)", lambda: F.relu(y))
     row("hal.ops.scale_shift_act(relu) forward with grad (no backward)", lambda: hal.ops.scale_shift_act(y, 1.0, 0.0, "relu"))
 
+    _transformer_ops(row, rand, fwd_bwd)
+
     print("-- without autograd")
     with torch.no_grad():
         yd = y.detach()
@@ -123,6 +138,60 @@ def main() -> None:
         row("torch.empty_like", lambda: torch.empty_like(yd))
         if dev.type == "cuda":
             _bare_launches(row, yd)
+
+
+def _transformer_ops(row: Callable[[str, Callable[[], Any]], float], rand: Callable[..., torch.Tensor], fwd_bwd: Callable) -> None:
+    """The hal ops of a Llama layer, forward + backward with autograd, against the torch code a
+    model would run instead, and each hal op forced to every other kernel that runs the inputs."""
+    x, w = rand(2, 64, 256, grad=True), rand(256, grad=True)
+    q, k, v = (rand(2, 4, 64, 64, grad=True) for _ in range(3))
+    cos, sin = rand(64, 32), rand(64, 32)
+    gate, up = rand(2, 64, 512, grad=True), rand(2, 64, 512, grad=True)
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        t1, t2 = t.chunk(2, -1)
+        c, s = cos.float(), sin.float()
+        return torch.cat((t1.float() * c - t2.float() * s, t2.float() * c + t1.float() * s), -1).to(t.dtype)
+
+    cases = {
+        "rms_norm": (lambda: F.rms_norm(x, (256,), w, 1e-6), lambda: hal.ops.rms_norm(x, (256,), w, 1e-6), (x, (256,), w, 1e-6)),
+        "rotary_embedding": (lambda: rotate(q), lambda: hal.ops.rotary_embedding(q, cos, sin), (q, cos, sin)),
+        "swiglu": (lambda: F.silu(gate) * up, lambda: hal.ops.swiglu(gate, up), (gate, up)),
+        "scaled_dot_product_attention": (
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            lambda: hal.ops.scaled_dot_product_attention(q, k, v, None, True),
+            (q, k, v, None, True),
+        ),
+    }
+    print("-- the ops of a Llama layer, forward + backward, against the torch code a model would run")
+    for op, (peer, ours, op_args) in cases.items():
+        row(f"torch: {op} forward + backward", fwd_bwd(peer))
+        decision = hal.explain(op, *op_args)
+        row(f"hal.ops.{op} forward + backward ({decision.backend}/{decision.kernel}, by {decision.autograd_by})", fwd_bwd(ours))
+        for spec in hal.dispatch.DISPATCHER.runtime().kernels(op, decision.backend or ""):
+            if spec.name == decision.kernel:
+                continue
+            with hal.use(kernel={op: spec.name}):
+                try:
+                    forced = hal.explain(op, *op_args)
+                    if forced.error is None:
+                        row(f"hal.ops.{op} forward + backward, forced {spec.name} (by {forced.autograd_by})", fwd_bwd(ours))
+                except hal.HalError as exc:  # the kernel cannot run these inputs
+                    print(f"hal.ops.{op} forced {spec.name}: {type(exc).__name__}")
+
+
+class _PythonRelu(torch.autograd.Function):
+    """The least a Python autograd node can do: what hal's generated nodes cost beyond it is hal's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.relu(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return torch.ops.aten.threshold_backward(grad, x, 0.0)
 
 
 def _on_thread(fn: Callable[[], Any], calls: int) -> None:

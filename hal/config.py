@@ -86,12 +86,17 @@ class Choice:
     #: True when the kernel must run (per-op force); False when it is a preference (kernel_any).
     kernel_required: bool
     strict: bool
+    #: whether torch's autograd may record kernels registered ``differentiable`` (HAL_TORCH_AUTOGRAD,
+    #: default on; off: every call needing autograd runs hal's node and the op's backward op).
+    torch_autograd: bool = True
 
 
-def env_flag(name: str) -> bool:
-    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (unset: false)."""
+def env_flag(name: str, default: bool = False) -> bool:
+    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (unset or empty: ``default``)."""
     raw = os.environ.get(name, "")
     value = raw.strip().lower()
+    if not value:
+        return default
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -124,7 +129,7 @@ def choice_for(op: str, overrides: Optional[Overrides]) -> Choice:
     if kernel is None and o.kernel_any is not None:
         kernel, source, required = o.kernel_any, "hal.use(kernel=...)", False
     strict = o.strict if o.strict is not None else env_flag("HAL_STRICT")
-    return Choice(backend, backend_source, kernel, source, required, strict)
+    return Choice(backend, backend_source, kernel, source, required, strict, env_flag("HAL_TORCH_AUTOGRAD", True))
 
 
 def configure_logging() -> None:

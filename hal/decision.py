@@ -4,7 +4,10 @@ A call takes one of three routes:
 
 - ``kernel``: the chosen kernel runs directly (no autograd is needed);
 - ``autograd``: the chosen kernel runs as the forward of an autograd node whose backward runs the
-  op's backward op (its own decision is :attr:`Decision.backward`);
+  op's backward op (its own decision is :attr:`Decision.backward`); or, where the kernel is made of
+  torch's differentiable ops (a kernel registered ``differentiable``, such as torch's own batch norm
+  or ReLU), it runs with grad recording on and torch's autograd records its backward
+  (:attr:`Decision.autograd_by` is ``"torch"``, no backward op runs);
 - ``decomposition``: the op runs as other ops (:attr:`Decision.steps`, each with its own decision),
   either because no kernel can run the inputs (a fallback) or because a call needing autograd is
   better served by ops that each save what their backward needs (the op's training decomposition).
@@ -28,6 +31,9 @@ FALLBACK_WORDS = {
 }
 
 ROUTES = ("kernel", "autograd", "decomposition")
+
+#: the route reason of an autograd call whose kernel torch's autograd records.
+TORCH_RECORDS = "inputs require grad: the kernel is torch's differentiable ops, so torch's autograd records their backward (no hal node)"
 
 
 @dataclasses.dataclass
@@ -69,6 +75,9 @@ class Decision:
     steps: list["Decision"] = dataclasses.field(default_factory=list)
     #: the decision of the backward op an autograd node runs.
     backward: Optional["Decision"] = None
+    #: on the autograd route, who records the backward: "hal" (a hal node running the backward op)
+    #: or "torch" (the kernel's own torch ops, through torch's autograd).
+    autograd_by: Optional[str] = None
 
     @property
     def chosen(self) -> Optional[Candidate]:
@@ -115,6 +124,8 @@ class Decision:
         for i, step in enumerate(self.steps):
             lines.append(f"{pad}step {i + 1} of the decomposition:")
             lines += step._lines(pad + "    ")
+        if self.autograd_by == "torch":
+            lines.append(f"{pad}backward (run by autograd): torch's own, recorded from {self.backend}/{self.kernel}'s torch ops")
         if self.backward is not None:
             lines.append(f"{pad}backward (run by autograd):")
             lines += self.backward._lines(pad + "    ")

@@ -17,7 +17,9 @@ validates the arguments (generic checks from the schema, then the op's checker),
    logged once per (op, kernel) at WARNING, and raises instead in strict mode;
 4. the route: a call of a trainable op that needs autograd runs the op's training decomposition
    where it declares one, else the chosen kernel inside an autograd node (installed by the torch
-   integration, :mod:`hal.autograd`, through :data:`HOOKS`: this module does not import it).
+   integration, :mod:`hal.autograd`, through :data:`HOOKS`: this module does not import it), or,
+   for a kernel registered ``differentiable`` (torch's own ops), the kernel itself with grad
+   recording on, so that torch's autograd records its backward.
 
 :meth:`Dispatcher.explain` runs the same decision without running anything; a decomposition is
 followed op by op with results of the right shape from the ops' fake rules.
@@ -38,7 +40,7 @@ import torch
 
 from hal import arrays, config, registry
 from hal.config import Choice, Overrides, choice_for
-from hal.decision import FALLBACK_WORDS, Candidate, Decision
+from hal.decision import FALLBACK_WORDS, TORCH_RECORDS, Candidate, Decision
 from hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, UnsupportedError
 from hal.gradients import gradients_of
 from hal.plugin import Inputs, KernelSpec
@@ -522,10 +524,14 @@ class Dispatcher:
             decision, target = self.decide(decl, inputs, choice)
             if decision.kernel == "composite":
                 decision.route, decision.route_reason = "decomposition", "no kernel runs these inputs; the composite's ops each take autograd"
+            elif decision.autograd_by == "torch":
+                decision.route, decision.route_reason = "autograd", TORCH_RECORDS
             else:
                 decision.route, decision.route_reason = "autograd", "inputs require grad: the kernel runs inside an autograd node"
+                decision.autograd_by = "hal"
             return decision, target
         decision, target = self.decide(decl, inputs, choice)
+        decision.autograd_by = None  # no autograd: the kernel route
         if decision.kernel == "composite":
             decision.route, decision.route_reason = "decomposition", FALLBACK_WORDS["composite"]
         return decision, target
@@ -554,6 +560,7 @@ class Dispatcher:
             target = self._try_backend(decl, inputs, choice, state, mode, position, decision)
             if decision.error is not None or target is not None:
                 if target is not None and decision.kernel != "composite" and decl.empty is not None and _has_zero_size(decl, inputs.args):
+                    decision.autograd_by = None  # the op's empty rule runs, not the kernel's torch ops
                     return decision, self._empty_instead(decl, decision)
                 return decision, target
         decision.error = UnsupportedError(self._no_kernel_message(decl, decision, rt))
@@ -660,6 +667,9 @@ class Dispatcher:
             if reasons:
                 continue
             cand.chosen = True
+            api = k.array_api or state.info.array_api
+            if choice.torch_autograd and mode == "native" and api == "torch" and not k.torch_autograd_reasons(k_inputs):
+                decision.autograd_by = "torch"
             fallback = None if (position == 0 or forced) else ("host" if mode == "host" else "backend")
             return self._choose(decl, decision, state, k.name, fallback, self._kernel_fn(decl, k, state, inputs, mode))
         if forced is not None and forced != "composite":
@@ -755,14 +765,15 @@ class Dispatcher:
                 return run(*args)
 
             return count_call, run_fallback
-        fn = _writing(decl, target) if (decl.mutates and inputs.array_type == "torch") else target
+        recorded = decision.route == "autograd" and decision.autograd_by == "torch"
+        fn = _writing(decl, target, recorded) if (decl.mutates and inputs.array_type == "torch") else target
         if decl.values is not None and inputs.device_kind == "cpu":
             fn = _validating(decl, fn)
         if unbatched is not None:
             fn = _rebatching(fn, unbatched)
         count = count_call if count_fallback is None else _both(count_call, count_fallback)
         run = fn
-        if decision.route == "autograd":
+        if decision.route == "autograd" and not recorded:
             autograd = HOOKS.autograd
             if autograd is None:
                 raise RuntimeError("hal's torch integration is not loaded (import hal, not hal.dispatch alone)")
@@ -810,7 +821,7 @@ class Dispatcher:
             return decision
         if decision.route == "decomposition" and target is not None:
             decision.steps = self._follow(target, inputs.args)
-        elif decision.route == "autograd":
+        elif decision.route == "autograd" and decision.autograd_by == "hal":
             decision.backward = self._backward_decision(decl, inputs, args)
         return decision
 
@@ -926,20 +937,16 @@ def _validating(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _writing(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """An in-place kernel on torch tensors: run without grad recording, then bump the version
-    counter of every tensor it wrote (kernels that write through pointers or NumPy views do not),
-    so that autograd notices a saved tensor that changed, as with torch's own in-place ops."""
+def _writing(decl: OpDecl, fn: Callable[..., Any], recorded: bool = False) -> Callable[..., Any]:
+    """An in-place kernel on torch tensors: bump the version counter of every tensor it wrote
+    (kernels that write through pointers or NumPy views do not, nor do torch's own batch norms for
+    their running statistics), so that autograd notices a saved tensor that changed, as with torch's
+    own in-place ops, and caches keyed on versions (folded weights) see the write. The kernel runs
+    without grad recording, unless torch's autograd is to record it (``recorded``)."""
     slots = [decl.index(n) for n in decl.mutates]
     when = decl.index(decl.mutates_when) if decl.mutates_when else None
 
-    def run(*a: Any) -> Any:
-        enabled = _grad_enabled()
-        _set_grad_enabled(False)
-        try:
-            out = fn(*a)
-        finally:
-            _set_grad_enabled(enabled)
+    def bump(a: Sequence[Any]) -> None:
         if when is None or a[when]:
             written = []
             for i in slots:
@@ -949,6 +956,23 @@ def _writing(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
                 elif v is not None:
                     written.append(v)
             _increment_version(written)
+
+    if recorded:  # bumped before: torch's node saves the statistics at their new version
+
+        def run_recorded(*a: Any) -> Any:
+            bump(a)
+            return fn(*a)
+
+        return run_recorded
+
+    def run(*a: Any) -> Any:
+        enabled = _grad_enabled()
+        _set_grad_enabled(False)
+        try:
+            out = fn(*a)
+        finally:
+            _set_grad_enabled(enabled)
+        bump(a)
         return out
 
     return run

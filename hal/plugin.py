@@ -87,10 +87,23 @@ class KernelSpec:
     array_api: Optional[str] = None  # "numpy" or "torch"; None: the backend's
     #: a vendor-fused or hand-written kernel (True) or a simple one (False); shown by `hal info`.
     fused: bool = True
+    #: whether the kernel is made of torch's differentiable ops, so that on the autograd route torch's
+    #: autograd may record them (its own C++ nodes, its own saved state) instead of hal's node
+    #: running the backward op: False, True, or a check of the inputs giving the reasons it may not
+    #: (e.g. float32, where torch's backward would round to TF32). See :mod:`hal.decision`.
+    differentiable: Union[bool, Callable[[Inputs], Reasons]] = False
 
     @property
     def qualname(self) -> str:
         return f"{self.backend}/{self.name}"
+
+    def torch_autograd_reasons(self, inputs: Inputs) -> list[str]:
+        """Why torch's autograd may not record this kernel for ``inputs`` (empty: it may)."""
+        if self.differentiable is True:
+            return []
+        if self.differentiable is False:
+            return ["the kernel is not made of torch's differentiable ops"]
+        return _as_list(self.differentiable(inputs))
 
     def not_supported_reasons(self, inputs: Inputs) -> list[str]:
         """Why this kernel cannot run ``inputs`` (an empty list when it can)."""
@@ -102,12 +115,14 @@ class KernelSpec:
             if why:
                 reasons.append(why)
         if self.check is not None and not reasons:
-            extra = self.check(inputs)
-            if isinstance(extra, str):
-                reasons.append(extra)
-            elif extra:
-                reasons.extend(extra)
+            reasons.extend(_as_list(self.check(inputs)))
         return reasons
+
+
+def _as_list(reasons: Reasons) -> list[str]:
+    if isinstance(reasons, str):
+        return [reasons]
+    return list(reasons) if reasons else []
 
 
 @dataclasses.dataclass(eq=False)
@@ -182,12 +197,19 @@ class Plugin:
         check: Optional[Callable[[Inputs], Reasons]] = None,
         array_api: Optional[str] = None,
         fused: bool = True,
+        differentiable: Union[bool, Callable[[Inputs], Reasons]] = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register the decorated function as kernel ``name`` of ``op`` and return it unchanged.
 
         The function must take exactly the op's parameters, in order (checked now). It is called
         positionally with canonical arguments: static options already normalised by the op's
         checker (``stride`` as a pair, ``dim`` non-negative ...).
+
+        ``differentiable`` says the function is made of torch's differentiable ops (True, or a
+        check giving the reasons it is not for some inputs): a call needing autograd then runs it
+        with grad recording on and torch's autograd does the backward, instead of hal's node with
+        the op's backward op. Meant for kernels that are torch's own op, where hal's node adds
+        host time and nothing else.
         """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -217,6 +239,7 @@ class Plugin:
                     check=check,
                     array_api=array_api,
                     fused=fused,
+                    differentiable=differentiable,
                 )
             )
             return fn

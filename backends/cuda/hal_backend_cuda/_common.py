@@ -3,7 +3,7 @@ IEEE float32 guard around cuDNN and cuBLAS calls."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
@@ -20,14 +20,23 @@ Check = Callable[[Inputs], Optional[list[str]]]
 
 
 def kernel(op: str, *, name: str, priority: int, dtypes: Optional[Iterable[str]] = None, checks: Iterable[Check] = (),
-           archs: Archs = SM80) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a kernel of the cuda backend (sm_80 and newer unless ``archs`` says otherwise)."""
+           archs: Archs = SM80, differentiable: Union[bool, Check] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a kernel of the cuda backend (sm_80 and newer unless ``archs`` says otherwise);
+    ``differentiable``: made of torch's differentiable ops (see :meth:`hal.plugin.Plugin.kernel`)."""
     all_checks = list(checks)
 
     def check(inputs: Inputs) -> list[str]:
         return [r for c in all_checks for r in (c(inputs) or [])]
 
-    return plugin.kernel(op, name=name, priority=priority, dtypes=dtypes, archs=archs, check=check if all_checks else None)
+    return plugin.kernel(op, name=name, priority=priority, dtypes=dtypes, archs=archs, check=check if all_checks else None,
+                         differentiable=differentiable)
+
+
+def not_float32(inputs: Inputs) -> list[str]:
+    """A ``differentiable`` check for kernels around cuDNN/cuBLAS calls held to IEEE float32 by
+    :class:`ieee_fp32`: torch's recorded backward would run later, outside that guard, where
+    PyTorch's defaults let cuDNN round float32 to TF32."""
+    return ["float32: torch's recorded backward would run without the IEEE float32 guard"] if inputs.dtype == "float32" else []
 
 
 class ieee_fp32:

@@ -31,7 +31,7 @@ from ._device import sm
 # --- softmax -------------------------------------------------------------------------------------
 
 
-@kernel("softmax", name="torch", priority=10, dtypes=FLOATS)
+@kernel("softmax", name="torch", priority=10, dtypes=FLOATS, differentiable=True)
 def softmax_torch(x, dim):
     return torch.softmax(x, dim)
 
@@ -92,7 +92,7 @@ def _register_backend(name: str, backend: SDPBackend, priority: int, dtypes, che
 
     forward.__name__, backward.__name__ = f"sdpa_{name}", f"sdpa_{name}_backward"
     extra = {"archs": archs} if archs is not None else {}
-    kernel("scaled_dot_product_attention", name=name, priority=priority, dtypes=dtypes, checks=[check], **extra)(forward)
+    kernel("scaled_dot_product_attention", name=name, priority=priority, dtypes=dtypes, checks=[check], differentiable=True, **extra)(forward)
     kernel("scaled_dot_product_attention_backward", name=name, priority=priority, dtypes=dtypes, checks=[check], **extra)(backward)
 
 
@@ -118,7 +118,7 @@ def math_attention(q, k, v, attn_mask: Optional[torch.Tensor], is_causal: bool, 
     return torch.matmul(p, v.to(acc)).to(q.dtype)
 
 
-@kernel("scaled_dot_product_attention", name="math", priority=10, dtypes=FLOATS)
+@kernel("scaled_dot_product_attention", name="math", priority=10, dtypes=FLOATS, differentiable=True)
 def sdpa_math(q, k, v, attn_mask, is_causal, scale):
     return math_attention(q, k, v, attn_mask, is_causal, scale)
 

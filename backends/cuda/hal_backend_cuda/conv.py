@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from hal.eager import conv as eager
 from hal.plugin import Inputs
 
-from ._common import FLOATS, NOT_F64, ieee_fp32, kernel
+from ._common import FLOATS, NOT_F64, ieee_fp32, kernel, not_float32
 
 Pair = tuple[int, int]
 Pads = tuple[int, int, int, int]
@@ -63,7 +63,7 @@ def conv_grads(
     return gx, gw, gb
 
 
-@kernel("conv2d", name="cudnn", priority=10, dtypes=FLOATS)
+@kernel("conv2d", name="cudnn", priority=10, dtypes=FLOATS, differentiable=not_float32)
 def conv2d(x, weight, bias, stride, padding, dilation, groups):
     return conv(x, weight, bias, stride, padding, dilation, groups)
 
@@ -76,7 +76,7 @@ def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups, outp
 # --- batch_norm ---------------------------------------------------------------------------------
 
 
-@kernel("batch_norm", name="cudnn", priority=10, dtypes=FLOATS)
+@kernel("batch_norm", name="cudnn", priority=10, dtypes=FLOATS, differentiable=True)
 def batch_norm_cudnn(x, running_mean, running_var, weight, bias, training, momentum, eps):
     return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 
@@ -91,7 +91,7 @@ def batch_norm_cudnn(x, running_mean, running_var, weight, bias, training, momen
 _NATIVE_CHECKS = [eager.torch_bn_eps, eager.torch_bn_dtypes]
 
 
-@kernel("batch_norm", name="native", priority=25, dtypes=FLOATS, checks=_NATIVE_CHECKS)
+@kernel("batch_norm", name="native", priority=25, dtypes=FLOATS, checks=_NATIVE_CHECKS, differentiable=True)
 def batch_norm_native(x, running_mean, running_var, weight, bias, training, momentum, eps):
     return eager.kept_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 

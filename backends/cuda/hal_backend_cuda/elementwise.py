@@ -27,7 +27,7 @@ def _grad_x_only(inputs: Inputs) -> list[str]:
     return ["gradients of scale or shift asked for"] if want_scale or want_shift else []
 
 
-@kernel("scale_shift_act", name="torch", priority=25, dtypes=FLOATS, checks=[_bare])
+@kernel("scale_shift_act", name="torch", priority=25, dtypes=FLOATS, checks=[_bare], differentiable=True)
 def bare_activation(x, scale, shift, act):
     return exact_activation(x, act)
 

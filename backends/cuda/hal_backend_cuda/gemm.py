@@ -55,12 +55,17 @@ def gemm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.mm(a, b)
 
 
+def _plain_gemm(inputs: Inputs) -> list[str]:
+    """torch has no derivative of ``_addmm_activation``; the plain GEMM (F.linear) has one."""
+    return [] if inputs["act"] == "none" else ["the cuBLASLt epilogue (torch._addmm_activation) has no autograd formula"]
+
+
 def _lt_act(inputs: Inputs) -> list[str]:
     act = inputs["act"]
     return [] if act in _LT_ACTS else [f"act {act!r} has no cuBLASLt epilogue (relu, gelu_tanh or none)"]
 
 
-@kernel("linear", name="cublaslt", priority=30, dtypes=NOT_F64, checks=[_lt_act])
+@kernel("linear", name="cublaslt", priority=30, dtypes=NOT_F64, checks=[_lt_act], differentiable=_plain_gemm)
 def linear_cublaslt(x, weight, bias, act):
     x2 = _rows(x)
     if act == "none":
@@ -74,7 +79,7 @@ def linear_cublaslt(x, weight, bias, act):
 # --- matmul ------------------------------------------------------------------------------------
 
 
-@kernel("matmul", name="cublas", priority=10, dtypes=FLOATS)
+@kernel("matmul", name="cublas", priority=10, dtypes=FLOATS, differentiable=True)
 def matmul(a, b):
     return torch.matmul(a, b)
 

@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from ._common import FLOATS, kernel
 
 
-@kernel("layer_norm", name="torch", priority=10, dtypes=FLOATS)
+@kernel("layer_norm", name="torch", priority=10, dtypes=FLOATS, differentiable=True)
 def layer_norm_torch(x, normalized_shape, weight, bias, eps):
     return F.layer_norm(x, normalized_shape, weight, bias, eps)
 
 
-@kernel("rms_norm", name="torch", priority=10, dtypes=FLOATS)
+@kernel("rms_norm", name="torch", priority=10, dtypes=FLOATS, differentiable=True)
 def rms_norm_torch(x, normalized_shape, weight, eps):
     return F.rms_norm(x, normalized_shape, weight, eps)
 
