@@ -69,7 +69,35 @@ def _flash_like(max_head: int, multiple: int) -> Check:
     return check
 
 
+#: each fused backend's own aten op (differentiable: torch's autograd saves its output and
+#: log-sum-exp for the backend's backward), and whether it takes (attn_bias, compute_log_sumexp)
+_ATEN = {
+    SDPBackend.CUDNN_ATTENTION: (torch.ops.aten._scaled_dot_product_cudnn_attention.default, True),
+    SDPBackend.FLASH_ATTENTION: (torch.ops.aten._scaled_dot_product_flash_attention.default, False),
+    SDPBackend.EFFICIENT_ATTENTION: (torch.ops.aten._scaled_dot_product_efficient_attention.default, True),
+}
+
+
+def _one_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """(B, H, L, E) inputs of one batch and head count, rows contiguous: what the fused backends
+    take as they are."""
+    return (
+        q.ndim == 4 and k.ndim == 4 and v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+        and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+    )
+
+
 def _run_backend(backend: SDPBackend, q, k, v, is_causal: bool, scale: float) -> torch.Tensor:
+    """One SDPA backend. (B, H, L, E) inputs of one batch go straight to the backend's aten op:
+    F.scaled_dot_product_attention would choose it again, under an ``sdpa_kernel`` scope, after the
+    views every other input needs; on the H200's host that cost a training step 380 us per
+    attention call (benchmarks/host_training.py, 2026-12-01: 578 against torch's 199 us)."""
+    if _one_batch(q, k, v):
+        op, takes_bias = _ATEN[backend]
+        if takes_bias:
+            lse = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            return op(q, k, v, None, lse, 0.0, is_causal, scale=scale)[0]
+        return op(q, k, v, 0.0, is_causal, False, scale=scale)[0]
     batch = attention_batch(q, k, v)
     with sdpa_kernel([backend]):
         out = F.scaled_dot_product_attention(_as_4d(q, batch), _as_4d(k, batch), _as_4d(v, batch), is_causal=is_causal, scale=scale)

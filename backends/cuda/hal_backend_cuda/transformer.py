@@ -1,6 +1,13 @@
 """rotary_embedding and swiglu through torch's own kernels (the eager twins): the fallback of the
 Triton kernels (hal.triton.kernels) for what they do not take (broadcasting SwiGLU inputs, rotary
-inputs whose leading dimensions do not merge)."""
+inputs whose leading dimensions do not merge).
+
+The swiglu forward (``F.silu(gate) * up``, which torch's autograd records) is above Triton's
+(25 > 20): measured on the H200 on 2026-12-01 it is faster on the host (forward + backward with
+autograd at (2, 64, 512) bf16: 172.2 us as eager PyTorch runs it against 256.8 us through hal's
+Triton kernel and node, benchmarks/host_training.py) and on the device (323.5 against 421.9 us
+forward at (16384, 8192), and torch's recorded backward 566.8 against Triton's 906.3 us, hal bench:
+the Triton kernels reach 35-45% of the copy bandwidth, a known miss of issue 13)."""
 
 from __future__ import annotations
 
@@ -8,5 +15,6 @@ from hal.eager import transformer as eager
 
 from ._common import FLOATS, kernel
 
-for _op in ("rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward"):
+for _op in ("rotary_embedding", "rotary_embedding_backward", "swiglu_backward"):
     kernel(_op, name="torch", priority=10, dtypes=FLOATS)(getattr(eager, _op))
+kernel("swiglu", name="torch", priority=25, dtypes=FLOATS, differentiable=True)(eager.swiglu)

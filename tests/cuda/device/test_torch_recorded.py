@@ -1,0 +1,98 @@
+"""On a CUDA device: calls with autograd whose kernel is torch's own op take torch's autograd
+(``autograd_by == "torch"``: torch's C++ nodes, no hal node) and give eager PyTorch's results and
+gradients; the kernels that must not (float32 convolutions, whose recorded backward would run
+outside the IEEE float32 guard; rms_norm above the host-bound size) keep hal's node.
+
+Skipped without a CUDA device (CI); run on the device machine (benchmarks/h200.sh).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hal
+from tests.cuda._support import fresh_seed
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _leaves(gen: torch.Generator, *shapes, dtype=torch.bfloat16, fmt=None) -> list[torch.Tensor]:
+    out = []
+    for shape in shapes:
+        t = torch.randn(*shape, generator=gen).to("cuda", dtype)
+        out.append((t.contiguous(memory_format=fmt) if fmt is not None else t).requires_grad_(True))
+    return out
+
+
+def _twins(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.detach().clone().requires_grad_(True) for t in ts]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
+    torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kernel", ["cudnn", "flash", "efficient"])
+@pytest.mark.parametrize("layout", ["bhld", "blhd"])
+def test_sdpa_is_recorded_by_torch_and_matches_it(kernel: str, layout: str) -> None:
+    gen = torch.Generator().manual_seed(fresh_seed())
+    b, h, n, e = 2, 4, 96, 64
+    if layout == "bhld":
+        q, k, v = _leaves(gen, (b, h, n, e), (b, h, n, e), (b, h, n, e))
+        view = lambda t: t  # noqa: E731
+    else:  # (B, L, H, E) projections seen as (B, H, L, E): rows contiguous, heads strided
+        q, k, v = _leaves(gen, (b, n, h, e), (b, n, h, e), (b, n, h, e))
+        view = lambda t: t.transpose(1, 2)  # noqa: E731
+    with hal.use(kernel={"scaled_dot_product_attention": kernel}):
+        d = hal.explain("scaled_dot_product_attention", view(q), view(k), view(v), None, True)
+        assert (d.route, d.autograd_by, d.kernel) == ("autograd", "torch", kernel), d
+        out = hal.ops.scaled_dot_product_attention(view(q), view(k), view(v), None, True)
+    assert "Hal" not in type(out.grad_fn).__name__
+    q2, k2, v2 = _twins([q, k, v])
+    want = F.scaled_dot_product_attention(view(q2), view(k2), view(v2), is_causal=True)
+    _close(out, want, 2e-2)
+    g = torch.randn(out.shape, generator=gen).to("cuda", out.dtype)
+    out.backward(g)
+    want.backward(g)
+    for got, ref in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+        _close(got, ref, 5e-2)
+
+
+def test_training_layer_in_bf16_is_recorded_and_matches_eager() -> None:
+    gen = torch.Generator().manual_seed(fresh_seed())
+    cl = torch.channels_last
+    x, w = _leaves(gen, (4, 16, 12, 12), (32, 16, 3, 3), fmt=cl)
+    gamma = (torch.rand(32, generator=gen) + 0.5).cuda().requires_grad_(True)
+    beta = torch.randn(32, generator=gen).cuda().requires_grad_(True)
+    rm, rv = torch.randn(32, generator=gen).cuda(), torch.rand(32, generator=gen).cuda() + 0.5
+    rm2, rv2 = rm.clone(), rv.clone()
+    d = hal.explain("fused_conv_bn_relu", x, w, None, gamma, beta, rm, rv, 1, 1, 1, 1, 1e-5, 0.1, True)
+    assert d.route == "decomposition" and [s.autograd_by for s in d.steps] == ["torch"] * 3, d
+    out = hal.ops.fused_conv_bn_relu(x, w, None, gamma, beta, rm, rv, 1, 1, 1, 1, 1e-5, 0.1, True)
+    x2, w2, gamma2, beta2 = _twins([x, w, gamma, beta])
+    want = F.relu(F.batch_norm(F.conv2d(x2, w2, None, 1, 1), rm2, rv2, gamma2, beta2, True, 0.1, 1e-5))
+    _close(out, want, 2e-2)
+    _close(rm, rm2, 1e-3)
+    g = torch.randn(out.shape, generator=gen).to("cuda", out.dtype).contiguous(memory_format=cl)
+    out.backward(g)
+    want.backward(g)
+    for got, ref in ((x.grad, x2.grad), (w.grad, w2.grad), (gamma.grad, gamma2.grad), (beta.grad, beta2.grad)):
+        _close(got, ref, 5e-2)
+
+
+def test_float32_convolutions_and_large_rms_norms_keep_hals_node() -> None:
+    gen = torch.Generator().manual_seed(fresh_seed())
+    x, w = _leaves(gen, (2, 8, 10, 10), (8, 8, 3, 3), dtype=torch.float32)
+    d = hal.explain("conv2d", x, w, None, 1, 1)
+    assert (d.kernel, d.autograd_by) == ("cudnn", "hal"), d
+    big = torch.empty(4097, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    d = hal.explain("rms_norm", big, (4096,), None, 1e-6)
+    assert (d.kernel, d.autograd_by) == ("triton", "hal"), d
+    small = torch.randn(64, 256, generator=gen).to("cuda", torch.bfloat16).requires_grad_(True)
+    d = hal.explain("rms_norm", small, (256,), None, 1e-6)
+    assert (d.kernel, d.autograd_by) == ("torch", "torch"), d
+    gate, up = _leaves(gen, (64, 512), (64, 512))
+    d = hal.explain("swiglu", gate, up)
+    assert (d.kernel, d.autograd_by) == ("torch", "torch"), d
