@@ -9,6 +9,9 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels (SKIP_CPP=1 skips), host times, step profiles
 #
+# HAL_COMMIT: pass the sha of this checkout literally (HAL_COMMIT=abc1234 ...): the device machine's
+# copy of .git can be an older one, so `git rev-parse` there names the wrong commit.
+#
 # Wheels the image lacks travel in .whl/ (carry it): stevedore, and Liger-Kernel for the bench's
 # "liger" peers (pip download --no-deps --only-binary=:all: -d .whl stevedore liger-kernel==0.8.5).
 # Each step has its own time limit so that the call ends inside the tool's 10 minutes with whatever
