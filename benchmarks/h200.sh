@@ -6,7 +6,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, the whole-model table
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
-#   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
+#   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels (SKIP_CPP=1 skips), host times, step profiles
 #
 # HAL_COMMIT: pass the sha of this checkout literally (HAL_COMMIT=abc1234 ...): the device machine's
@@ -88,6 +88,10 @@ PY
     [ -n "${GPU_TESTS:-}" ] && step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -rs $GPU_TESTS
     [ -n "${CONF_OPS:-}" ] && OMP_NUM_THREADS=2 step conformance 120 python3 -m hal conformance --backend cuda --jobs 8 --ops "$CONF_OPS" --report-dir "$out/conformance"
     step host-training 60 python3 benchmarks/host_training.py
+    if [ -n "${HOST_EXTRAS:-}" ]; then  # issue 10's host-time rows: the optimizer step, the dispatch overhead table
+      step optimizer 40 python3 benchmarks/optimizer_host.py --steps 30
+      step overhead 60 python3 benchmarks/dispatch_overhead.py --repeat 5 --number 2000 --device cuda
+    fi
     [ -n "${PROFILE_MODELS:-}" ] && step profile 120 python3 benchmarks/profile_steps.py "$out/profile" "$PROFILE_MODELS"
     IFS=';' read -ra settings <<< "${AB_ENVS:-}"
     for i in "" "${!settings[@]}"; do

@@ -244,3 +244,66 @@ def test_adamw_reuses_its_launches_and_notices_changes_from_outside(seed: int) -
     ref_opt.state[ref[0]].clear()
     step((0, 1, 2))
     assert float(opt.state[ours[0]]["step"]) == 1.0 and float(opt.state[ours[1]]["step"]) == 6.0
+
+
+def test_adamw_holds_its_plan_and_rebinds_when_the_call_changes(seed: int) -> None:
+    """The step runs the plan it bound on its first step (counted in hal.stats, no cache key
+    computed); gradients with other strides, a hal.use scope forcing another kernel, and
+    hal.dispatch.reset() each make it bind again, and results stay torch.optim.AdamW's."""
+    shapes = [(6, 4), (5,), (3, 2, 2)]
+    init = [torch.randn(s) for s in shapes]
+    ours = [torch.nn.Parameter(t.clone()) for t in init]
+    ref = [torch.nn.Parameter(t.clone()) for t in init]
+    opt = hal.optim.AdamW(ours, lr=0.05)
+    ref_opt = torch.optim.AdamW(ref, lr=0.05, foreach=False)
+    kernels = [k.name for k in hal.dispatch.DISPATCHER.runtime().kernels("fused_adamw_", "cpu_ref")]
+
+    def step(transposed: bool = False) -> None:
+        for a, b, s in zip(ours, ref, shapes):
+            g = torch.randn(s[::-1]).mT if transposed and len(s) == 2 else torch.randn(s)
+            a.grad, b.grad = g, g.clone()
+        opt.step()
+        ref_opt.step()
+        for a, b in zip(ours, ref):
+            torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+
+    hal.reset_stats()
+    step()
+    (launch,) = next(iter(opt._launch_cache.values()))
+    first = launch.bound
+    with torch.no_grad():  # the mode the step runs in, part of what the plan was decided for
+        assert first is not None and first.current()
+    step()
+    assert launch.bound is first  # held across steps
+    assert sum(v["calls"] for (op, _, _), v in hal.stats().items() if op == "fused_adamw_") == 2
+    step(transposed=True)  # a gradient with other strides: bound again for that call
+    assert launch.bound is not first
+    strided = launch.bound
+    with hal.use(backend="cpu_ref", kernel={"fused_adamw_": kernels[-1]}):
+        step(transposed=True)
+        assert launch.bound is not strided
+    hal.dispatch.reset()
+    with torch.no_grad():
+        assert not launch.bound.current()
+    step()
+
+
+def test_scaler_holds_its_unscale_plan_and_rebinds_for_other_strides(seed: int) -> None:
+    """unscale_ keeps one plan per (device, dtype) group across iterations and binds again when the
+    gradients' strides change; each iteration's gradients come out divided by that scale."""
+    p = torch.nn.Parameter(torch.randn(6, 4))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = hal.amp.DynamicLossScaler(init_scale=8.0)
+    held = []
+    for transposed in (False, False, True):
+        g = torch.randn(4, 6).mT if transposed else torch.randn(6, 4)
+        p.grad = g.clone()
+        scaler.scale(p.sum())  # the iteration's scale is set by scale()
+        scaler.unscale_(opt)
+        torch.testing.assert_close(p.grad, g / 8.0, rtol=0, atol=0)
+        assert p.grad.stride() == g.stride()
+        (plan,) = scaler._unscale_plans[id(opt)].values()
+        held.append(plan[1])
+        scaler.step(opt)
+        scaler.update(8.0)
+    assert held[0] is held[1] and held[2] is not held[1]
