@@ -7,6 +7,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, the whole-model table
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
+#   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
 #   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels (SKIP_CPP=1 skips), host times, step profiles
 #
 # HAL_COMMIT: pass the sha of this checkout literally (HAL_COMMIT=abc1234 ...): the device machine's
@@ -101,6 +102,9 @@ PY
     done
     tar czf "$OUT/run.tgz" -C "$out" .
     ;;
-  *) echo "unknown mode $mode (check, verify, final, bench, explore)"; exit 2 ;;
+  cmd)  # one command after the install: CMD="python3 benchmarks/x.py ..." [CMD_LIMIT=seconds]
+    step cmd "${CMD_LIMIT:-120}" bash -c "$CMD"
+    ;;
+  *) echo "unknown mode $mode (check, verify, final, bench, host, explore, cmd)"; exit 2 ;;
 esac
 ls -la "$OUT"

@@ -107,6 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--profile", action="store_true", help="also print a cProfile of hal's steps (where its host time goes)")
     args = parser.parse_args()
     device = torch.device(args.device)
     shapes = resnet50_shapes()
@@ -124,6 +125,23 @@ def main() -> None:
         print(f"{name}: host {ms:.3f} ms per step{extra}", flush=True)
     hal_ms, torch_ms = rows.values()
     print(f"ratio torch / hal host time: {torch_ms / hal_ms:.2f}x")
+    if args.profile:
+        _profile(hal_step(make(device)), args.steps)
+
+
+def _profile(step: Callable[[], Any], steps: int) -> None:
+    import cProfile
+    import pstats
+
+    for _ in range(5):
+        step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    print(f"-- cProfile of {steps} hal steps, by own time")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
