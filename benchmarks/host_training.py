@@ -105,11 +105,15 @@ def main() -> None:
     row("hal.ops.scale_shift_act(relu) forward + backward", fwd_bwd(lambda: hal.ops.scale_shift_act(y, 1.0, 0.0, "relu")))
 
     print("-- the same with hal's own autograd nodes (HAL_TORCH_AUTOGRAD=0), and a minimal Python autograd node")
+    before = os.environ.get("HAL_TORCH_AUTOGRAD")
     os.environ["HAL_TORCH_AUTOGRAD"] = "0"
     hal.dispatch.reset()
     row("hal.ops.fused_conv_bn_relu training forward + backward, hal's nodes", fwd_bwd(hal_layer))
     row("hal.ops.scale_shift_act(relu) forward + backward, hal's node", fwd_bwd(lambda: hal.ops.scale_shift_act(y, 1.0, 0.0, "relu")))
-    del os.environ["HAL_TORCH_AUTOGRAD"]
+    if before is None:
+        del os.environ["HAL_TORCH_AUTOGRAD"]
+    else:
+        os.environ["HAL_TORCH_AUTOGRAD"] = before
     hal.dispatch.reset()
     row("torch.autograd.Function around torch.relu: forward + backward", fwd_bwd(lambda: _PythonRelu.apply(y)))
 

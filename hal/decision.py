@@ -73,7 +73,8 @@ class Decision:
     route_reason: str = ""
     #: the decisions of the ops a decomposition runs, in order.
     steps: list["Decision"] = dataclasses.field(default_factory=list)
-    #: the decision of the backward op an autograd node runs.
+    #: the decision of the backward op an autograd node runs (where torch's autograd records the
+    #: kernel instead, the backward op a torch.compile graph of the call would run).
     backward: Optional["Decision"] = None
     #: on the autograd route, who records the backward: "hal" (a hal node running the backward op)
     #: or "torch" (the kernel's own torch ops, through torch's autograd).
@@ -83,16 +84,19 @@ class Decision:
     def chosen(self) -> Optional[Candidate]:
         return next((c for c in self.candidates if c.chosen), None)
 
-    def kernels_run(self) -> list[tuple[str, str, str]]:
+    def kernels_run(self, compiled: bool = False) -> list[tuple[str, str, str]]:
         """Every (op, backend, kernel) this call runs, forward and backward, in order: what
-        ``hal.stats()`` counts for one forward and, on the autograd route, one backward."""
+        ``hal.stats()`` counts for one forward and, on the autograd route, one backward. With
+        ``compiled``, what the same call inside a torch.compile graph runs: there every call is a
+        ``torch.ops.hal`` node whose backward runs the op's backward op, also where eager calls
+        let torch's autograd record the kernel."""
         if self.backend is None or self.kernel is None:
             return []
         out = [(self.op, self.backend, self.kernel)]
         for step in self.steps:
-            out += step.kernels_run()
-        if self.backward is not None:
-            out += self.backward.kernels_run()
+            out += step.kernels_run(compiled)
+        if self.backward is not None and (compiled or self.autograd_by != "torch"):
+            out += self.backward.kernels_run(compiled)
         return out
 
     def __str__(self) -> str:
@@ -127,6 +131,6 @@ class Decision:
         if self.autograd_by == "torch":
             lines.append(f"{pad}backward (run by autograd): torch's own, recorded from {self.backend}/{self.kernel}'s torch ops")
         if self.backward is not None:
-            lines.append(f"{pad}backward (run by autograd):")
+            lines.append(f"{pad}backward ({'under torch.compile' if self.autograd_by == 'torch' else 'run by autograd'}):")
             lines += self.backward._lines(pad + "    ")
         return lines

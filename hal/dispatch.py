@@ -283,6 +283,15 @@ def _written(decl: OpDecl, args: Sequence[Any]) -> list[tuple[str, Any]]:
     return out
 
 
+def _differentiates_more(decl: OpDecl, args: Sequence[Any]) -> bool:
+    """Whether an input the op gives no gradient (rotary's cos and sin, an attention mask) requires
+    grad: torch's autograd, recording the kernel, would differentiate it where the op says None."""
+    given = decl.gradients
+    return any(
+        isinstance(a, torch.Tensor) and a.requires_grad for p, a in zip(decl.params, args) if p.name not in given
+    )
+
+
 def _has_zero_size(decl: OpDecl, args: Sequence[Any]) -> bool:
     """Whether an array argument has a zero-size dimension (the op's ``empty`` rule answers)."""
     for p, a in zip(decl.params, args):
@@ -674,7 +683,8 @@ class Dispatcher:
                 continue
             cand.chosen = True
             api = k.array_api or state.info.array_api
-            if choice.torch_autograd and mode == "native" and api == "torch" and not k.torch_autograd_reasons(k_inputs):
+            if (choice.torch_autograd and mode == "native" and api == "torch" and not _differentiates_more(decl, inputs.args)
+                    and not k.torch_autograd_reasons(k_inputs)):
                 decision.autograd_by = "torch"
             fallback = None if (position == 0 or forced) else ("host" if mode == "host" else "backend")
             return self._choose(decl, decision, state, k.name, fallback, self._kernel_fn(decl, k, state, inputs, mode))
@@ -827,7 +837,7 @@ class Dispatcher:
             return decision
         if decision.route == "decomposition" and target is not None:
             decision.steps = self._follow(target, inputs.args)
-        elif decision.route == "autograd" and decision.autograd_by == "hal":
+        elif decision.route == "autograd":
             decision.backward = self._backward_decision(decl, inputs, args)
         return decision
 

@@ -49,3 +49,14 @@ def install_plugins() -> Iterator[Callable[[Sequence[Plugin]], Runtime]]:
     yield install
     dispatch.install(previous)
     dispatch.reset_stats()
+
+
+@pytest.fixture
+def hal_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Calls with autograd run hal's node and backward op, also for kernels torch's autograd would
+    record (HAL_TORCH_AUTOGRAD=0): for tests of what hal's backward path does."""
+    monkeypatch.setenv("HAL_TORCH_AUTOGRAD", "0")
+    dispatch.reset()
+    yield
+    monkeypatch.delenv("HAL_TORCH_AUTOGRAD")
+    dispatch.reset()

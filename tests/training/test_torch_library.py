@@ -165,10 +165,11 @@ def test_eager_calls_never_cross_torch_ops_hal(seed: int) -> None:
     assert type(y.grad_fn).__name__ == "HalLinearBackward" and w.grad is not None
 
 
-def test_training_decomposition_of_linear_with_activation(seed: int) -> None:
+def test_training_decomposition_of_linear_with_activation(seed: int, hal_nodes: None) -> None:
     """With autograd, linear+gelu runs as linear(act="none") + scale_shift_act (no GEMM recomputed
     in the backward); without autograd the fused kernel runs; forcing linear's own kernel trains
-    through linear_backward. All three agree."""
+    through linear_backward. All three agree. (hal's nodes throughout: the CPU backend's torch
+    kernels would otherwise be recorded by torch's autograd, with no backward op to see.)"""
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
     b = torch.randn(5, dtype=torch.float64, requires_grad=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
 import numpy as np
 
@@ -19,9 +19,10 @@ Check = Callable[[Inputs], Optional[list[str]]]
 
 
 def kernel(op: str, *, name: str, priority: int, dtypes: Optional[Iterable[str]] = None,
-           checks: Iterable[Check] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a kernel taking torch tensors (NumPy arrays arrive as zero-copy tensor views)."""
-    return plugin.kernel(op, name=name, priority=priority, dtypes=dtypes, check=_all(list(checks)))
+           checks: Iterable[Check] = (), differentiable: Union[bool, Check] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a kernel taking torch tensors (NumPy arrays arrive as zero-copy tensor views);
+    ``differentiable``: made of torch's differentiable ops (see :meth:`hal.plugin.Plugin.kernel`)."""
+    return plugin.kernel(op, name=name, priority=priority, dtypes=dtypes, check=_all(list(checks)), differentiable=differentiable)
 
 
 def numba_kernel(op: str, *, priority: int, dtypes: Iterable[str] = NUMBA_FLOATS,

@@ -59,7 +59,7 @@ def conv_grads(
     return gx, gw, gb
 
 
-kernel("conv2d", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_proportion])(eager.conv2d)
+kernel("conv2d", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_proportion], differentiable=True)(eager.conv2d)
 
 
 @kernel("conv2d_backward", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_proportion])
@@ -91,7 +91,8 @@ def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momen
     rm, rv = _f32(running_mean), _f32(running_var)
     if training:
         out, mean, invstd = torch.native_batch_norm(x.float(), _f32(weight), _f32(bias), rm, rv, True, momentum, eps)
-        eager.KEPT.keep(x, eps, (mean, invstd))
+        if not out.requires_grad:  # else torch's autograd recorded the call and its node saved them
+            eager.KEPT.keep(x, eps, (mean, invstd))
     else:
         out = F.batch_norm(x.float(), rm, rv, _f32(weight), _f32(bias), training, momentum, eps)
     for dst, src in ((running_mean, rm), (running_var, rv)) if training else ():
@@ -100,7 +101,7 @@ def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momen
     return out.to(x.dtype)
 
 
-@kernel("batch_norm", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps])
+@kernel("batch_norm", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps], differentiable=True)
 def batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
     return bn_forward(x, running_mean, running_var, weight, bias, training, momentum, eps)
 

@@ -90,7 +90,7 @@ def scale_shift_act_numba(x, scale, shift, act):
     return out
 
 
-@kernel("scale_shift_act", name="torch", priority=20, dtypes=FLOATS)
+@kernel("scale_shift_act", name="torch", priority=20, dtypes=FLOATS, differentiable=True)
 def scale_shift_act_torch(x, scale, shift, act):
     if act in EXACT_ACTS and identity_affine(scale, shift):
         return exact_activation(x, act)

@@ -45,7 +45,7 @@ def linear_onednn(x, weight, bias, act):
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-@kernel("linear", name="torch", priority=20, dtypes=FLOATS)
+@kernel("linear", name="torch", priority=20, dtypes=FLOATS, differentiable=True)
 def linear_torch(x, weight, bias, act):
     return TORCH_ACTS[act](F.linear(x, weight, bias))
 
@@ -68,7 +68,7 @@ def linear_backward(grad_out, x, weight, bias, act, output_mask):
 
 # --- matmul ------------------------------------------------------------------------------------
 
-kernel("matmul", name="torch", priority=20, dtypes=FLOATS)(eager.matmul)
+kernel("matmul", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.matmul)
 
 
 @kernel("matmul_backward", name="torch", priority=20, dtypes=FLOATS)

@@ -24,7 +24,7 @@ def _check_targets(op: str, target: torch.Tensor, ignore_index: int, classes: in
         raise InvalidArgumentError(op, "target", f"class indices in [0, {classes}) or ignore_index ({ignore_index})", f"{int(target[i])} at row {i}")
 
 
-@kernel("cross_entropy", name="torch", priority=20, dtypes=FLOATS)
+@kernel("cross_entropy", name="torch", priority=20, dtypes=FLOATS, differentiable=True)
 def cross_entropy(logits, target, ignore_index, label_smoothing, reduction):
     _check_targets("cross_entropy", target, ignore_index, logits.shape[1])
     return eager.cross_entropy(logits, target, ignore_index, label_smoothing, reduction)

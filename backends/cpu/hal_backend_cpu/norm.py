@@ -45,21 +45,23 @@ def rms_norm_backward_numba(grad_out, x, normalized_shape, weight, eps):
     gw = partial.sum(0).astype(x.dtype if weight is None else weight.dtype).reshape(normalized_shape)
     return gx, gw
 
-kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS)(eager.rms_norm)
+kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.rms_norm)
 
 #: (mean, 1/std) of float32 and float64 layer-norm forwards, for the backward of the same x (hal.kept)
 KEPT = KeptForBackward()
 _KEEPS = (torch.float32, torch.float64)
 
 
-@kernel("layer_norm", name="torch", priority=20, dtypes=FLOATS)
+@kernel("layer_norm", name="torch", priority=20, dtypes=FLOATS, differentiable=True)
 def layer_norm(x, normalized_shape, weight, bias, eps):
     """torch's layer-norm kernel; in float32 and float64 its statistics are kept for the backward
-    of this x (half precision: the backward recomputes them in float32, see below)."""
+    op of this x (half precision: the backward recomputes them in float32, see below), unless
+    torch's autograd records the call (its node saves them itself)."""
     if x.dtype not in _KEEPS:
         return eager.layer_norm(x, normalized_shape, weight, bias, eps)
     out, mean, rstd = torch.ops.aten.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
-    KEPT.keep(x, eps, (mean, rstd))
+    if not out.requires_grad:
+        KEPT.keep(x, eps, (mean, rstd))
     return out
 
 

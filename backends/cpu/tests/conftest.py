@@ -7,6 +7,8 @@ import os
 import numpy as np
 import pytest
 
+from tests.conftest import hal_nodes  # noqa: F401  (hal's nodes instead of torch's autograd: the kept-state tests)
+
 
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:

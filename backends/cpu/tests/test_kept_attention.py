@@ -1,6 +1,7 @@
 """scaled_dot_product_attention on the CPU backend keeps the flash forward's output and log-sum-exp
-for its backward: gradients through hal's autograd equal torch's, the forward runs once, and a
-changed output or input makes the backward run the forward again."""
+for its backward op where hal's node differentiates the call (HAL_TORCH_AUTOGRAD=0; by default
+torch's autograd records the flash kernel itself): gradients through hal's autograd equal torch's,
+the forward runs once, and a changed output or input makes the backward run the forward again."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from hal_backend_cpu import attention
 def _draw(rng: np.random.Generator, lq: int = 24, lk: int = 24) -> tuple[torch.Tensor, ...]:
     t = lambda *s: torch.from_numpy(rng.standard_normal(s)).float()  # noqa: E731
     return t(2, 3, lq, 16), t(2, 3, lk, 16), t(2, 3, lk, 16), t(2, 3, lq, 16)
+
+
+pytestmark = pytest.mark.usefixtures("hal_nodes")
 
 
 @pytest.fixture

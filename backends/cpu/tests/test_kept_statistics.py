@@ -1,6 +1,7 @@
-"""The CPU backend's training batch norm keeps its batch statistics for the backward of the same x:
-gradients through hal's autograd equal torch's, and after an in-place change of x the backward
-recomputes from the new data."""
+"""The CPU backend's training batch norm keeps its batch statistics for the backward op of the same
+x where hal's node differentiates the call (HAL_TORCH_AUTOGRAD=0; by default torch's autograd
+records torch's batch norm, and nothing is kept): gradients through hal's autograd equal torch's,
+and after an in-place change of x the backward recomputes from the new data."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _draw(rng: np.random.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, .
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_autograd_gradients_match_torch_and_use_the_kept_statistics(rng, dtype, monkeypatch):
+def test_autograd_gradients_match_torch_and_use_the_kept_statistics(rng, dtype, monkeypatch, hal_nodes):
     x, w, b, g = _draw(rng, dtype)
     recomputed = []
     real = torch.native_batch_norm
@@ -51,7 +52,7 @@ def test_an_in_place_change_between_forward_and_backward_recomputes(rng):
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_layer_norm_keeps_its_statistics_and_gradients_match_torch(rng):
+def test_layer_norm_keeps_its_statistics_and_gradients_match_torch(rng, hal_nodes):
     from hal_backend_cpu.norm import KEPT as LN_KEPT
 
     t = lambda *s: torch.from_numpy(rng.standard_normal(s)).float()  # noqa: E731
@@ -70,3 +71,19 @@ def test_layer_norm_keeps_its_statistics_and_gradients_match_torch(rng):
         F.layer_norm(want[0], (32,), want[1], want[2]).backward(g.double())
         for a, e in zip(got, want):
             torch.testing.assert_close(a.double(), e.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_by_default_torch_records_batch_norm_and_nothing_is_kept(rng, dtype):
+    x, w, b, g = _draw(rng, dtype)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    with hal.use(backend="cpu"):
+        assert hal.explain("batch_norm", leaves[0], None, None, leaves[1], leaves[2], True, 0.1, 1e-5).autograd_by == "torch"
+        out = hal.ops.batch_norm(leaves[0], None, None, leaves[1], leaves[2], True, 0.1, 1e-5)
+    assert leaves[0] not in KEPT and "Hal" not in type(out.grad_fn).__name__
+    out.backward(g)
+    want = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    F.batch_norm(want[0], None, None, want[1], want[2], True, 0.1, 1e-5).backward(g.double())
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for got, ref in zip(leaves, want):
+        torch.testing.assert_close(got.grad.double(), ref.grad, rtol=tol, atol=tol)
