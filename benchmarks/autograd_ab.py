@@ -1,0 +1,70 @@
+"""Training steps of the whole-model benchmark, eager PyTorch against hal with torch's autograd
+recording its torch-made kernels (the default) and against hal with its own nodes throughout
+(``HAL_TORCH_AUTOGRAD=0``), interleaved in one process: on a machine whose speed drifts, rounds of
+the three variants side by side are the fair comparison. For the results table, not a test.
+
+    python benchmarks/autograd_ab.py [resnet50_train,llama_train,moe_fwd_bwd] [--size cpu] [--rounds 6] [--steps 5]
+
+Prints, per model, the best step time of each variant over the rounds (ms) and eager / hal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+import hal
+from hal.bench.models_llama import LlamaTrain
+from hal.bench.models_moe import MoEForwardBackward
+from hal.bench.models_resnet import ResNetTrain
+
+WORKLOADS = {"resnet50_train": ResNetTrain, "llama_train": LlamaTrain, "moe_fwd_bwd": MoEForwardBackward}
+
+
+def _timed(step: Callable[[], Any], setting: Optional[str], steps: int, device: torch.device) -> float:
+    if setting is not None:  # read when decisions are made: drop the cached ones
+        os.environ["HAL_TORCH_AUTOGRAD"] = setting
+        hal.dispatch.reset()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="?", default=",".join(WORKLOADS))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--size", default=None, help="model sizes (default: full on a GPU, cpu on the CPU)")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    size = args.size or ("full" if device.type == "cuda" else "cpu")
+    print(f"torch {torch.__version__}, {device}, sizes {size}, best of {args.rounds} rounds of {args.steps} steps")
+    for name in args.models.split(","):
+        eager = WORKLOADS[name](size).make("torch", None, device, 0)
+        ours = WORKLOADS[name](size).make("hal", None, device, 0)
+        best = {"eager": float("inf"), "hal (torch records)": float("inf"), "hal (its own nodes)": float("inf")}
+        for _ in range(args.rounds):
+            best["eager"] = min(best["eager"], _timed(eager, None, args.steps, device))
+            best["hal (torch records)"] = min(best["hal (torch records)"], _timed(ours, "1", args.steps, device))
+            best["hal (its own nodes)"] = min(best["hal (its own nodes)"], _timed(ours, "0", args.steps, device))
+        os.environ.pop("HAL_TORCH_AUTOGRAD", None)
+        hal.dispatch.reset()
+        cells = ", ".join(f"{k} {v:.2f} ms" for k, v in best.items())
+        ratios = f"eager / hal: {best['eager'] / best['hal (torch records)']:.3f}x (torch records), {best['eager'] / best['hal (its own nodes)']:.3f}x (own nodes)"
+        print(f"{name}: {cells}; {ratios}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
