@@ -13,6 +13,8 @@ most of a shared machine's drift. Rows:
   * autograd route, forward: softmax, layer_norm and linear + gelu on a tensor requiring grad,
     against torch.softmax / F.layer_norm / F.gelu(F.linear) with autograd (the "torch's own op +
     5 us" budget); linear + gelu is two hal nodes (its training decomposition);
+  * the same two rows for a softmax kernel that is torch.softmax registered ``differentiable``
+    (torch's autograd records it: what is left is hal's dispatch);
   * autograd route, forward + backward: the same calls followed by ``backward()``; the backward's
     cost is the difference to the forward row;
   * the peer: a ``torch.library.custom_op`` wrapping the same trivial kernel, over the bare kernel.
@@ -136,6 +138,15 @@ def main() -> None:
         for name, h, p in (("softmax", hal_sm, torch_sm), ("layer_norm", hal_ln, torch_ln), ("linear + gelu", hal_lin, torch_lin)):
             row(f"autograd forward: {name} vs torch's", (h, (tg,)), (p, (tg,)), slow)
             row(f"autograd forward + backward: {name} vs torch's", (forward_backward(h), (tg,)), (forward_backward(p), (tg,)), slow)
+
+        # a kernel that is torch's own op, registered differentiable: torch's autograd records it
+        recorded = Plugin("bench_recorded", "1.0")
+        recorded.define_backend(priority=1000, device_types=(dev.type,), array_api="torch")
+        recorded.kernel("softmax", name="torch", differentiable=True)(lambda x, dim: torch.softmax(x, dim))
+        dispatch.install(Runtime.from_plugins([recorded]))
+        name = "softmax, recorded by torch's autograd,"
+        row(f"autograd forward: {name} vs torch's", (hal_sm, (tg,)), (torch_sm, (tg,)), slow)
+        row(f"autograd forward + backward: {name} vs torch's", (forward_backward(hal_sm), (tg,)), (forward_backward(torch_sm), (tg,)), slow)
 
         @torch.library.custom_op("hal_bench::identity", mutates_args=())
         def custom(x: torch.Tensor, dim: int) -> torch.Tensor:
