@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up, show what hal sees, and check every kernel of the best
-# local backend against the reference (cuda or rocm when a GPU is usable, else cpu_ref; rocm
+# local backend against the reference (cuda or rocm when a GPU is usable, else the fast cpu backend; rocm
 # whenever rocminfo sees an AMD GPU, so that a broken ROCm set-up fails with its reason).
 # Extra arguments go to `hal conformance` (for example --quick or --ops conv2d,softmax).
 # On an AMD GPU: HAL_TORCH_INDEX=<torch's ROCm wheel index URL> scripts/quickstart.sh
