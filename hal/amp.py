@@ -335,22 +335,19 @@ class DynamicLossScaler:
 _GRAD = operator.attrgetter("grad")
 _IS_SPARSE = operator.attrgetter("is_sparse")
 _DEVICE_DTYPE = operator.attrgetter("device", "dtype")
-_SHAPE = operator.attrgetter("shape")
-_STRIDES = operator.methodcaller("stride")
 
 
-def _unscale(plans: dict[Any, tuple[Any, dispatch.Bound]], key: tuple[Any, torch.dtype], grads: list[torch.Tensor],
+def _unscale(plans: dict[Any, dispatch.Held], key: tuple[Any, torch.dtype], grads: list[torch.Tensor],
              inv_scale: torch.Tensor) -> torch.Tensor:
     """hal.ops.amp_unscale_ of one (device, dtype) group through the plan kept for that group: held
     while the gradients have the same shapes and strides (their dtype and device are the group's),
     instead of the cache key over every tensor (about 0.1 ms per 161 tensors on the CPU VM)."""
     if dispatch.is_compiling():
         return hal.ops.amp_unscale_(grads, inv_scale)
-    shape = (tuple(map(_SHAPE, grads)), tuple(map(_STRIDES, grads)))
     held = plans.get(key)
-    if held is None or held[0] != shape or not held[1].current():
-        held = plans[key] = (shape, dispatch.bind("amp_unscale_", grads, inv_scale))
-    return held[1](grads, inv_scale)
+    if held is None:
+        held = plans[key] = dispatch.Held()
+    return held.get(dispatch.layout_of(grads), lambda: dispatch.bind("amp_unscale_", grads, inv_scale))(grads, inv_scale)
 
 
 def _grads_by_device_and_dtype(optimizer: torch.optim.Optimizer) -> dict[tuple[Any, torch.dtype], list[torch.Tensor]]:

@@ -1260,6 +1260,34 @@ def bind(op_name: str, *args: Any, **kwargs: Any) -> Bound:
     return Bound(DISPATCHER.plan(decl, tuple(named.arguments[p.name] for p in decl.params), None))
 
 
+_SHAPE = operator.attrgetter("shape")
+
+
+def layout_of(tensors: Sequence[torch.Tensor]) -> tuple:
+    """The shapes and strides of a list of tensors (C-level passes): what a caller holding a plan
+    for lists whose dtype and device it knows checks on each call."""
+    return (tuple(map(_SHAPE, tensors)), tuple(map(_STRIDES, tensors)))
+
+
+class Held:
+    """A :class:`Bound` its caller keeps across calls: bound again when what the caller vouches for
+    (``signature``: :func:`layout_of` its arrays, and whatever else it passes) changes, or when the
+    plan itself goes stale (:meth:`Bound.current`)."""
+
+    __slots__ = ("bound", "signature")
+
+    def __init__(self) -> None:
+        self.bound: Optional[Bound] = None
+        self.signature: Any = None
+
+    def get(self, signature: Any, bind_call: Callable[[], Bound]) -> Bound:
+        bound = self.bound
+        if bound is None or signature != self.signature or not bound.current():
+            bound, self.signature = bind_call(), signature
+            self.bound = bound
+        return bound
+
+
 def explain(op_name: str, *args: Any, **kwargs: Any) -> Decision:
     """The dispatch decision for ``op_name`` called with these arguments (nothing runs)."""
     if op_name not in EXPLAINERS and op_name not in OPS:

@@ -158,8 +158,6 @@ class AdamW(torch.optim.Optimizer):
 
 _GRAD = operator.attrgetter("grad")
 _IS_SPARSE = operator.attrgetter("is_sparse")
-_STRIDES = operator.methodcaller("stride")
-_SHAPE = operator.attrgetter("shape")
 
 
 class _Launch:
@@ -167,7 +165,7 @@ class _Launch:
     with the lists of their state tensors (and the state dicts they came from, to notice when a
     state is replaced)."""
 
-    __slots__ = ("params", "states", "exp_avgs", "exp_avg_sqs", "masters", "step", "bound", "bound_for")
+    __slots__ = ("params", "states", "exp_avgs", "exp_avg_sqs", "masters", "step", "plan")
 
     def __init__(self, params: list[torch.Tensor], states: list[dict[str, Any]], has_master: bool) -> None:
         self.params, self.states = params, states
@@ -175,8 +173,7 @@ class _Launch:
         self.exp_avg_sqs = [s["exp_avg_sq"] for s in states]
         self.masters = [s["master_param"] for s in states] if has_master else None
         self.step = states[0]["step"]
-        self.bound: Optional[dispatch.Bound] = None
-        self.bound_for: Any = None
+        self.plan = dispatch.Held()
 
     def run(self, grads: list[torch.Tensor], lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
             found_inf: Optional[torch.Tensor]) -> None:
@@ -194,14 +191,11 @@ class _Launch:
                 weight_decay=weight_decay, step=self.step, master_params=self.masters, found_inf=found_inf,
             )  # fmt: skip
             return
-        shape = (tuple(map(_SHAPE, grads)), tuple(map(_STRIDES, grads)), None if found_inf is None else (found_inf.dtype, found_inf.device, found_inf.shape))
-        bound = self.bound
-        if bound is None or shape != self.bound_for or not bound.current():
-            bound = self.bound = dispatch.bind(
-                "fused_adamw_", self.params, grads, self.exp_avgs, self.exp_avg_sqs, lr=lr, beta1=beta1, beta2=beta2,
-                eps=eps, weight_decay=weight_decay, step=self.step, master_params=self.masters, found_inf=found_inf,
-            )  # fmt: skip
-            self.bound_for = shape
+        signature = (dispatch.layout_of(grads), None if found_inf is None else (found_inf.dtype, found_inf.device, found_inf.shape))
+        bound = self.plan.get(signature, lambda: dispatch.bind(
+            "fused_adamw_", self.params, grads, self.exp_avgs, self.exp_avg_sqs, lr=lr, beta1=beta1, beta2=beta2,
+            eps=eps, weight_decay=weight_decay, step=self.step, master_params=self.masters, found_inf=found_inf,
+        ))  # fmt: skip
         bound(self.params, grads, self.exp_avgs, self.exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, self.step, self.masters, None, found_inf)
 
     def still_valid(self, state: Any) -> bool:

@@ -270,21 +270,21 @@ def test_adamw_holds_its_plan_and_rebinds_when_the_call_changes(seed: int) -> No
     hal.reset_stats()
     step()
     (launch,) = next(iter(opt._launch_cache.values()))
-    first = launch.bound
+    first = launch.plan.bound
     with torch.no_grad():  # the mode the step runs in, part of what the plan was decided for
         assert first is not None and first.current()
     step()
-    assert launch.bound is first  # held across steps
+    assert launch.plan.bound is first  # held across steps
     assert sum(v["calls"] for (op, _, _), v in hal.stats().items() if op == "fused_adamw_") == 2
     step(transposed=True)  # a gradient with other strides: bound again for that call
-    assert launch.bound is not first
-    strided = launch.bound
+    assert launch.plan.bound is not first
+    strided = launch.plan.bound
     with hal.use(backend="cpu_ref", kernel={"fused_adamw_": kernels[-1]}):
         step(transposed=True)
-        assert launch.bound is not strided
+        assert launch.plan.bound is not strided
     hal.dispatch.reset()
     with torch.no_grad():
-        assert not launch.bound.current()
+        assert not launch.plan.bound.current()
     step()
 
 
@@ -303,7 +303,7 @@ def test_scaler_holds_its_unscale_plan_and_rebinds_for_other_strides(seed: int) 
         torch.testing.assert_close(p.grad, g / 8.0, rtol=0, atol=0)
         assert p.grad.stride() == g.stride()
         (plan,) = scaler._unscale_plans[id(opt)].values()
-        held.append(plan[1])
+        held.append(plan.bound)
         scaler.step(opt)
         scaler.update(8.0)
     assert held[0] is held[1] and held[2] is not held[1]
