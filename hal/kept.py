@@ -32,7 +32,12 @@ class KeptForBackward:
         self.size = size
         self._entries: dict[int, tuple] = {}
 
-    def keep(self, x: torch.Tensor, state: Hashable, value: Any) -> None:
+    def keep(self, x: torch.Tensor, state: Hashable, value: Any, out: Optional[torch.Tensor] = None) -> None:
+        """Keep ``value`` for the backward of ``x`` in ``state``. Given the forward's result
+        ``out``, nothing is kept when torch's autograd recorded the call (``out`` requires grad):
+        torch's node saves what its own backward needs, and no backward op will ask."""
+        if out is not None and out.requires_grad:
+            return
         entries = self._entries
         if len(entries) >= self.size:
             try:

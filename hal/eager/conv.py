@@ -123,8 +123,7 @@ def kept_batch_norm(
     if not training:
         return batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)
     out, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
-    if not out.requires_grad:
-        KEPT.keep(x, eps, (mean, invstd))
+    KEPT.keep(x, eps, (mean, invstd), out)
     return out
 
 

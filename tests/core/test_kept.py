@@ -49,3 +49,13 @@ def test_entries_hold_their_tensor_weakly_go_with_it_and_are_bounded():
         kept.keep(t, (), i)
     assert len(kept._entries) == 4
     assert kept.take(live[0], ()) is None and kept.take(live[-1], ()) == 9  # the oldest went first
+
+
+def test_nothing_is_kept_for_a_result_torch_autograd_recorded():
+    kept = KeptForBackward()
+    x = torch.randn(3)
+    w = torch.randn(3, requires_grad=True)
+    kept.keep(x, "s", "stats", out=x * w)  # recorded: torch's node saved what its backward needs
+    assert x not in kept
+    kept.keep(x, "s", "stats", out=(x * w).detach())
+    assert kept.take(x, "s") == "stats"

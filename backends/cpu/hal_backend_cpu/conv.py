@@ -91,8 +91,7 @@ def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momen
     rm, rv = _f32(running_mean), _f32(running_var)
     if training:
         out, mean, invstd = torch.native_batch_norm(x.float(), _f32(weight), _f32(bias), rm, rv, True, momentum, eps)
-        if not out.requires_grad:  # else torch's autograd recorded the call and its node saved them
-            eager.KEPT.keep(x, eps, (mean, invstd))
+        eager.KEPT.keep(x, eps, (mean, invstd), out)
     else:
         out = F.batch_norm(x.float(), rm, rv, _f32(weight), _f32(bias), training, momentum, eps)
     for dst, src in ((running_mean, rm), (running_var, rv)) if training else ():

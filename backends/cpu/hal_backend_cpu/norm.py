@@ -60,8 +60,7 @@ def layer_norm(x, normalized_shape, weight, bias, eps):
     if x.dtype not in _KEEPS:
         return eager.layer_norm(x, normalized_shape, weight, bias, eps)
     out, mean, rstd = torch.ops.aten.native_layer_norm(x, list(normalized_shape), weight, bias, eps)
-    if not out.requires_grad:
-        KEPT.keep(x, eps, (mean, rstd))
+    KEPT.keep(x, eps, (mean, rstd), out)
     return out
 
 
