@@ -323,7 +323,6 @@ class _Geometry:
                           BLOCK_C=cfg.block_c, BLOCK_S=cfg.block_s, COMPUTE=self.cdt)
 
 
-
 _GEOMETRIES = Plans(1024)
 
 

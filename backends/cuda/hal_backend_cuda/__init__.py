@@ -7,8 +7,10 @@ norms, softmax, grouped GEMM, multi-tensor AdamW, quantisation), registered by
 :func:`hal.triton.kernels.register` with this plugin's NVIDIA launch tables
 (:mod:`hal_backend_cuda.launch`); autotuned tiles are cached per device model. Where torch's own
 kernel costs less host time than a Triton launch and does the same passes (the training batch
-norm, a bare ReLU: :mod:`.conv`, :mod:`.elementwise`), that one ranks first; PERF_NOTES.md has the
-measurements.
+norm, a bare ReLU, SwiGLU, RMS norm below 16M elements: :mod:`.conv`, :mod:`.elementwise`,
+:mod:`.transformer`, :mod:`.norm`), that one ranks first, and calls with autograd let torch's
+autograd record it (kernels registered ``differentiable``); the modules' comments and
+PERF_NOTES.md have the measurements.
 
 Importing the plugin registers kernels only: Triton is imported, and kernels are compiled, on first
 use. Every kernel keeps the device asynchronous (nothing is read back to the host), so sequences of
