@@ -12,9 +12,11 @@ A call takes one of three routes:
   either because no kernel can run the inputs (a fallback) or because a call needing autograd is
   better served by ops that each save what their backward needs (the op's training decomposition).
 
-Under ``torch.compile`` a call becomes one ``torch.ops.hal.<op>`` node (or the decomposition's
-nodes); when the compiled code runs, that node runs the kernel the ``kernel`` route names, and
-AOTAutograd's backward node the backward op's kernel.
+Under ``torch.compile`` the dispatcher decides as AOTAutograd traces the graph: a kernel made of
+torch's ops (:attr:`Decision.traceable`) joins the graph as those ops, which Inductor compiles with
+the code around them; any other call is one opaque ``torch.ops.hal.<op>`` node (or the
+decomposition's nodes), which runs the kernel the ``kernel`` route names when the compiled code
+runs, and whose backward runs the backward op's kernel.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ ROUTES = ("kernel", "autograd", "decomposition")
 
 #: the route reason of an autograd call whose kernel torch's autograd records.
 TORCH_RECORDS = "inputs require grad: the kernel is torch's differentiable ops, so torch's autograd records their backward (no hal node)"
+
+
+#: why a kernel is passed over when a torch.compile graph looks for one made of torch's ops.
+UNTRACEABLE = "under torch.compile: not made of torch's ops (it would be an opaque node)"
 
 
 @dataclasses.dataclass
@@ -79,6 +85,13 @@ class Decision:
     #: on the autograd route, who records the backward: "hal" (a hal node running the backward op)
     #: or "torch" (the kernel's own torch ops, through torch's autograd).
     autograd_by: Optional[str] = None
+    #: the chosen kernel is made of torch's ops (as ``autograd_by == "torch"`` requires): under
+    #: torch.compile its ops join the graph instead of one opaque ``torch.ops.hal`` node.
+    traceable: bool = False
+    #: the decision inside a torch.compile graph where it differs (the kernel is not traceable and
+    #: one made of torch's ops can run the inputs; see
+    #: :meth:`hal.dispatch.Dispatcher.traced_alternative`).
+    compiled: Optional["Decision"] = None
 
     @property
     def chosen(self) -> Optional[Candidate]:
@@ -87,10 +100,13 @@ class Decision:
     def kernels_run(self, compiled: bool = False) -> list[tuple[str, str, str]]:
         """Every (op, backend, kernel) this call runs, forward and backward, in order: what
         ``hal.stats()`` counts for one forward and, on the autograd route, one backward. With
-        ``compiled``, what the same call inside a torch.compile graph runs: there every call is a
-        ``torch.ops.hal`` node whose backward runs the op's backward op, also where eager calls
-        let torch's autograd record the kernel."""
-        if self.backend is None or self.kernel is None:
+        ``compiled``, what ``hal.stats()`` counts for the same call inside a torch.compile graph
+        (outside ``hal.use`` scopes): nothing for a :attr:`traceable` kernel, whose torch ops the
+        graph runs as its own code; else one ``torch.ops.hal`` node, whose backward runs the op's
+        backward op."""
+        if compiled and self.compiled is not None:
+            return self.compiled.kernels_run(True)
+        if self.backend is None or self.kernel is None or (compiled and self.traceable):
             return []
         out = [(self.op, self.backend, self.kernel)]
         for step in self.steps:
@@ -130,7 +146,12 @@ class Decision:
             lines += step._lines(pad + "    ")
         if self.autograd_by == "torch":
             lines.append(f"{pad}backward (run by autograd): torch's own, recorded from {self.backend}/{self.kernel}'s torch ops")
+        if self.traceable:
+            lines.append(f"{pad}under torch.compile: {self.backend}/{self.kernel}'s torch ops join the graph (no hal node)")
+        if self.compiled is not None:
+            lines.append(f"{pad}under torch.compile:")
+            lines += self.compiled._lines(pad + "    ")
         if self.backward is not None:
-            lines.append(f"{pad}backward ({'under torch.compile' if self.autograd_by == 'torch' else 'run by autograd'}):")
+            lines.append(f"{pad}backward ({'of the opaque node inside hal.use scopes under torch.compile' if self.autograd_by == 'torch' else 'run by autograd'}):")
             lines += self.backward._lines(pad + "    ")
         return lines

@@ -27,6 +27,7 @@ followed op by op with results of the right shape from the ops' fake rules.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import linecache
@@ -39,8 +40,8 @@ import numpy as np
 import torch
 
 from hal import arrays, config, registry
-from hal.config import Choice, Overrides, choice_for
-from hal.decision import FALLBACK_WORDS, TORCH_RECORDS, Candidate, Decision
+from hal.config import Choice, Overrides, choice_for, env_flag
+from hal.decision import FALLBACK_WORDS, TORCH_RECORDS, UNTRACEABLE, Candidate, Decision
 from hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, UnsupportedError
 from hal.gradients import gradients_of
 from hal.plugin import Inputs, KernelSpec
@@ -541,11 +542,13 @@ class Dispatcher:
                 decision.route, decision.route_reason = "decomposition", "no kernel runs these inputs; the composite's ops each take autograd"
             elif decision.autograd_by == "torch":
                 decision.route, decision.route_reason = "autograd", TORCH_RECORDS
+                decision.traceable = True
             else:
                 decision.route, decision.route_reason = "autograd", "inputs require grad: the kernel runs inside an autograd node"
                 decision.autograd_by = "hal"
             return decision, target
         decision, target = self.decide(decl, inputs, choice)
+        decision.traceable = decision.autograd_by == "torch"
         decision.autograd_by = None  # no autograd: the kernel route
         if decision.kernel == "composite":
             decision.route, decision.route_reason = "decomposition", FALLBACK_WORDS["composite"]
@@ -676,6 +679,9 @@ class Dispatcher:
         for k in kernels:
             if forced is not None and k.name != forced:
                 continue
+            if choice.traceable_only and (mode != "native" or (k.array_api or state.info.array_api) != "torch" or k.torch_autograd_reasons(k_inputs)):
+                decision.candidates.append(Candidate(state.name, k.name, [UNTRACEABLE], note=note))
+                continue
             reasons = _reasons(k, _inputs_as(k_inputs, k.array_api or state.info.array_api, views))
             cand = Candidate(state.name, k.name, reasons, note=note or ("forced" if forced else ""))
             decision.candidates.append(cand)
@@ -730,6 +736,47 @@ class Dispatcher:
             + (_candidate_lines(decision) or "\n  (no backend registers a kernel for this op)")
             + _plugin_problems(rt)
         )
+
+    def traced_alternative(
+        self, decl: OpDecl, inputs: Inputs, args: Sequence[Any], choice: Choice, decision: Optional[Decision]
+    ) -> Optional[tuple[Decision, Callable[..., Any]]]:
+        """A torch.compile graph's second decision for a call whose eager ``decision`` is an opaque
+        kernel (None: the eager decision could not be made on fake tensors). A graph runs the ops of
+        a kernel made of torch's ops as its own code (Inductor fuses them with their neighbours),
+        any other kernel as an opaque node that Inductor cannot fuse and that costs a Python call per
+        run. So, unless HAL_COMPILE_PREFER_TORCH=0, the best kernel made of torch's ops that can run
+        the inputs; None where none can (the opaque node stays). Not the op's composite: where a
+        kernel exists for what its composite cannot do (``linear_cross_entropy`` without the whole
+        logits in memory), the composite would undo it; a backend that wants its fused op
+        decomposed inside graphs registers a kernel of torch's ops for it, below its others."""
+        if decision is not None and (decision.error is not None or decision.traceable or decision.route == "decomposition"):
+            return None
+        if not choice.torch_autograd or not env_flag("HAL_COMPILE_PREFER_TORCH", True):
+            return None
+        second, fn = self.decide_route(decl, inputs, args, dataclasses.replace(choice, traceable_only=True))
+        if second.error is not None or fn is None or not second.traceable:
+            return None
+        instead = f"in place of the opaque {decision.backend}/{decision.kernel}" if decision is not None else "the first kernel made of torch's ops"
+        second.route_reason = f"under torch.compile, {instead}: its ops join the graph"
+        return second, fn
+
+    def decide_traced(self, decl: OpDecl, inputs: Inputs, args: Sequence[Any], choice: Choice) -> tuple[Optional[Decision], Optional[Callable[..., Any]]]:
+        """The decision of a call as AOTAutograd traces it (fake tensors): the eager decision, or
+        :meth:`traced_alternative` in its place. A capability check that reads data (a NumPy view,
+        an address) cannot run on fake tensors: then only the kernels made of torch's ops are
+        considered, and (None, None) says that the call stays an opaque node, which decides on real
+        tensors when the graph runs."""
+        try:
+            decision, target = self.decide_route(decl, inputs, args, choice)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.debug("hal: %s under torch.compile: no decision on fake tensors (%s: %s)", decl.name, type(exc).__name__, exc)
+            decision = target = None
+        try:
+            alternative = self.traced_alternative(decl, inputs, args, choice, decision)
+        except Exception as exc:  # noqa: BLE001 - as above
+            log.debug("hal: %s under torch.compile: no decision on fake tensors (%s: %s)", decl.name, type(exc).__name__, exc)
+            alternative = None
+        return alternative if alternative is not None else (decision, target)
 
     # --- plans --------------------------------------------------------------------------------
 
@@ -832,13 +879,17 @@ class Dispatcher:
         of a decomposition's ops or of the backward op an autograd node would run."""
         args = tuple(args)
         inputs, _, _ = self.prepare(decl, args)
-        decision, target = self.decide_route(decl, inputs, args, choice_for(decl.name, config.current()))
+        choice = choice_for(decl.name, config.current())
+        decision, target = self.decide_route(decl, inputs, args, choice)
         if decision.error is not None:
             return decision
         if decision.route == "decomposition" and target is not None:
             decision.steps = self._follow(target, inputs.args)
         elif decision.route == "autograd":
             decision.backward = self._backward_decision(decl, inputs, args)
+        alternative = None if config.current() is not None else self.traced_alternative(decl, inputs, args, choice, decision)
+        if alternative is not None:
+            decision.compiled = alternative[0]
         return decision
 
     def _follow(self, composite: Callable[..., Any], canon: tuple) -> list[Decision]:
@@ -1202,6 +1253,29 @@ def _traced_call(decl: OpDecl, args: tuple) -> Any:
     if traced is None:
         raise RuntimeError("hal's torch integration is not loaded (import hal, not hal.dispatch alone)")
     return traced(decl, args)
+
+
+def traced_kernel(decl: OpDecl, args: tuple) -> Optional[Callable[[], Any]]:
+    """Under torch.compile, as AOTAutograd traces a call (on fake tensors): the call of the kernel
+    the dispatcher chooses for these arguments when that kernel is made of torch's ops
+    (:attr:`hal.decision.Decision.traceable`), so that its ops join the compiled graph, where
+    Inductor compiles them with the code around them and AOTAutograd derives their backward; None
+    where the call stays one opaque ``torch.ops.hal`` node (any other kernel, a decomposition, an
+    error, which the node's fake kernel raises as in eager, and ops whose argument values are checked
+    on every call). Nothing is counted: the graph runs the ops, not hal."""
+    if decl.values is not None:
+        return None
+    config.check_environment()
+    try:
+        inputs, subs, unbatched = DISPATCHER.prepare(decl, args)
+    except HalError:
+        return None  # the opaque node's fake kernel raises it, as an eager call would
+    decision, target = DISPATCHER.decide_traced(decl, inputs, args, choice_for(decl.name, config.current()))
+    if decision is None or decision.error is not None or not decision.traceable or target is None:
+        return None
+    checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
+    run = _canonical(decl.name, target if unbatched is None else _rebatching(target, unbatched), subs, checks)
+    return lambda: run(*args)
 
 
 def direct(decl: OpDecl, args: tuple) -> Any:

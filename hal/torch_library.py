@@ -1,10 +1,15 @@
 """Every hal op as ``torch.ops.hal.<name>``: torch.library operators with fake kernels and autograd.
 
-Why: a model that calls ``hal.ops.*`` must compile (``torch.compile`` with ``fullgraph=True``).
-Dynamo cannot trace into the dispatcher and its NumPy kernels, so under compile every
-``hal.ops.<name>`` call becomes one opaque ``torch.ops.hal.<name>`` node (or, for a call needing
-autograd, the nodes of the op's training decomposition). The node's fake kernel is the op's fake
-rule (``@op.fake`` in its declaration); its autograd formula calls the backward op, itself a
+Why: a model that calls ``hal.ops.*`` must compile (``torch.compile`` with ``fullgraph=True``), and
+compile well. Dynamo cannot trace into the dispatcher and its NumPy kernels, so under compile a
+``hal.ops.<name>`` call becomes one ``torch.ops.hal.<name>_decide`` node (or, for a call needing
+autograd, the nodes of the op's training decomposition). That operator is
+``CompositeImplicitAutograd``: AOTAutograd runs its body on fake tensors while it traces the graph,
+and there the dispatcher decides (:func:`hal.dispatch.traced_kernel`). A kernel made of torch's ops
+(registered ``differentiable``) runs, so its ops join the graph: Inductor fuses them with the code
+around them and AOTAutograd derives their backward, as for a model without hal. Any other call
+becomes the opaque ``torch.ops.hal.<name>`` node. Its fake kernel is the op's fake rule
+(``@op.fake`` in its declaration); its autograd formula calls the backward op, itself a
 ``torch.ops.hal`` node, with the arguments :mod:`hal.gradients` reads off the declarations. When the
 compiled code runs, a node runs the op's kernel route (:func:`hal.dispatch.direct`). Eager calls
 never come here: they take the dispatcher's direct path or :mod:`hal.autograd`.
@@ -57,7 +62,7 @@ try:  # the size hint of a symbolic int; older torch versions name it hint_int
 except ImportError:  # pragma: no cover - depends on the torch version
     from torch.fx.experimental.symbolic_shapes import hint_int as optimization_hint
 
-from hal import dispatch
+from hal import config, dispatch
 from hal.gradients import MASK, OUT, gradients_of
 from hal.registry import OPS, OpDecl, Param, on_declare
 from hal.types import IntPair, Kind, Padding, ShapeLike
@@ -184,6 +189,8 @@ class TorchOp:
     overload: Any = None
     #: the mutating operator ``torch.ops.hal.<name>`` of an op with a functional twin.
     mutating: Any = None
+    #: ``torch.ops.hal.<name>_decide``: the node a traced call becomes (see :func:`_define_decide`).
+    decide: Any = None
     #: the qualified name autograd is registered on (None: not trainable), and whether it is.
     autograd_name: Optional[str] = None
     has_autograd: bool = False
@@ -355,7 +362,36 @@ def _library() -> torch.library.Library:
 
 
 def _define(decl: OpDecl) -> TorchOp:
-    """Define ``hal::<name>`` (and its functional twin where needed), its kernel and fake kernel."""
+    """Define ``hal::<name>`` (and its functional twin where needed), its kernel and fake kernel,
+    and ``hal::<name>_decide``."""
+    top = _define_kernel(decl)
+    _define_decide(top)
+    return top
+
+
+def _define_decide(top: TorchOp) -> None:
+    """``hal::<name>_decide``, the node Dynamo records for a call: a ``CompositeImplicitAutograd``
+    operator, so AOTAutograd runs its body on fake tensors as it traces the graph. There the
+    dispatcher decides; a kernel made of torch's ops runs, its ops join the graph (Inductor fuses
+    them with their neighbours, AOTAutograd derives their backward); any other call becomes the
+    opaque ``hal::<name>`` node (also with symbolic sizes, whose decision would specialise them)."""
+    decl = top.decl
+    name = f"{decl.name}_decide"
+
+    def decide_impl(*slots: Any) -> Any:
+        run = None if _symbolic(slots) else dispatch.traced_kernel(decl, top.decode(slots))
+        if run is None:
+            return (top.mutating or top.overload)(*slots)
+        return run()
+
+    _library().define(f"{name}({top.schema_args()}) -> {_returns(decl)}")
+    _library().impl(name, decide_impl, "CompositeImplicitAutograd")
+    top.decide = getattr(getattr(torch.ops, NAMESPACE), name).default
+
+
+def _define_kernel(decl: OpDecl) -> TorchOp:
+    """``hal::<name>``: the opaque operator running the op's kernel route, with its fake kernel and
+    (trainable ops) autograd; a mutating trainable op's functional twin."""
     lib = _library()
     letters = {name: "abcdefgh"[i] for i, name in enumerate(decl.mutates)}
     top = TorchOp(decl, tuple(_codec(decl, p, letters.get(p.name)) for p in decl.params))
@@ -468,25 +504,25 @@ def _on_declare(decl: OpDecl) -> None:
 # --- routing under torch.compile ----------------------------------------------------------------
 
 
-def _run(decl: OpDecl, args: Sequence[Any]) -> Any:
-    """Call the torch operator of ``decl`` on hal arguments (the mutating one for twin ops)."""
-    top = TORCH_OPS[decl.name]
-    slots = top.encode(args)
-    if top.mutating is not None:
-        return top.mutating(*slots)
-    return top.overload(*slots)
+_SCOPES = config.ACTIVE_SCOPES
 
 
 def traced_call(decl: OpDecl, args: tuple) -> Any:
     """``hal.ops.<name>`` under torch.compile: the op's training decomposition where the call needs
-    autograd and the op declares one (the route eager takes), else one ``torch.ops.hal`` node;
-    written so that Dynamo traces it without a graph break."""
+    autograd and the op declares one (the route eager takes), else one ``torch.ops.hal.<name>_decide``
+    node, whose kernel is chosen when AOTAutograd traces the graph; written so that Dynamo traces it
+    without a graph break. Inside a ``hal.use`` scope (which Dynamo guards on) the call is the opaque
+    ``torch.ops.hal.<name>`` node instead, deciding as each run of the compiled code reaches it, so
+    that the scope of that run is obeyed."""
     if decl.trainable and dispatch.needs_autograd(args):
         named = canonical(decl, args)
         composite = decl.training_composite(named)
         if composite is not None:
             return composite(*(named[n] for n in decl.param_names))
-    return _run(decl, args)
+    top = TORCH_OPS[decl.name]
+    if _SCOPES[0]:
+        return (top.mutating or top.overload)(*top.encode(args))
+    return top.decide(*top.encode(args))
 
 
 on_declare(_on_declare)

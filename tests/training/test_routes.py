@@ -1,13 +1,15 @@
 """One route per call, described truthfully: for every trainable op called with grad-requiring
 inputs (and without), the kernels ``hal.explain`` says will run are exactly the kernels
 ``hal.stats()`` counts after the forward and the backward pass; under torch.compile the compiled
-code runs the kernels eager explain names for a compiled call (``kernels_run(compiled=True)``)."""
+graph takes in the torch ops of the kernels explain calls traceable and runs, as hal nodes, the
+kernels eager explain names for a compiled call (``kernels_run(compiled=True)``)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hal.conformance.cases import all_cases, draw_call
@@ -59,21 +61,136 @@ def test_explain_names_what_stats_count(op_name: str, spec: Any, require_grad: b
     assert _counted() == Counter(decision.kernels_run()), f"explain said:\n{decision}"
 
 
-def test_compiled_graph_runs_the_kernels_explain_names(seed: int) -> None:
-    """A compiled function of two hal ops with autograd: its forward and backward run the kernels
-    that eager explain reports for the same calls (each op one torch.ops.hal node)."""
-    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+def _compiled_with_graphs(fn: Any) -> tuple[Any, list[str]]:
+    """``fn`` compiled by AOTAutograd without Inductor, and the code of the forward and backward
+    graphs it traces (filled in on the first call)."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
 
-    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return hal.ops.softmax(hal.ops.linear(x, w, None, "none"), -1)
+    graphs: list[str] = []
 
-    want = Counter(hal.explain("linear", x, w, None, "none").kernels_run(compiled=True))
-    h = hal.ops.linear(x, w, None, "none")
-    want += Counter(hal.explain("softmax", h, -1).kernels_run(compiled=True))
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    compiled(x, w).sum().backward()  # compiles (fake kernels only), then runs
+    def keep(gm: torch.fx.GraphModule, _: Any) -> Any:
+        graphs.append(gm.code)
+        return make_boxed_func(gm.forward)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
+
+    return torch.compile(fn, fullgraph=True, backend=backend), graphs
+
+
+def _linear_softmax(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return hal.ops.softmax(hal.ops.linear(x, w, None, "none"), -1)
+
+
+def _compiled_run_matches_torch(x: torch.Tensor, w: torch.Tensor) -> list[str]:
+    """Compile :func:`_linear_softmax`, run it twice (counting the second run), check its output
+    and gradients against torch's; return the graphs' code."""
+    compiled, graphs = _compiled_with_graphs(_linear_softmax)
+    g = torch.randn(x.shape[0], w.shape[0], dtype=x.dtype)
+    compiled(x, w).backward(g)  # compiles, then runs
     hal.reset_stats()
     x.grad = w.grad = None
-    compiled(x, w).sum().backward()
+    y = compiled(x, w)
+    y.backward(g)
+    xr, wr = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    ref = torch.softmax(xr @ wr.T, -1)
+    ref.backward(g)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close((x.grad, w.grad), (xr.grad, wr.grad))
+    return graphs
+
+
+def _explained_compiled(x: torch.Tensor, w: torch.Tensor) -> Counter:
+    want = Counter(hal.explain("linear", x, w, None, "none").kernels_run(compiled=True))
+    h = hal.ops.linear(x, w, None, "none")
+    return want + Counter(hal.explain("softmax", h, -1).kernels_run(compiled=True))
+
+
+def test_compiled_graph_takes_in_the_torch_ops_of_traceable_kernels(seed: int) -> None:
+    """Kernels made of torch's ops (the CPU backend's linear and softmax) join the compiled graph:
+    its forward and backward hold torch's ops and no hal node, hal counts nothing, as explain says,
+    and the results and gradients are torch's."""
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    assert hal.explain("softmax", x, -1).traceable
+    assert _explained_compiled(x, w) == Counter()
+    graphs = _compiled_run_matches_torch(x, w)
+    assert len(graphs) == 2 and all("hal." not in code for code in graphs), graphs
+    assert "aten._softmax" in graphs[0] and "aten._softmax_backward_data" in graphs[1]
+    assert _counted() == Counter()
+
+
+def test_compiled_graph_runs_the_kernels_explain_names(hal_nodes: None, seed: int) -> None:
+    """Where hal keeps its own nodes (HAL_TORCH_AUTOGRAD=0), each op of a compiled function is one
+    torch.ops.hal node whose backward runs the backward op: the second run counts exactly the
+    kernels eager explain names for a compiled call."""
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    want = _explained_compiled(x, w)
+    assert sum(want.values()) == 4, want  # two forwards, two backward ops
+    graphs = _compiled_run_matches_torch(x, w)
+    assert "hal.softmax.default" in graphs[0] and "hal.softmax_backward.default" in graphs[1]
     assert _counted() == want
+
+
+def test_a_hal_use_scope_keeps_compiled_calls_opaque(seed: int) -> None:
+    """Inside a ``hal.use`` scope a compiled call is an opaque node deciding at run time, so the
+    scope is obeyed (Dynamo recompiles when the scope opens); outside, torch's ops again."""
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    compiled, graphs = _compiled_with_graphs(_linear_softmax)
+    compiled(x, w).sum().backward()
+    with hal.use(backend="cpu_ref"):
+        hal.reset_stats()
+        compiled(x, w).sum().backward()
+        backends = {b for (_, b, _) in _counted()}
+    assert backends == {"cpu_ref"}, _counted()
+    assert "hal." not in graphs[0] and "hal.softmax.default" in graphs[2]
+
+
+def _fused_and_torch_softmax() -> Any:
+    """A backend with an opaque softmax (NumPy, ranked first) and one of torch's ops below it."""
+    from hal.plugin import Plugin
+
+    plugin = Plugin("graphs", "1.0")
+    plugin.define_backend(priority=1000, device_types=("cpu",), array_api="torch")
+    plugin.kernel("softmax", name="fused", priority=20, array_api="numpy")(
+        lambda x, dim: np.exp(x - x.max(dim, keepdims=True)) / np.exp(x - x.max(dim, keepdims=True)).sum(dim, keepdims=True))
+    plugin.kernel("softmax", name="torch", priority=10, differentiable=True)(lambda x, dim: torch.softmax(x, dim))
+    plugin.kernel("softmax_backward", name="torch")(lambda grad_out, out, dim: torch._softmax_backward_data(grad_out, out, dim, out.dtype))
+    return plugin
+
+
+@pytest.mark.parametrize("prefer", [True, False], ids=["prefer_torch", "HAL_COMPILE_PREFER_TORCH=0"])
+def test_compiled_graph_prefers_a_kernel_of_torch_ops_to_an_opaque_one(install_plugins: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                       prefer: bool, seed: int) -> None:
+    """Eager calls run the backend's first kernel (opaque: NumPy); a compiled graph takes in the
+    torch ops of the kernel below it instead, as explain's ``compiled`` decision says, unless
+    HAL_COMPILE_PREFER_TORCH=0 keeps the opaque node."""
+    import hal_backend_cpu_ref
+
+    if not prefer:
+        monkeypatch.setenv("HAL_COMPILE_PREFER_TORCH", "0")
+    install_plugins([hal_backend_cpu_ref.plugin, _fused_and_torch_softmax()])
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    d = hal.explain("softmax", x, -1)
+    assert (d.backend, d.kernel, d.autograd_by) == ("graphs", "fused", "hal"), d
+    if prefer:
+        assert d.compiled is not None and (d.compiled.kernel, d.compiled.traceable) == ("torch", True), d
+        assert "in place of the opaque graphs/fused" in str(d)
+    else:
+        assert d.compiled is None
+    compiled, graphs = _compiled_with_graphs(lambda t: hal.ops.softmax(t, -1))
+    g = torch.randn_like(x)
+    compiled(x).backward(g)
+    hal.reset_stats()
+    x.grad = None
+    y = compiled(x)
+    y.backward(g)
+    assert _counted() == Counter(d.kernels_run(compiled=True))
+    assert ("hal.softmax.default" in graphs[0]) is not prefer, graphs
+    xr = x.detach().requires_grad_(True)
+    ref = torch.softmax(xr, -1)
+    ref.backward(g)
+    torch.testing.assert_close((y, x.grad), (ref, xr.grad))

@@ -163,6 +163,17 @@ def _eval_only(inputs: Inputs) -> list[str]:
     return reasons
 
 
+# torch's convolution, batch norm and ReLU, below every other kernel: eager calls never choose it
+# (the fused and Triton kernels above do in one pass what it does in two); inside a torch.compile
+# graph, where an opaque node would stop Inductor from fusing the batch norm and the ReLU with their
+# neighbours, the graph takes its ops in (hal.dispatch.Dispatcher.traced_alternative).
+@kernel("fused_conv_bn_relu", name="torch", priority=1, dtypes=FLOATS, checks=_NATIVE_CHECKS + [eager.padding_in_proportion],
+        differentiable=not_float32)
+def fused_conv_bn_relu_torch(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+    with ieee_fp32(x.dtype):
+        return eager.fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training)
+
+
 @kernel("fused_conv_bn_relu", name="cudnn_fused", priority=30, dtypes=NOT_F64, checks=[_eval_only])
 def fused_conv_bn_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     w, b = FOLDED.get(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
