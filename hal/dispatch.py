@@ -28,11 +28,13 @@ followed op by op with results of the right shape from the ops' fake rules.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import itertools
 import linecache
 import logging
 import operator
+import os
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -48,6 +50,7 @@ from hal.plugin import Inputs, KernelSpec
 from hal.registry import OPS, OpDecl, Param, get_op
 from hal.runtime import BackendState, Runtime
 from hal.types import ARRAY_KINDS, Kind
+from hal.version import __version__
 
 log = logging.getLogger("hal")
 
@@ -430,6 +433,26 @@ def fake_results(decl: OpDecl, args: Sequence[Any], array_type: str) -> Any:
 # --- the dispatcher ------------------------------------------------------------------------------
 
 
+_HAL_TAG = "|hal:"
+
+
+def tag_compile_caches(runtime: Runtime) -> None:
+    """Key torch.compile's on-disk caches on what decides hal's calls. A compiled graph holds the
+    torch ops of the kernels chosen while it was traced (:func:`traced_kernel`), but AOTAutograd's
+    cache keys on Dynamo's graph, whose ``torch.ops.hal.<name>_decide`` nodes are the same whatever
+    was chosen: without this, a process with other plugins or other HAL_* variables would load a
+    graph traced with the old choices. Appends hal's digest (hal's version, the runtime's
+    :meth:`~hal.runtime.Runtime.signature`, the HAL_* variables) to
+    ``torch.compiler.config.cache_key_tag``, keeping whatever the user put before it."""
+    cfg = getattr(torch.compiler, "config", None)
+    if cfg is None or not hasattr(cfg, "cache_key_tag"):  # pragma: no cover - older torch
+        return
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("HAL_"))
+    digest = hashlib.sha256(repr((__version__, runtime.signature(), env)).encode()).hexdigest()[:16]
+    user = cfg.cache_key_tag.split(_HAL_TAG)[0]
+    cfg.cache_key_tag = f"{user}{_HAL_TAG}{digest}"
+
+
 class Dispatcher:
     """Chooses and runs kernels; one per process (``hal.dispatch.DISPATCHER``)."""
 
@@ -453,6 +476,7 @@ class Dispatcher:
             with self._lock:
                 if self._runtime is None:
                     self._runtime = Runtime.discover()
+                    tag_compile_caches(self._runtime)
                 rt = self._runtime
         return rt
 
@@ -463,6 +487,8 @@ class Dispatcher:
             self._cache.clear()
             self._warned.clear()
             self.generation += 1
+            if runtime is not None:
+                tag_compile_caches(runtime)
             return previous
 
     def reset(self) -> None:
@@ -471,6 +497,8 @@ class Dispatcher:
             self._cache.clear()
             self._warned.clear()
             self.generation += 1
+            if self._runtime is not None:
+                tag_compile_caches(self._runtime)
 
     def stats(self) -> dict[tuple[str, str, str], dict[str, int]]:
         return {k: c.snapshot() for k, c in list(self._counters.items())}

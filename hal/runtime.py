@@ -10,6 +10,7 @@ plugin objects directly (:meth:`Runtime.from_plugins`) and install it with :func
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import logging
 import os
@@ -235,6 +236,18 @@ class Runtime:
         """Backends that serve a device kind, highest priority first (available or not)."""
         found = [b for b in self.backends.values() if device_kind in b.info.device_types]
         return sorted(found, key=lambda b: -b.info.priority)
+
+    def signature(self) -> str:
+        """A digest of what decides calls: each plugin's name and version, each backend's priority
+        and each kernel (op, backend, name, priority, function). Stable across processes (no object
+        identities), so caches keyed on it survive restarts and notice a changed plugin."""
+        parts = [f"{lp.name}={lp.version}:{'ok' if lp.plugin is not None else 'failed'}" for lp in self.plugins]
+        parts += [f"{name}@{b.info.priority}" for name, b in sorted(self.backends.items())]
+        for (op, backend), bucket in sorted(self._kernels.items()):
+            for k in bucket:
+                fn = getattr(k.fn, "__qualname__", type(k.fn).__name__)
+                parts.append(f"{op}/{backend}/{k.name}@{k.priority}:{getattr(k.fn, '__module__', '')}.{fn}")
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
     def failed_plugins(self) -> list[LoadedPlugin]:
         return [lp for lp in self.plugins if lp.error is not None]

@@ -194,3 +194,35 @@ def test_compiled_graph_prefers_a_kernel_of_torch_ops_to_an_opaque_one(install_p
     ref = torch.softmax(xr, -1)
     ref.backward(g)
     torch.testing.assert_close((y, x.grad), (ref, xr.grad))
+
+
+def test_compile_caches_do_not_serve_a_graph_traced_with_other_choices(install_plugins: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Any, seed: int) -> None:
+    """Inductor with its on-disk caches (AOTAutograd's keys on Dynamo's graph, the same whatever hal
+    chose): a graph traced with the torch kernel must not come back from the cache once
+    HAL_COMPILE_PREFER_TORCH=0 makes the opaque kernel the choice (hal keys the caches on its
+    choices through torch.compiler.config.cache_key_tag)."""
+    import hal_backend_cpu_ref
+
+    import torch._functorch.config
+    import torch._inductor.config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", True)
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "user-tag")
+    install_plugins([hal_backend_cpu_ref.plugin, _fused_and_torch_softmax()])
+    assert torch.compiler.config.cache_key_tag.startswith("user-tag|hal:")
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    counted = []
+    for prefer in ("1", "0"):
+        monkeypatch.setenv("HAL_COMPILE_PREFER_TORCH", prefer)
+        hal.dispatch.reset()
+        torch._dynamo.reset()  # in-memory graphs gone; the on-disk caches stay
+        compiled = torch.compile(lambda t: hal.ops.softmax(t, -1), fullgraph=True)
+        compiled(x).sum().backward()
+        hal.reset_stats()
+        y = compiled(x)
+        counted.append(_counted())
+        torch.testing.assert_close(y, torch.softmax(x, -1))
+    assert counted == [Counter(), Counter({("softmax", "graphs", "fused"): 1})]

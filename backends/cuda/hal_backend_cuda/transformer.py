@@ -1,6 +1,6 @@
 """rotary_embedding and swiglu through torch's own kernels (the eager twins): the fallback of the
 Triton kernels (hal.triton.kernels) for what they do not take (broadcasting SwiGLU inputs, rotary
-inputs whose leading dimensions do not merge).
+inputs whose leading dimensions do not merge), and the rotary kernel of compiled graphs.
 
 The swiglu forward (``F.silu(gate) * up``, which torch's autograd records) is above Triton's
 (25 > 20): measured on the H200 on 2026-12-01 it is faster on the host (forward + backward with
@@ -15,6 +15,9 @@ from hal.eager import transformer as eager
 
 from ._common import FLOATS, kernel
 
-for _op in ("rotary_embedding", "rotary_embedding_backward", "swiglu_backward"):
+for _op in ("rotary_embedding_backward", "swiglu_backward"):
     kernel(_op, name="torch", priority=10, dtypes=FLOATS)(getattr(eager, _op))
+# below the Triton kernel in eager calls; the kernel a torch.compile graph takes in (its ops, fused
+# by Inductor with the projections around them) in place of the Triton kernel's opaque node
+kernel("rotary_embedding", name="torch", priority=10, dtypes=FLOATS, differentiable=True)(eager.rotary_embedding)
 kernel("swiglu", name="torch", priority=25, dtypes=FLOATS, differentiable=True)(eager.swiglu)
