@@ -3,7 +3,10 @@
 time of a step, the device time, the CUDA kernels and host operators that cost most, and the counts
 of copies and host-to-device transfers per step. For finding what to fix, not for the results table.
 
-    python benchmarks/profile_steps.py OUT_DIR [resnet50_train,llama_train,...]
+    python benchmarks/profile_steps.py OUT_DIR [resnet50_train,llama_train,...] [--compile]
+
+With ``--compile`` both variants run under torch.compile (default mode), as the table's compile and
+hal+compile columns do.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -28,9 +32,9 @@ WORKLOADS = {
 STEPS = 3
 
 
-def profile_variant(name: str, impl: str, out: Path) -> None:
+def profile_variant(name: str, impl: str, out: Path, compile_mode: Optional[str] = None) -> None:
     workload = WORKLOADS[name]()
-    step = workload.make(impl, None, torch.device("cuda"), 0)
+    step = workload.make(impl, compile_mode, torch.device("cuda"), 0)
     for _ in range(3):  # compile, tune, allocate
         step()
     torch.cuda.synchronize()
@@ -49,12 +53,12 @@ def profile_variant(name: str, impl: str, out: Path) -> None:
     h2d = sum(e.count for e in events if "HtoD" in e.key or e.key == "Memcpy HtoD (Pageable -> Device)") / STEPS
     device_us = sum(e.self_device_time_total for e in events
                     if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation) / STEPS  # kernels only
-    print(f"== {name} [{impl}]: host {host * 1e3:.1f} ms/step (issue), wall {wall * 1e3:.1f} ms/step, device {device_us / 1e3:.1f} ms/step, "
+    print(f"== {name} [{impl}{'+compile' if compile_mode else ''}]: host {host * 1e3:.1f} ms/step (issue), wall {wall * 1e3:.1f} ms/step, device {device_us / 1e3:.1f} ms/step, "
           f"aten::copy_ {copies:.0f}/step, HtoD {h2d:.0f}/step", flush=True)
     table_dev = events.table(sort_by="self_cuda_time_total", row_limit=18)
     table_cpu = events.table(sort_by="self_cpu_time_total", row_limit=18)
     extra = census(step) + host_profile(step) if impl == "hal" else ""
-    (out / f"{name}-{impl}.txt").write_text(f"{table_dev}\n\n{table_cpu}\n{extra}")
+    (out / f"{name}-{impl}{'-compile' if compile_mode else ''}.txt").write_text(f"{table_dev}\n\n{table_cpu}\n{extra}")
     print(table_dev[:6000], extra[:8000], sep="\n", flush=True)
 
 
@@ -91,13 +95,15 @@ def host_profile(step) -> str:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    args = [a for a in sys.argv[1:] if a != "--compile"]
+    compile_mode = "default" if "--compile" in sys.argv else None
+    out = Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
-    names = sys.argv[2].split(",") if len(sys.argv) > 2 else list(WORKLOADS)
+    names = args[1].split(",") if len(args) > 1 else list(WORKLOADS)
     for name in names:
         for impl in ("torch", "hal"):
             try:
-                profile_variant(name, impl, out)
+                profile_variant(name, impl, out, compile_mode)
             except Exception as exc:  # one workload failing must not hide the others
                 print(f"== {name} [{impl}]: {type(exc).__name__}: {exc}", flush=True)
 
