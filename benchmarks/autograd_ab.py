@@ -3,9 +3,12 @@ recording its torch-made kernels (the default) and against hal with its own node
 (``HAL_TORCH_AUTOGRAD=0``), interleaved in one process: on a machine whose speed drifts, rounds of
 the three variants side by side are the fair comparison. For the results table, not a test.
 
-    python benchmarks/autograd_ab.py [resnet50_train,llama_train,moe_fwd_bwd] [--size cpu] [--rounds 6] [--steps 5]
+    python benchmarks/autograd_ab.py [resnet50_train,llama_train,moe_fwd_bwd] [--size cpu] [--rounds 6] [--steps 5] [--compile]
 
-Prints, per model, the best step time of each variant over the rounds (ms) and eager / hal.
+Prints, per model, the best step time of each variant over the rounds (ms) and eager / hal. With
+``--compile``: torch.compile of the model without hal against torch.compile of the hal model
+(whose decisions are made once, as its graphs are traced), interleaved the same way; the
+inference workload ``resnet50_infer_fp16`` can be named too.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import torch
 import hal
 from hal.bench.models_llama import LlamaTrain
 from hal.bench.models_moe import MoEForwardBackward
-from hal.bench.models_resnet import ResNetTrain
+from hal.bench.models_resnet import ResNetInference, ResNetTrain
 
-WORKLOADS = {"resnet50_train": ResNetTrain, "llama_train": LlamaTrain, "moe_fwd_bwd": MoEForwardBackward}
+WORKLOADS = {"resnet50_train": ResNetTrain, "llama_train": LlamaTrain, "moe_fwd_bwd": MoEForwardBackward,
+             "resnet50_infer_fp16": ResNetInference}
 
 
 def _timed(step: Callable[[], Any], setting: Optional[str], steps: int, device: torch.device) -> float:
@@ -47,11 +51,15 @@ def main() -> None:
     parser.add_argument("--size", default=None, help="model sizes (default: full on a GPU, cpu on the CPU)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--compile", action="store_true", help="torch.compile against hal under torch.compile")
     args = parser.parse_args()
     device = torch.device(args.device)
     size = args.size or ("full" if device.type == "cuda" else "cpu")
     print(f"torch {torch.__version__}, {device}, sizes {size}, best of {args.rounds} rounds of {args.steps} steps")
     for name in args.models.split(","):
+        if args.compile:
+            _compiled_rounds(name, size, device, args.rounds, args.steps)
+            continue
         eager = WORKLOADS[name](size).make("torch", None, device, 0)
         ours = WORKLOADS[name](size).make("hal", None, device, 0)
         best = {"eager": float("inf"), "hal (torch records)": float("inf"), "hal (its own nodes)": float("inf")}
@@ -64,6 +72,18 @@ def main() -> None:
         cells = ", ".join(f"{k} {v:.2f} ms" for k, v in best.items())
         ratios = f"eager / hal: {best['eager'] / best['hal (torch records)']:.3f}x (torch records), {best['eager'] / best['hal (its own nodes)']:.3f}x (own nodes)"
         print(f"{name}: {cells}; {ratios}", flush=True)
+
+
+def _compiled_rounds(name: str, size: str, device: torch.device, rounds: int, steps: int) -> None:
+    torch._dynamo.reset()
+    steps_of = {"compile": WORKLOADS[name](size).make("torch", "default", device, 0),
+                "hal+compile": WORKLOADS[name](size).make("hal", "default", device, 0)}
+    best = {k: float("inf") for k in steps_of}
+    for _ in range(rounds):
+        for k, step in steps_of.items():
+            best[k] = min(best[k], _timed(step, None, steps, device))
+    cells = ", ".join(f"{k} {v:.2f} ms" for k, v in best.items())
+    print(f"{name}: {cells}; compile / hal+compile: {best['compile'] / best['hal+compile']:.3f}x", flush=True)
 
 
 if __name__ == "__main__":
