@@ -38,6 +38,11 @@ class Overrides:
     #: return results of the right shape without running (never set by ``hal.use``).
     explaining: bool = False
 
+    @property
+    def forces(self) -> bool:
+        """Whether the scope forces anything (a scope of ``hal.explain`` alone does not)."""
+        return bool(self.backend or self.kernels or self.kernel_any or self.strict is not None)
+
 
 class _Local(threading.local):
     """Per-thread state; the class attribute is the default every new thread sees (reading a missing

@@ -108,6 +108,8 @@ class Decision:
             return self.compiled.kernels_run(True)
         if self.backend is None or self.kernel is None or (compiled and self.traceable):
             return []
+        if compiled and self.route == "decomposition":  # the graph holds its steps, not the op
+            return [k for step in self.steps for k in step.kernels_run(True)]
         out = [(self.op, self.backend, self.kernel)]
         for step in self.steps:
             out += step.kernels_run(compiled)

@@ -915,7 +915,8 @@ class Dispatcher:
             decision.steps = self._follow(target, inputs.args)
         elif decision.route == "autograd":
             decision.backward = self._backward_decision(decl, inputs, args)
-        alternative = None if config.current() is not None else self.traced_alternative(decl, inputs, args, choice, decision)
+        scope = config.current()  # compiled calls inside a hal.use scope stay opaque nodes
+        alternative = None if scope is not None and scope.forces else self.traced_alternative(decl, inputs, args, choice, decision)
         if alternative is not None:
             decision.compiled = alternative[0]
         return decision
@@ -1287,10 +1288,11 @@ def traced_kernel(decl: OpDecl, args: tuple) -> Optional[Callable[[], Any]]:
     """Under torch.compile, as AOTAutograd traces a call (on fake tensors): the call of the kernel
     the dispatcher chooses for these arguments when that kernel is made of torch's ops
     (:attr:`hal.decision.Decision.traceable`), so that its ops join the compiled graph, where
-    Inductor compiles them with the code around them and AOTAutograd derives their backward; None
-    where the call stays one opaque ``torch.ops.hal`` node (any other kernel, a decomposition, an
-    error, which the node's fake kernel raises as in eager, and ops whose argument values are checked
-    on every call). Nothing is counted: the graph runs the ops, not hal."""
+    Inductor compiles them with the code around them and AOTAutograd derives their backward; the
+    call of the op's decomposition where that is the route (its ops decided in turn); None where
+    the call stays one opaque ``torch.ops.hal`` node (any other kernel, an error, which the node's
+    fake kernel raises as in eager, and ops whose argument values are checked on every call).
+    Nothing is counted: the graph runs the ops, not hal."""
     if decl.values is not None:
         return None
     config.check_environment()
@@ -1299,10 +1301,15 @@ def traced_kernel(decl: OpDecl, args: tuple) -> Optional[Callable[[], Any]]:
     except HalError:
         return None  # the opaque node's fake kernel raises it, as an eager call would
     decision, target = DISPATCHER.decide_traced(decl, inputs, args, choice_for(decl.name, config.current()))
-    if decision is None or decision.error is not None or not decision.traceable or target is None:
+    if decision is None or decision.error is not None or target is None:
+        return None
+    composite = decision.route == "decomposition"  # its ops are decided in turn, as in eager
+    if not (decision.traceable or composite):
         return None
     checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
-    run = _canonical(decl.name, target if unbatched is None else _rebatching(target, unbatched), subs, checks)
+    if unbatched is not None and not composite:  # a composite takes the call's own arguments
+        target = _rebatching(target, unbatched)
+    run = _canonical(decl.name, target, subs, checks)
     return lambda: run(*args)
 
 

@@ -2,13 +2,13 @@
 
 Why: a model that calls ``hal.ops.*`` must compile (``torch.compile`` with ``fullgraph=True``), and
 compile well. Dynamo cannot trace into the dispatcher and its NumPy kernels, so under compile a
-``hal.ops.<name>`` call becomes one ``torch.ops.hal.<name>_decide`` node (or, for a call needing
-autograd, the nodes of the op's training decomposition). That operator is
+``hal.ops.<name>`` call becomes one ``torch.ops.hal.<name>_decide`` node. That operator is
 ``CompositeImplicitAutograd``: AOTAutograd runs its body on fake tensors while it traces the graph,
 and there the dispatcher decides (:func:`hal.dispatch.traced_kernel`). A kernel made of torch's ops
 (registered ``differentiable``) runs, so its ops join the graph: Inductor fuses them with the code
-around them and AOTAutograd derives their backward, as for a model without hal. Any other call
-becomes the opaque ``torch.ops.hal.<name>`` node. Its fake kernel is the op's fake rule
+around them and AOTAutograd derives their backward, as for a model without hal; a decomposition
+(the training decomposition of a call needing autograd) runs its ops, each decided in turn. Any
+other call becomes the opaque ``torch.ops.hal.<name>`` node. Its fake kernel is the op's fake rule
 (``@op.fake`` in its declaration); its autograd formula calls the backward op, itself a
 ``torch.ops.hal`` node, with the arguments :mod:`hal.gradients` reads off the declarations. When the
 compiled code runs, a node runs the op's kernel route (:func:`hal.dispatch.direct`). Eager calls
@@ -508,21 +508,22 @@ _SCOPES = config.ACTIVE_SCOPES
 
 
 def traced_call(decl: OpDecl, args: tuple) -> Any:
-    """``hal.ops.<name>`` under torch.compile: the op's training decomposition where the call needs
-    autograd and the op declares one (the route eager takes), else one ``torch.ops.hal.<name>_decide``
-    node, whose kernel is chosen when AOTAutograd traces the graph; written so that Dynamo traces it
-    without a graph break. Inside a ``hal.use`` scope (which Dynamo guards on) the call is the opaque
-    ``torch.ops.hal.<name>`` node instead, deciding as each run of the compiled code reaches it, so
-    that the scope of that run is obeyed."""
+    """``hal.ops.<name>`` under torch.compile: one ``torch.ops.hal.<name>_decide`` node, whose route
+    (kernel, the torch ops of a kernel, or the op's training decomposition) is chosen as AOTAutograd
+    traces the graph; written so that Dynamo traces it without a graph break, and reads little (each
+    read is a guard checked on every call of the compiled code). Inside a ``hal.use`` scope (which
+    Dynamo guards on) the call is the training decomposition where eager takes it, else the opaque
+    ``torch.ops.hal.<name>`` node, deciding as each run of the compiled code reaches it, so that the
+    scope of that run is obeyed."""
+    top = TORCH_OPS[decl.name]
+    if not _SCOPES[0]:
+        return top.decide(*top.encode(args))
     if decl.trainable and dispatch.needs_autograd(args):
         named = canonical(decl, args)
         composite = decl.training_composite(named)
         if composite is not None:
             return composite(*(named[n] for n in decl.param_names))
-    top = TORCH_OPS[decl.name]
-    if _SCOPES[0]:
-        return (top.mutating or top.overload)(*top.encode(args))
-    return top.decide(*top.encode(args))
+    return (top.mutating or top.overload)(*top.encode(args))
 
 
 on_declare(_on_declare)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hal.conformance.cases import all_cases, draw_call
 
 import hal
@@ -226,3 +227,47 @@ def test_compile_caches_do_not_serve_a_graph_traced_with_other_choices(install_p
         counted.append(_counted())
         torch.testing.assert_close(y, torch.softmax(x, -1))
     assert counted == [Counter(), Counter({("softmax", "graphs", "fused"): 1})]
+
+
+@pytest.mark.parametrize("own_nodes", [False, True], ids=["torch_ops", "HAL_TORCH_AUTOGRAD=0"])
+def test_a_compiled_training_decomposition_runs_its_steps(monkeypatch: pytest.MonkeyPatch, own_nodes: bool, seed: int) -> None:
+    """fused_conv_bn_relu in training with autograd takes its training decomposition, also inside a
+    compiled graph (decided as AOTAutograd traces): the graph holds no node of the fused op, and
+    hal counts exactly the steps' kernels explain names for a compiled call (none where every step
+    is torch's ops; each step and its backward op where hal keeps its nodes); outputs, gradients
+    and running statistics are torch's."""
+    if own_nodes:
+        monkeypatch.setenv("HAL_TORCH_AUTOGRAD", "0")
+        hal.dispatch.reset()
+    x = torch.randn(3, 4, 6, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 4, 3, 3, dtype=torch.float64, requires_grad=True)
+    gamma = (torch.rand(5, dtype=torch.float64) + 0.5).requires_grad_(True)
+    beta = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    mean, var = torch.randn(5, dtype=torch.float64), torch.rand(5, dtype=torch.float64) + 0.5
+    ref_mean, ref_var = mean.clone(), var.clone()
+
+    def f(x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        return hal.ops.fused_conv_bn_relu(x, w, None, gamma, beta, mean, var, 1, 1, 1, 1, 1e-5, 0.1, True)
+
+    d = hal.explain("fused_conv_bn_relu", x, w, None, gamma, beta, mean, var, 1, 1, 1, 1, 1e-5, 0.1, True)
+    assert d.route == "decomposition", d
+    want = Counter(d.kernels_run(compiled=True))
+    assert all(op != "fused_conv_bn_relu" for op, _, _ in want)
+    assert (sum(want.values()) == 0) is not own_nodes, want
+    compiled, graphs = _compiled_with_graphs(f)
+    g = torch.randn(3, 5, 6, 6, dtype=torch.float64)
+    compiled(x, w, gamma, beta).backward(g)
+    hal.reset_stats()
+    for t in (x, w, gamma, beta):
+        t.grad = None
+    y = compiled(x, w, gamma, beta)
+    y.backward(g)
+    assert _counted() == want
+    assert all("fused_conv_bn_relu" not in code for code in graphs), graphs
+    leaves = [t.detach().requires_grad_(True) for t in (x, w, gamma, beta)]
+    for _ in range(2):
+        ref = F.relu(F.batch_norm(F.conv2d(leaves[0], leaves[1], None, 1, 1), ref_mean, ref_var, leaves[2], leaves[3], True, 0.1, 1e-5))
+    ref.backward(g)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close([t.grad for t in (x, w, gamma, beta)], [t.grad for t in leaves])
+    torch.testing.assert_close((mean, var), (ref_mean, ref_var))
