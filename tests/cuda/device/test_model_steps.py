@@ -136,10 +136,12 @@ def test_training_step_with_hal_adamw_captures_and_replays() -> None:
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param("resnet", marks=pytest.mark.xfail(strict=True, reason=(
+    pytest.param("resnet", marks=pytest.mark.xfail(strict=False, reason=(
         "open bug, measured on the H200 on 2026-12-01 (commit fb35c8b): from the second step under "
         "cudagraph trees the gradient of the first downsample convolution differs from eager's (805 of "
-        "1024 elements, up to 10x relative) while the loss agrees to 1e-4; the first step matches"))),
+        "1024 elements, up to 10x relative) while the loss agrees to 1e-4; the first step matches. "
+        "Since the compiled graph holds torch's ops in place of hal nodes (85cf0c8, 6cb71cf) it passed "
+        "in two runs of three on the H200 and failed in one: not strict until the cause is known"))),
     "llama",
 ])
 def test_reduce_overhead_compile_matches_eager(name: str) -> None:
