@@ -8,7 +8,9 @@ fused_conv_bn_relu:
   convolution + bias + ReLU as one primitive (``mkldnn._convolution_pointwise`` with a ReLU post-op);
 - ``torch``: the same folded convolution then an in-place ReLU in eval, and in training the
   convolution, ``F.batch_norm`` with the batch statistics (running statistics updated in place) and
-  an in-place ReLU.
+  an in-place ReLU;
+- ``unfused``: torch's convolution, batch norm and ReLU as three ops, for torch.compile graphs
+  (never chosen by eager calls).
 
 The backward ops call torch's backward kernels directly (``convolution_backward``,
 ``native_batch_norm_backward``), without building an autograd graph or, for conv2d, recomputing the
@@ -181,6 +183,16 @@ def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_me
         return eager.conv2d(x, w, b, stride, padding, dilation, groups).relu_()
     y = eager.conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
     return bn_forward(y, running_mean, running_var, bn_weight, bn_bias, True, momentum, eps).relu_()
+
+
+# torch's convolution, batch norm (bn_forward: half precision as batch_norm/torch) and ReLU, below
+# every other kernel: eager calls never choose it (the kernels above fold or fuse); inside a
+# torch.compile graph, where an opaque node would stop Inductor from fusing the batch norm and the
+# ReLU, the graph takes its ops in (hal.dispatch.Dispatcher.traced_alternative).
+@kernel("fused_conv_bn_relu", name="unfused", priority=1, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion], differentiable=True)
+def fused_conv_bn_relu_unfused(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+    y = eager.conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    return F.relu(bn_forward(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps))
 
 
 @kernel("fused_conv_bn_relu_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])
