@@ -94,8 +94,8 @@ class Choice:
     #: whether torch's autograd may record kernels registered ``differentiable`` (HAL_TORCH_AUTOGRAD,
     #: default on; off: every call needing autograd runs hal's node and the op's backward op).
     torch_autograd: bool = True
-    #: consider only kernels made of torch's ops, then the op's composite (a torch.compile graph's
-    #: second decision, see :meth:`hal.dispatch.Dispatcher.decide_traced`).
+    #: consider only kernels made of torch's ops (a torch.compile graph's second decision, see
+    #: :meth:`hal.dispatch.Dispatcher.traced_alternative`).
     traceable_only: bool = False
 
 

@@ -14,9 +14,10 @@ A call takes one of three routes:
 
 Under ``torch.compile`` the dispatcher decides as AOTAutograd traces the graph: a kernel made of
 torch's ops (:attr:`Decision.traceable`) joins the graph as those ops, which Inductor compiles with
-the code around them; any other call is one opaque ``torch.ops.hal.<op>`` node (or the
-decomposition's nodes), which runs the kernel the ``kernel`` route names when the compiled code
-runs, and whose backward runs the backward op's kernel.
+the code around them; where the eager choice is another kernel, a kernel of torch's ops that can run
+the call takes its place (:attr:`Decision.compiled`); a decomposition's steps are decided in turn;
+any other call is one opaque ``torch.ops.hal.<op>`` node, which runs the kernel the ``kernel`` route
+names when the compiled code runs, and whose backward runs the backward op's kernel.
 """
 
 from __future__ import annotations
@@ -154,6 +155,6 @@ class Decision:
             lines.append(f"{pad}under torch.compile:")
             lines += self.compiled._lines(pad + "    ")
         if self.backward is not None:
-            lines.append(f"{pad}backward ({'of the opaque node inside hal.use scopes under torch.compile' if self.autograd_by == 'torch' else 'run by autograd'}):")
+            lines.append(f"{pad}backward ({'of the torch.ops.hal node, where a compiled call stays one' if self.autograd_by == 'torch' else 'run by autograd'}):")
             lines += self.backward._lines(pad + "    ")
         return lines

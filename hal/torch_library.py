@@ -373,8 +373,9 @@ def _define_decide(top: TorchOp) -> None:
     """``hal::<name>_decide``, the node Dynamo records for a call: a ``CompositeImplicitAutograd``
     operator, so AOTAutograd runs its body on fake tensors as it traces the graph. There the
     dispatcher decides; a kernel made of torch's ops runs, its ops join the graph (Inductor fuses
-    them with their neighbours, AOTAutograd derives their backward); any other call becomes the
-    opaque ``hal::<name>`` node (also with symbolic sizes, whose decision would specialise them)."""
+    them with their neighbours, AOTAutograd derives their backward); a decomposition runs its ops,
+    each a ``_decide`` node in turn; any other call becomes the opaque ``hal::<name>`` node (also
+    with symbolic sizes, whose decision would specialise them)."""
     decl = top.decl
     name = f"{decl.name}_decide"
 

@@ -50,6 +50,9 @@ def test_every_op_is_a_torch_op_with_its_mutations_declared() -> None:
         for p in decl.params:  # every hal parameter keeps its name (but a backward op's output
             # mask, which the operator has no slot for: it computes every gradient)
             assert p.name in slot_names or p.name == MASK, (name, p.name)
+        decide = getattr(torch.ops.hal, f"{name}_decide").default  # the node Dynamo records
+        assert decide is top.decide and str(decide._schema).split("(", 1)[1] == str(op._schema).split("(", 1)[1]
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(decide.name(), "CompositeImplicitAutograd")
 
 
 @pytest.mark.parametrize("op_name,spec", _quick_calls("float32"))
