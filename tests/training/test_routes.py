@@ -271,3 +271,20 @@ def test_a_compiled_training_decomposition_runs_its_steps(monkeypatch: pytest.Mo
     torch.testing.assert_close(y, ref)
     torch.testing.assert_close([t.grad for t in (x, w, gamma, beta)], [t.grad for t in leaves])
     torch.testing.assert_close((mean, var), (ref_mean, ref_var))
+
+
+def test_a_compiled_unbatched_call_takes_the_kernel_on_a_batch_of_one(seed: int) -> None:
+    """conv2d of a 3-D x (no batch dimension): inside a graph the traced kernel runs on the batch of
+    one the dispatcher makes, and the result is unbatched again; results and gradients as torch's."""
+    x = torch.randn(3, 6, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    assert hal.explain("conv2d", x, w, None, 1, 1, 1, 1).traceable
+    compiled, graphs = _compiled_with_graphs(lambda a, b: hal.ops.conv2d(a, b, None, 1, 1, 1, 1))
+    g = torch.randn(4, 6, 6, dtype=torch.float64)
+    y = compiled(x, w)
+    y.backward(g)
+    assert all("hal." not in code for code in graphs), graphs
+    xr, wr = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    ref = F.conv2d(xr, wr, None, 1, 1)
+    ref.backward(g)
+    torch.testing.assert_close((y, x.grad, w.grad), (ref, xr.grad, wr.grad))
