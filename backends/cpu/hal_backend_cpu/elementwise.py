@@ -67,6 +67,14 @@ def _numba_act(inputs: Inputs) -> list[str]:
     return [] if act in NUMBA_ACTS else [f"act {act!r}: torch's vectorised kernels run it faster (the numba kernel fuses none and relu)"]
 
 
+def _not_identity(inputs: Inputs) -> list[str]:
+    scale, shift = inputs["scale"], inputs["shift"]  # NumPy views here: only numbers can be an identity
+    if isinstance(scale, (int, float)) and isinstance(shift, (int, float)) and scale == 1 and shift == 0:
+        return ["an identity affine: torch's activation kernel is one pass with nothing to fuse, and "
+                "faster (bare ReLU at (8, 64, 56, 56) float32: 0.25 against 0.82 ms, 2026-12-01)"]
+    return []
+
+
 def _one_channel_run(inputs: Inputs) -> list[str]:
     split = channel_split(inputs["x"], inputs["scale"], inputs["shift"])
     return [split] if isinstance(split, str) else []
@@ -76,7 +84,7 @@ def _one_channel_run(inputs: Inputs) -> list[str]:
 SHORT_SEGMENT = 64
 
 
-@numba_kernel("scale_shift_act", priority=30, checks=[_numba_act, contiguous("x"), _one_channel_run])
+@numba_kernel("scale_shift_act", priority=30, checks=[_numba_act, _not_identity, contiguous("x"), _one_channel_run])
 def scale_shift_act_numba(x, scale, shift, act):
     p, c, i = channel_split(x, scale, shift)
     s, b = channel_vector(scale, c, x.dtype), channel_vector(shift, c, x.dtype)
