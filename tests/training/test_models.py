@@ -35,9 +35,9 @@ def _forward_backward(
     return y.detach(), {n: p.grad for n, p in model.named_parameters()}, x.grad
 
 
-@pytest.mark.parametrize("cls", [SmallCNN, TransformerBlock, LlamaBlock], ids=["cnn", "transformer", "llama"])
-@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
-def test_forward_and_gradients_match_pytorch(cls: type, train: bool, seed: int) -> None:
+def _twins_match(cls: type, train: bool, seed: int) -> set[str]:
+    """Two steps of the hal model and its PyTorch twin on the same inputs: outputs, gradients and
+    buffers equal; returns the hal ops whose kernels ran."""
     hal_model, torch_model = twins(cls, seed)
     hal_model.train(train)
     torch_model.train(train)
@@ -51,13 +51,26 @@ def test_forward_and_gradients_match_pytorch(cls: type, train: bool, seed: int) 
             torch.testing.assert_close(got_g[name], g, rtol=1e-8, atol=1e-9, msg=lambda m, n=name: f"grad of {n}: {m}")
         for (name, a), b in zip(hal_model.named_buffers(), torch_model.buffers()):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=lambda m, n=name: f"buffer {n}: {m}")
-    ran = {op for (op, _, _), c in hal.stats().items() if c["calls"]}
+    return {op for (op, _, _), c in hal.stats().items() if c["calls"]}
+
+
+@pytest.mark.parametrize("cls", [SmallCNN, TransformerBlock, LlamaBlock], ids=["cnn", "transformer", "llama"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_forward_and_gradients_match_pytorch(cls: type, train: bool, seed: int) -> None:
+    ran = _twins_match(cls, train, seed)
     # hal's kernels ran, forward and, where hal's node differentiates them, backward (torch's own
-    # kernels, conv2d, batch_norm, SDPA, rotary and swiglu here, are recorded by torch's autograd)
-    want = {SmallCNN: {"conv2d", "batch_norm", "scale_shift_act_backward"},
+    # kernels, the CNN's all, SDPA, rotary and swiglu here, are recorded by torch's autograd)
+    want = {SmallCNN: {"conv2d", "batch_norm", "scale_shift_act"},
             TransformerBlock: {"scaled_dot_product_attention", "rms_norm_backward"},
             LlamaBlock: {"rotary_embedding", "swiglu", "linear_cross_entropy_backward"}}[cls]
     assert want <= ran, ran
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_the_cnn_matches_pytorch_through_hal_nodes(hal_nodes: None, train: bool, seed: int) -> None:
+    """The CNN again with hal's own nodes (HAL_TORCH_AUTOGRAD=0): its backward ops run."""
+    ran = _twins_match(SmallCNN, train, seed)
+    assert {"conv2d_backward", "batch_norm_backward", "scale_shift_act_backward"} <= ran, ran
 
 
 def test_float32_model_matches_pytorch(seed: int) -> None:
