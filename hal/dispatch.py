@@ -296,6 +296,14 @@ def _differentiates_more(decl: OpDecl, args: Sequence[Any]) -> bool:
     )
 
 
+def _made_of_torch_ops(k: KernelSpec, api: str, mode: str, inputs: Inputs) -> bool:
+    """Whether kernel ``k`` runs as torch's differentiable ops for these inputs: what torch's
+    autograd may record eagerly and a torch.compile graph may take in. Asked only for the kernel
+    chosen, or for each candidate while a graph looks for such a kernel: a kernel's check may
+    assume the inputs are ones it supports."""
+    return mode == "native" and api == "torch" and not k.torch_autograd_reasons(inputs)
+
+
 def _has_zero_size(decl: OpDecl, args: Sequence[Any]) -> bool:
     """Whether an array argument has a zero-size dimension (the op's ``empty`` rule answers)."""
     for p, a in zip(decl.params, args):
@@ -431,6 +439,10 @@ def fake_results(decl: OpDecl, args: Sequence[Any], array_type: str) -> Any:
 
 
 # --- the dispatcher ------------------------------------------------------------------------------
+
+
+def _no_decision_on_fakes(decl: OpDecl, exc: Exception) -> None:
+    log.debug("hal: %s under torch.compile: no decision on fake tensors (%s: %s)", decl.name, type(exc).__name__, exc)
 
 
 _HAL_TAG = "|hal:"
@@ -707,18 +719,17 @@ class Dispatcher:
         for k in kernels:
             if forced is not None and k.name != forced:
                 continue
-            if choice.traceable_only and (mode != "native" or (k.array_api or state.info.array_api) != "torch" or k.torch_autograd_reasons(k_inputs)):
+            api = k.array_api or state.info.array_api
+            if choice.traceable_only and not _made_of_torch_ops(k, api, mode, k_inputs):
                 decision.candidates.append(Candidate(state.name, k.name, [UNTRACEABLE], note=note))
                 continue
-            reasons = _reasons(k, _inputs_as(k_inputs, k.array_api or state.info.array_api, views))
+            reasons = _reasons(k, _inputs_as(k_inputs, api, views))
             cand = Candidate(state.name, k.name, reasons, note=note or ("forced" if forced else ""))
             decision.candidates.append(cand)
             if reasons:
                 continue
             cand.chosen = True
-            api = k.array_api or state.info.array_api
-            if (choice.torch_autograd and mode == "native" and api == "torch" and not _differentiates_more(decl, inputs.args)
-                    and not k.torch_autograd_reasons(k_inputs)):
+            if choice.torch_autograd and not _differentiates_more(decl, inputs.args) and _made_of_torch_ops(k, api, mode, k_inputs):
                 decision.autograd_by = "torch"
             fallback = None if (position == 0 or forced) else ("host" if mode == "host" else "backend")
             return self._choose(decl, decision, state, k.name, fallback, self._kernel_fn(decl, k, state, inputs, mode))
@@ -797,12 +808,12 @@ class Dispatcher:
         try:
             decision, target = self.decide_route(decl, inputs, args, choice)
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            log.debug("hal: %s under torch.compile: no decision on fake tensors (%s: %s)", decl.name, type(exc).__name__, exc)
+            _no_decision_on_fakes(decl, exc)
             decision = target = None
         try:
             alternative = self.traced_alternative(decl, inputs, args, choice, decision)
         except Exception as exc:  # noqa: BLE001 - as above
-            log.debug("hal: %s under torch.compile: no decision on fake tensors (%s: %s)", decl.name, type(exc).__name__, exc)
+            _no_decision_on_fakes(decl, exc)
             alternative = None
         return alternative if alternative is not None else (decision, target)
 
@@ -907,7 +918,8 @@ class Dispatcher:
         of a decomposition's ops or of the backward op an autograd node would run."""
         args = tuple(args)
         inputs, _, _ = self.prepare(decl, args)
-        choice = choice_for(decl.name, config.current())
+        scope = config.current()
+        choice = choice_for(decl.name, scope)
         decision, target = self.decide_route(decl, inputs, args, choice)
         if decision.error is not None:
             return decision
@@ -915,7 +927,7 @@ class Dispatcher:
             decision.steps = self._follow(target, inputs.args)
         elif decision.route == "autograd":
             decision.backward = self._backward_decision(decl, inputs, args)
-        scope = config.current()  # compiled calls inside a hal.use scope stay opaque nodes
+        # compiled calls inside a hal.use scope stay opaque nodes
         alternative = None if scope is not None and scope.forces else self.traced_alternative(decl, inputs, args, choice, decision)
         if alternative is not None:
             decision.compiled = alternative[0]

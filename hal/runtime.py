@@ -167,6 +167,7 @@ class Runtime:
         self.plugins: list[LoadedPlugin] = list(loaded)
         self.backends: dict[str, BackendState] = {}
         self._kernels: dict[tuple[str, str], list[KernelSpec]] = {}
+        self._signature: Optional[str] = None
         for lp in self.plugins:
             if lp.plugin is not None and lp.plugin.backend is not None:
                 self.backends[lp.plugin.backend.name] = BackendState(lp.plugin.backend, lp.plugin.version)
@@ -240,14 +241,18 @@ class Runtime:
     def signature(self) -> str:
         """A digest of what decides calls: each plugin's name and version, each backend's priority
         and each kernel (op, backend, name, priority, function). Stable across processes (no object
-        identities), so caches keyed on it survive restarts and notice a changed plugin."""
+        identities), so caches keyed on it survive restarts and notice a changed plugin. Computed
+        once: a runtime does not change."""
+        if self._signature is not None:
+            return self._signature
         parts = [f"{lp.name}={lp.version}:{'ok' if lp.plugin is not None else 'failed'}" for lp in self.plugins]
         parts += [f"{name}@{b.info.priority}" for name, b in sorted(self.backends.items())]
         for (op, backend), bucket in sorted(self._kernels.items()):
             for k in bucket:
                 fn = getattr(k.fn, "__qualname__", type(k.fn).__name__)
                 parts.append(f"{op}/{backend}/{k.name}@{k.priority}:{getattr(k.fn, '__module__', '')}.{fn}")
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+        self._signature = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+        return self._signature
 
     def failed_plugins(self) -> list[LoadedPlugin]:
         return [lp for lp in self.plugins if lp.error is not None]

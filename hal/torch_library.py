@@ -212,6 +212,11 @@ class TorchOp:
         self.readers = tuple(readers)
 
     @property
+    def opaque(self) -> Any:
+        """The operator a call that stays one opaque node calls (the mutating one for twin ops)."""
+        return self.mutating or self.overload
+
+    @property
     def slot_names(self) -> list[str]:
         return [s.split()[-1] for c in self.codecs for s in c.slots]
 
@@ -382,7 +387,7 @@ def _define_decide(top: TorchOp) -> None:
     def decide_impl(*slots: Any) -> Any:
         run = None if _symbolic(slots) else dispatch.traced_kernel(decl, top.decode(slots))
         if run is None:
-            return (top.mutating or top.overload)(*slots)
+            return top.opaque(*slots)
         return run()
 
     _library().define(f"{name}({top.schema_args()}) -> {_returns(decl)}")
@@ -524,7 +529,7 @@ def traced_call(decl: OpDecl, args: tuple) -> Any:
         composite = decl.training_composite(named)
         if composite is not None:
             return composite(*(named[n] for n in decl.param_names))
-    return (top.mutating or top.overload)(*top.encode(args))
+    return top.opaque(*top.encode(args))
 
 
 on_declare(_on_declare)
