@@ -83,12 +83,17 @@ class Decomposition:
     ``fallback``: runs where no kernel of a backend can run the inputs. ``training``: runs instead
     of the op's own kernel when a call needs autograd (each op inside then saves what its own
     backward needs), where ``when`` (a predicate of the canonical arguments) holds or is None.
+    ``rounds``: for a decomposition whose steps hand each other results in the op's dtype, the
+    intermediate value (from the arguments by name) that is rounded there; conformance allows the
+    op's result one more rounding of it (linear's ``x @ weight.T`` before its bias: where the two
+    cancel, that rounding dominates the result's error, as in unfused eager code).
     """
 
     fn: Callable[..., Any]
     fallback: bool = True
     training: bool = False
     when: Optional[Callable[[Named], bool]] = None
+    rounds: Optional[Callable[[Named], Any]] = None
 
     def for_training(self, named: Named) -> bool:
         return self.training and (self.when is None or bool(self.when(named)))
@@ -154,7 +159,12 @@ class OpDecl:
     @property
     def fallback_composite(self) -> Optional[Callable[..., Any]]:
         """The decomposition used where no kernel can run the inputs (None: the op has none)."""
-        return next((d.fn for d in self.decompositions if d.fallback), None)
+        fallback = self.fallback_decomposition
+        return fallback.fn if fallback is not None else None
+
+    @property
+    def fallback_decomposition(self) -> Optional[Decomposition]:
+        return next((d for d in self.decompositions if d.fallback), None)
 
     def training_composite(self, named: Named) -> Optional[Callable[..., Any]]:
         """The decomposition a call needing autograd runs instead of the op (None: the op itself)."""
@@ -335,16 +345,17 @@ def attach_decorators(entry: Any, decl: OpDecl) -> None:
         return fn
 
     def composite(fn: Optional[Callable[..., Any]] = None, *, fallback: bool = True, training: bool = False,
-                  when: Optional[Callable[[Named], bool]] = None) -> Any:
+                  when: Optional[Callable[[Named], bool]] = None, rounds: Optional[Callable[[Named], Any]] = None) -> Any:
         """Register a decomposition of the op into other ops (called with canonical arguments).
 
         ``@op.composite`` is the fallback where no kernel runs the inputs; ``@op.composite(training=True,
-        fallback=False, when=...)`` a decomposition that calls needing autograd run instead of the op.
+        fallback=False, when=...)`` a decomposition that calls needing autograd run instead of the op;
+        ``rounds`` as in :class:`Decomposition`.
         """
 
         def register(f: Callable[..., Any]) -> Callable[..., Any]:
             _check_same_parameters(decl, f, "composite")
-            decl.decompositions = (*decl.decompositions, Decomposition(f, fallback, training, when))
+            decl.decompositions = (*decl.decompositions, Decomposition(f, fallback, training, when, rounds))
             return f
 
         return register(fn) if fn is not None else register

@@ -66,7 +66,14 @@ def _empty_linear(a: Mapping[str, Any]) -> Any:
     return e.broadcast_copy(scale_shift_act(_pre_activation_row(a), 1.0, 0.0, a["act"]), shape)
 
 
-@linear.composite
+def _product(a: Mapping[str, Any]) -> Any:
+    """x @ weight.T: the composite rounds it to the op's dtype before adding the bias."""
+    from hal.ops import matmul
+
+    return matmul(a["x"], a["weight"].T)
+
+
+@linear.composite(rounds=_product)
 def _linear_composite(x, weight, bias, act):
     from hal.ops import matmul, scale_shift_act
 
