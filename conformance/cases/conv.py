@@ -21,6 +21,7 @@ from typing import Any, Union
 
 import torch
 
+from hal.arrays import dtype_name
 from hal.ops.conv import conv_geometry
 
 from . import Call, Draw, Table, backward_call, case, from_table
@@ -179,8 +180,9 @@ BN_CASES: Table = {
 }
 
 
-def _bn_mixed(d: Draw, training: bool) -> Call:
-    return bn_args(d, (4, 16, 5, 5), training, param_dtype="float32")
+def _bn_mixed(d: Draw, training: bool, offset: float = 0.0, layout: str = "contiguous") -> Call:
+    """Half x beside float32 parameters and statistics: autocast's batch norm."""
+    return bn_args(d, (4, 16, 5, 5), training, param_dtype="float32", offset=offset, layout=layout)
 
 
 def _bn_backward(d: Draw, **kw: Any) -> Call:
@@ -188,11 +190,19 @@ def _bn_backward(d: Draw, **kw: Any) -> Call:
     return backward_call("batch_norm_backward", d, fwd, tuple(fwd.args["x"].shape))
 
 
-BATCH_NORM = from_table(BN_CASES, bn_args) + [
-    case("mixed_fp32_params_train", _bn_mixed, dtypes=HALF, training=True),
-    case("mixed_fp32_params_eval", _bn_mixed, dtypes=HALF, training=False),
-]
-BATCH_NORM_BACKWARD = from_table(BN_CASES, _bn_backward, backward=True)
+def _bn_mixed_backward(d: Draw, **kw: Any) -> Call:
+    """grad_x in x's dtype, grad_weight and grad_bias in the weight's (float32)."""
+    fwd = _bn_mixed(d, **kw)
+    call = backward_call("batch_norm_backward", d, fwd, tuple(fwd.args["x"].shape))
+    return dataclasses.replace(call, result_dtypes=(dtype_name(fwd.args["x"]), "float32", "float32"))
+
+
+_MIXED = [("mixed_fp32_params_train", dict(training=True)), ("mixed_fp32_params_eval", dict(training=False)),
+          ("mixed_fp32_params_large_offset_train", dict(training=True, offset=30.0)),
+          ("mixed_fp32_params_channels_last_train", dict(training=True, layout="channels_last"))]
+BATCH_NORM = from_table(BN_CASES, bn_args) + [case(name, _bn_mixed, dtypes=HALF, **kw) for name, kw in _MIXED]
+BATCH_NORM_BACKWARD = from_table(BN_CASES, _bn_backward, backward=True) + [
+    case(name, _bn_mixed_backward, dtypes=HALF, **kw) for name, kw in _MIXED if kw["training"]]
 
 
 # --- fused_conv_bn_relu -------------------------------------------------------------------------
