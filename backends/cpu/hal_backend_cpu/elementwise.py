@@ -51,8 +51,8 @@ def act_backward_(act: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor
 _ACT_INPLACE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda z: z,
     "relu": torch.relu_,
-    "gelu": lambda z: torch.ops.aten.gelu_(z),
-    "gelu_tanh": lambda z: torch.ops.aten.gelu_(z, approximate="tanh"),
+    "gelu": lambda z: _A.gelu_(z),
+    "gelu_tanh": lambda z: _A.gelu_(z, approximate="tanh"),
     "silu": lambda z: F.silu(z, inplace=True),
     "sigmoid": torch.sigmoid_,
     "tanh": torch.tanh_,
@@ -156,8 +156,7 @@ def scale_shift_act_backward_torch(grad_out, x, scale, shift, act, output_mask):
     g_scale = sum_of_products_to(gz, xa, scale).to(x.dtype) if want_scale else None
     if not want_x:
         return None, g_scale, g_shift
-    owned = gz is not grad_out and gz.shape == x.shape  # act "none" hands back grad_out itself
-    gx = gz.mul_(s) if owned else gz * s
+    gx = gz * s if gz is grad_out else gz.mul_(s)  # act "none" in x's dtype: gz is grad_out itself
     return gx.to(x.dtype), g_scale, g_shift
 
 
