@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from hal import dispatch
+from hal import dispatch, kept
 from hal.gradients import OUT, gradients_of
 from hal.registry import Kind, OpDecl
 
@@ -50,7 +50,8 @@ def _node_source(decl: OpDecl) -> str:
     n = len(decl.params)
     args = ", ".join(f"a{i}" for i in range(n))
     when = f"a{decl.index(decl.mutates_when)}" if decl.mutates_when else "True"
-    fwd = [f"def forward(ctx, run, {args}):", f"    out = run({args})"]
+    fwd = [f"def forward(ctx, run, {args}):", "    armed = _arm(True)  # kernels keep for the backward op (hal.kept)",
+           "    try:", f"        out = run({args})", "    finally:", "        _arm(armed)"]
     tensors, values = [], []  # expressions saved with save_for_backward / kept as plain values
     unpack, keep = [], []  # the names the backward gives them
     per_call = []  # needs decided per call (a number or a tensor): tensor part s{j}, number part k{j}
@@ -120,7 +121,7 @@ def _node_class(decl: OpDecl) -> type:
     spec = gradients_of(decl)
     src = _node_source(decl)
     filename = f"<hal.autograd.{decl.name}>"
-    namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_bwd": spec.bwd.entry}
+    namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_bwd": spec.bwd.entry, "_arm": kept.arm}
     exec(compile(src, filename, "exec"), namespace)
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     body = namespace["_backward"]

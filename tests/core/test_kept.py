@@ -5,9 +5,19 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
 import torch
 
+from hal import kept as kept_module
 from hal.kept import KeptForBackward, param_state
+
+
+@pytest.fixture(autouse=True)
+def armed():
+    """As inside hal's autograd node, where forward kernels keep (each test but the last)."""
+    previous = kept_module.arm(True)
+    yield
+    kept_module.arm(previous)
 
 
 def test_taken_once_by_the_same_tensor_in_the_same_state():
@@ -59,3 +69,15 @@ def test_nothing_is_kept_for_a_result_torch_autograd_recorded():
     assert x not in kept
     kept.keep(x, "s", "stats", out=(x * w).detach())
     assert kept.take(x, "s") == "stats"
+
+
+def test_nothing_is_kept_outside_hals_autograd_node(armed):
+    """Unarmed (inference, or a call torch's autograd records), a forward has no backward op to come."""
+    kept = KeptForBackward()
+    x = torch.randn(3)
+    kept_module.arm(False)
+    kept.keep(x, "s", "stats")
+    assert x not in kept
+    kept_module.arm(True)
+    kept.keep(x, "s", "stats")
+    assert x in kept
