@@ -162,7 +162,17 @@ def test_batch_norm_backward_leaves_running_statistics_alone(gen):
     assert torch.equal(rm, before[0]) and torch.equal(rv, before[1])
 
 
-def test_batch_norm_backward_reuses_the_forwards_statistics_only_for_the_unchanged_input(gen, monkeypatch):
+@pytest.fixture
+def in_hals_node():
+    """Kernels called as the forward of hal's autograd node calls them: keeping for the backward op."""
+    from hal import kept
+
+    previous = kept.arm(True)
+    yield
+    kept.arm(previous)
+
+
+def test_batch_norm_backward_reuses_the_forwards_statistics_only_for_the_unchanged_input(gen, monkeypatch, in_hals_node):
     """The training forward keeps its statistics for the backward of the same x; after an in-place
     change of x (a new version) the backward recomputes them and follows the new data."""
     from hal.triton import batchnorm
@@ -186,7 +196,7 @@ def test_batch_norm_backward_reuses_the_forwards_statistics_only_for_the_unchang
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("shape", [(4, 5, 3, 6), (7, 5)])
-def test_native_batch_norm_pair(gen, training, affine, shape, monkeypatch):
+def test_native_batch_norm_pair(gen, training, affine, shape, monkeypatch, in_hals_node):
     """torch's own batch norm, the training forward keeping its statistics for the backward of the
     same x (float32 here: torch's CPU kernels accumulate half precision in it too coarsely; the
     H200 conformance run checks every dtype on the device)."""
