@@ -62,7 +62,7 @@ try:  # the size hint of a symbolic int; older torch versions name it hint_int
 except ImportError:  # pragma: no cover - depends on the torch version
     from torch.fx.experimental.symbolic_shapes import hint_int as optimization_hint
 
-from hal import config, dispatch
+from hal import config, dispatch, kept
 from hal.gradients import MASK, OUT, gradients_of
 from hal.registry import OPS, OpDecl, Param, on_declare
 from hal.types import IntPair, Kind, Padding, ShapeLike
@@ -395,6 +395,19 @@ def _define_decide(top: TorchOp) -> None:
     top.decide = getattr(getattr(torch.ops, NAMESPACE), name).default
 
 
+def _direct(decl: OpDecl, args: tuple) -> Any:
+    """The kernel route of an opaque node's call. A trainable op's forward keeps for its backward op
+    (hal.kept): a compiled graph's backward calls that op, and which calls have one to come is not
+    known where the node runs."""
+    if not decl.trainable:
+        return dispatch.direct(decl, args)
+    previous = kept.arm(True)
+    try:
+        return dispatch.direct(decl, args)
+    finally:
+        kept.arm(previous)
+
+
 def _define_kernel(decl: OpDecl) -> TorchOp:
     """``hal::<name>``: the opaque operator running the op's kernel route, with its fake kernel and
     (trainable ops) autograd; a mutating trainable op's functional twin."""
@@ -407,7 +420,7 @@ def _define_kernel(decl: OpDecl) -> TorchOp:
     if not (decl.trainable and decl.mutates):
 
         def impl(*slots: Any) -> Any:
-            return _distinct(dispatch.direct(decl, top.decode(slots)), slots)
+            return _distinct(_direct(decl, top.decode(slots)), slots)
 
         lib.impl(decl.name, impl, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{decl.name}", _fake_kernel(top), lib=lib)
@@ -428,7 +441,7 @@ def _define_kernel(decl: OpDecl) -> TorchOp:
             if writes and args[i] is not None:
                 args[i] = args[i].clone()
             fresh.append(args[i] if writes else None)
-        out = _distinct(dispatch.direct(decl, tuple(args)), slots)
+        out = _distinct(_direct(decl, tuple(args)), slots)
         return (out, *(f if f is not None else out.new_empty(0) for f in fresh))
 
     lib.impl(twin, twin_impl, "CompositeExplicitAutograd")
