@@ -50,8 +50,8 @@ def _node_source(decl: OpDecl) -> str:
     n = len(decl.params)
     args = ", ".join(f"a{i}" for i in range(n))
     when = f"a{decl.index(decl.mutates_when)}" if decl.mutates_when else "True"
-    fwd = [f"def forward(ctx, run, {args}):", "    armed = _arm(True)  # kernels keep for the backward op (hal.kept)",
-           "    try:", f"        out = run({args})", "    finally:", "        _arm(armed)"]
+    fwd = [f"def forward(ctx, run, {args}):", "    armed = _kept.armed  # kernels keep for the backward op (hal.kept)",
+           "    _kept.armed = True", "    try:", f"        out = run({args})", "    finally:", "        _kept.armed = armed"]
     tensors, values = [], []  # expressions saved with save_for_backward / kept as plain values
     unpack, keep = [], []  # the names the backward gives them
     per_call = []  # needs decided per call (a number or a tensor): tensor part s{j}, number part k{j}
@@ -121,7 +121,7 @@ def _node_class(decl: OpDecl) -> type:
     spec = gradients_of(decl)
     src = _node_source(decl)
     filename = f"<hal.autograd.{decl.name}>"
-    namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_bwd": spec.bwd.entry, "_arm": kept.arm}
+    namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_bwd": spec.bwd.entry, "_kept": kept.STATE}
     exec(compile(src, filename, "exec"), namespace)
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     body = namespace["_backward"]

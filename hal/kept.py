@@ -24,20 +24,28 @@ from typing import Any, Hashable, Optional
 
 import torch
 
-_STATE = threading.local()
+
+class _State(threading.local):
+    """Per thread: whether forward kernels keep (``armed``; read and set inline by hal's nodes)."""
+
+    armed = False
+
+
+STATE = _State()
 
 
 def arm(on: bool) -> bool:
-    """Set whether forward kernels on this thread keep values (hal's autograd node, around its
-    forward); returns the previous setting, to be restored."""
-    previous = getattr(_STATE, "armed", False)
-    _STATE.armed = on
+    """Set whether forward kernels on this thread keep values (around the kernel of an opaque
+    torch.compile node); returns the previous setting, to be restored. hal's autograd node sets
+    ``STATE.armed`` inline (its hot path)."""
+    previous = STATE.armed
+    STATE.armed = on
     return previous
 
 
 def armed() -> bool:
     """Whether a forward kernel running now on this thread runs for hal's autograd node."""
-    return getattr(_STATE, "armed", False)
+    return STATE.armed
 
 
 def param_state(*params: Optional[torch.Tensor]) -> tuple:
@@ -58,7 +66,7 @@ class KeptForBackward:
         forward (:func:`armed`). Given the forward's result ``out``, nothing is kept when torch's
         autograd recorded the call (``out`` requires grad): torch's node saves what its own backward
         needs, and no backward op will ask."""
-        if not getattr(_STATE, "armed", False) or (out is not None and out.requires_grad):
+        if not STATE.armed or (out is not None and out.requires_grad):
             return
         entries = self._entries
         if len(entries) >= self.size:
