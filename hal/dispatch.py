@@ -1186,13 +1186,17 @@ def _key_source(p: Param, i: int, decl: OpDecl) -> list[str]:
     v = p.name
     if p.name in decl.volatile:
         return [f"    k{i} = _argkey({v}) if _is_array({v}) else type({v})"]
-    if p.name in decl.mutates:
-        return [f"    k{i} = _written_key({v})"]
+    tensor = [  # a plain tensor or a parameter (a model's weights), as _tensor_key
+        f"    t{i} = type({v})",
+        f"    if t{i} is _Tensor or t{i} is _Parameter:",
+        f"        k{i} = ({v}.dtype, {v}.device, {v}.shape, {v}.stride(), {v}.requires_grad)",
+        f"    elif {v} is None:",
+        f"        k{i} = None",
+    ]
+    if p.name in decl.mutates:  # tensors as any tensor (torch checks writes itself); NumPy arrays by writeability
+        return tensor + ["    else:", f"        k{i} = _written_key({v})"]
     if p.kind in (Kind.TENSOR, Kind.OPTIONAL_TENSOR, Kind.SCALAR_OR_TENSOR, Kind.OPTIONAL_SCALAR_OR_TENSOR):
-        return [
-            f"    t{i} = type({v})",
-            f"    if t{i} is _Tensor:",
-            f"        k{i} = ({v}.dtype, {v}.device, {v}.shape, {v}.stride(), {v}.requires_grad)",
+        return tensor + [
             f"    elif t{i} is _ndarray:",
             f"        k{i} = ({v}.dtype, {v}.shape, {v}.strides)",
             "    else:",
@@ -1200,10 +1204,13 @@ def _key_source(p: Param, i: int, decl: OpDecl) -> list[str]:
         ]
     if p.kind is Kind.STATIC and p.annotation in _SIMPLE_ANNOTATIONS:
         return [f"    k{i} = (type({v}), {v})"]
-    if p.kind is Kind.STATIC:  # tuples of numbers (stride, padding, dims): the values and their types
+    if p.kind is Kind.STATIC:  # tuples of numbers (stride, padding, dims): the values and their types; or one int
         return [
-            f"    if type({v}) is tuple:",
+            f"    t{i} = type({v})",
+            f"    if t{i} is tuple:",
             f"        k{i} = ({v}, *map(type, {v}))",
+            f"    elif t{i} is int:",
+            f"        k{i} = (int, {v})",
             "    else:",
             f"        k{i} = _argkey({v})",
         ]
@@ -1267,6 +1274,7 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
         "_scopes": config.ACTIVE_SCOPES,
         "_grad_enabled": _grad_enabled,
         "_Tensor": _Tensor,
+        "_Parameter": _Parameter,
         "_ndarray": _ndarray,
         "_argkey": _argkey,
         "_written_key": _written_key,
