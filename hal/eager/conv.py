@@ -34,10 +34,35 @@ def padding_in_proportion(inputs: Inputs) -> list[str]:
     n, c, h, w = (int(s) for s in x.shape)
     padded = n * c * (h + top + bottom) * (w + left + right)
     own = sum(int(a.numel()) for a in inputs.args if isinstance(a, torch.Tensor))
-    if padded <= PADDING_RATIO * own + (1 << 20):
-        return []
-    return [f"the padding makes a padded input of {padded} elements, {padded // max(1, own)}x the call's arrays "
-            "(torch would allocate it; cpu_ref computes only the taps that land on the input)"]
+    if padded > PADDING_RATIO * own + (1 << 20):
+        return [f"the padding makes a padded input of {padded} elements, {padded // max(1, own)}x the call's arrays "
+                "(torch would allocate it; cpu_ref computes only the taps that land on the input)"]
+    columns = _im2col_elements(inputs, n, c, h + top + bottom, w + left + right)
+    if columns > WORKSPACE_RATIO * own + (1 << 24):
+        return [f"torch's {x.dtype} CPU convolution would unfold the input into {columns} elements, "
+                f"{columns // max(1, own)}x the call's arrays (cpu_ref computes it in proportion to them)"]
+    return []
+
+
+#: how much larger than the call's arrays the unfolded input (im2col) of torch's CPU convolutions
+#: without oneDNN may be before these kernels decline: a 3x3 convolution unfolds to 9x its input
+WORKSPACE_RATIO = 16
+#: the CPU dtypes whose convolutions unfold the whole batch (slow_conv2d, slow_conv_dilated2d): float64
+#: always, float16 where oneDNN lacks AVX512-FP16 (as on the project's CI machine)
+_UNFOLDED = (torch.float64, torch.float16)
+
+
+def _im2col_elements(inputs: Inputs, n: int, c: int, hp: int, wp: int) -> int:
+    """Elements of the unfolded input torch's CPU convolution builds for these inputs (0 where it
+    builds none: other devices, oneDNN's dtypes): batch x C/groups*kh*kw x out_h*out_w."""
+    x = inputs["x"]
+    if x.device.type != "cpu" or x.dtype not in _UNFOLDED:
+        return 0
+    weight = inputs["weight"] if "weight" in inputs.op.param_names else inputs["conv_weight"]
+    kh, kw = int(weight.shape[2]), int(weight.shape[3])
+    (sh, sw), (dh, dw) = inputs["stride"], inputs["dilation"]
+    out_h, out_w = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    return n * (c // max(1, int(inputs["groups"]))) * kh * kw * max(0, out_h) * max(0, out_w)
 
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: Pair, padding: Pads, dilation: Pair, groups: int) -> torch.Tensor:
