@@ -1193,7 +1193,7 @@ def _key_source(p: Param, i: int, decl: OpDecl) -> list[str]:
         f"    elif {v} is None:",
         f"        k{i} = None",
     ]
-    if p.name in decl.mutates:  # tensors as any tensor (torch checks writes itself); NumPy arrays by writeability
+    if p.name in decl.mutates:  # a written tensor keys as any tensor; a NumPy array also by its writeability
         return tensor + ["    else:", f"        k{i} = _written_key({v})"]
     if p.kind in (Kind.TENSOR, Kind.OPTIONAL_TENSOR, Kind.SCALAR_OR_TENSOR, Kind.OPTIONAL_SCALAR_OR_TENSOR):
         return tensor + [
