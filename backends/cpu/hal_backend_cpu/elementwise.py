@@ -27,23 +27,21 @@ Scalar = Union[float, torch.Tensor]
 
 _A = torch.ops.aten
 
-#: grad * act'(z) by torch's activation-backward kernels, written over z (which the caller made).
-_ACT_BACKWARD_INTO_Z: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+#: d act(z) / dz applied to grad: torch's backward kernels, from the pre-activation z (or the output).
+_ACT_BACKWARD: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "none": lambda g, z: g,
-    "relu": lambda g, z: _A.threshold_backward.grad_input(g, z, 0, grad_input=z),
-    "gelu": lambda g, z: _A.gelu_backward.grad_input(g, z, grad_input=z),
-    "gelu_tanh": lambda g, z: _A.gelu_backward.grad_input(g, z, approximate="tanh", grad_input=z),
-    "silu": lambda g, z: _A.silu_backward.grad_input(g, z, grad_input=z),
-    "sigmoid": lambda g, z: _A.sigmoid_backward.grad_input(g, z.sigmoid_(), grad_input=z),
-    "tanh": lambda g, z: _A.tanh_backward.grad_input(g, z.tanh_(), grad_input=z),
+    "relu": lambda g, z: _A.threshold_backward(g, z, 0),
+    "gelu": lambda g, z: _A.gelu_backward(g, z),
+    "gelu_tanh": lambda g, z: _A.gelu_backward(g, z, approximate="tanh"),
+    "silu": lambda g, z: _A.silu_backward(g, z),
+    "sigmoid": lambda g, z: _A.sigmoid_backward(g, torch.sigmoid(z)),
+    "tanh": lambda g, z: _A.tanh_backward(g, torch.tanh(z)),
 }
 
 
-def act_backward_(act: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """grad * act'(z) from the pre-activation z, which it overwrites (shared with linear's
-    backward): each buffer of a backward kernel is a fresh mapping whose first touch costs as much
-    as the pass over it, so the gradient reuses z's. For act "none" it is grad itself."""
-    return _ACT_BACKWARD_INTO_Z[act](grad, z)
+def act_backward(act: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """grad * act'(z) by torch's activation backward kernels (shared with linear's backward)."""
+    return _ACT_BACKWARD[act](grad, z)
 
 
 #: act applied in place to a tensor the kernel owns (no second buffer: on this CPU a fresh
@@ -142,22 +140,17 @@ def scale_shift_act_torch(x, scale, shift, act):
 
 @kernel("scale_shift_act_backward", name="torch", priority=20, dtypes=FLOATS)
 def scale_shift_act_backward_torch(grad_out, x, scale, shift, act, output_mask):
-    """One buffer of x's size: the pre-activation, overwritten by its gradient gz, which becomes
-    grad_x; grad_scale's products gz * x are summed a cache-sized block of rows at a time."""
     want_x, want_scale, want_shift = output_mask
     if act in EXACT_ACTS and identity_affine(scale, shift) and not (want_scale or want_shift):
         return exact_activation_grad(grad_out, x, act) if want_x else None, None, None
     acc = _compute_dtype(x)
     xa = x.to(acc)
     s = _param(scale, acc)
-    g = grad_out.to(acc)
-    gz = g if act == "none" else act_backward_(act, g, affine(xa, s, shift, acc))
+    gz = act_backward(act, grad_out.to(acc), affine(xa, s, shift, acc))
+    gx = (gz * s).to(x.dtype) if want_x else None
+    g_scale = _reduce_to(gz * xa, scale).to(x.dtype) if want_scale else None
     g_shift = _reduce_to(gz, shift).to(x.dtype) if want_shift else None
-    g_scale = sum_of_products_to(gz, xa, scale).to(x.dtype) if want_scale else None
-    if not want_x:
-        return None, g_scale, g_shift
-    gx = gz * s if gz is grad_out else gz.mul_(s)  # act "none" in x's dtype: gz is grad_out itself
-    return gx.to(x.dtype), g_scale, g_shift
+    return gx, g_scale, g_shift
 
 
 def _reduce_to(t: torch.Tensor, like: Scalar) -> torch.Tensor:
@@ -165,23 +158,3 @@ def _reduce_to(t: torch.Tensor, like: Scalar) -> torch.Tensor:
     if isinstance(like, torch.Tensor):
         return t.sum_to_size(like.shape) if like.ndim else t.sum()
     return t.sum()
-
-
-#: bytes of the products summed at once by sum_of_products_to: a block stays in the core's L2
-PRODUCT_BLOCK_BYTES = 1 << 20
-
-
-def sum_of_products_to(a: torch.Tensor, b: torch.Tensor, like: Scalar) -> torch.Tensor:
-    """``(a * b)`` summed to the shape of a broadcast parameter, without a buffer of a's size: where
-    the parameter is broadcast over the leading dimension, a block of leading rows at a time (a
-    fresh buffer of a's size costs its first touch of every page, as much as a pass over it)."""
-    shape = like.shape if isinstance(like, torch.Tensor) else ()
-    broadcast_rows = len(shape) < a.ndim or (len(shape) > 0 and shape[0] == 1)
-    rows = max(1, PRODUCT_BLOCK_BYTES // max(1, a[0].numel() * a.element_size())) if a.ndim else 0
-    if a.ndim == 0 or not broadcast_rows or rows >= a.shape[0]:
-        return _reduce_to(a * b, like)
-    total = None
-    for start in range(0, a.shape[0], rows):
-        part = _reduce_to(a[start:start + rows] * b[start:start + rows], like)
-        total = part if total is None else total.add_(part)
-    return total

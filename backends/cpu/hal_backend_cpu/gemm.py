@@ -19,7 +19,7 @@ from hal.eager import gemm as eager
 from hal.errors import InvalidArgumentError
 
 from ._common import FLOATS, kernel, onednn_dtype
-from .elementwise import act_backward_, activate_
+from .elementwise import act_backward, activate_
 
 #: hal's activation -> (oneDNN post-op, its algorithm argument).
 _POST_OPS = {
@@ -62,7 +62,7 @@ def linear_backward(grad_out, x, weight, bias, act, output_mask):
     else:
         z = F.linear(x2, weight, bias)
         half = z.dtype in (torch.float16, torch.bfloat16)
-        gz = act_backward_(act, g2.float(), z.float()).to(z.dtype) if half else act_backward_(act, g2, z)
+        gz = act_backward(act, g2.float(), z.float()).to(z.dtype) if half else act_backward(act, g2, z)
     return eager.grads_of_rows(gz, x2, x, weight, output_mask)
 
 
