@@ -88,6 +88,14 @@ def main() -> None:
     row("hal.ops.fused_conv_bn_relu training forward + backward (its route)", fwd_bwd(hal_layer))
     decision = hal.explain("fused_conv_bn_relu", x, w, None, gamma, beta, rm, rv, 1, 1, 1, 1, 1e-5, 0.1, True)
     print(f"   its route: {decision.route} ({decision.backend}/{decision.kernel})")
+    for name, layer in (("torch", torch_layer), ("hal", hal_layer)):
+        print(f"   {name}'s autograd graph: {' <- '.join(_graph(layer()))}")
+    hal.reset_stats()
+    fwd_bwd(hal_layer)()
+    print("   hal's kernels in one forward + backward: " + ", ".join(f"{op} {b}/{k} x{c['calls']}" for (op, b, k), c in hal.stats().items()))
+    for name, layer in (("torch", torch_layer), ("hal", hal_layer)):
+        fwd_us, bwd_us = _split_us(layer, g, sync, args.calls)
+        print(f"   {name}: forward {fwd_us:.1f} us, backward {bwd_us:.1f} us (host, best of 3 rounds)")
     with torch.no_grad():  # the kernels that could run these inputs as one autograd node
         plain = hal.explain("fused_conv_bn_relu", x.detach(), w.detach(), None, gamma.detach(), beta.detach(), rm, rv, 1, 1, 1, 1, 1e-5, 0.1, True)
     for cand in plain.candidates:
@@ -182,6 +190,36 @@ def _transformer_ops(row: Callable[[str, Callable[[], Any]], float], rand: Calla
                         row(f"hal.ops.{op} forward + backward, forced {spec.name} (by {forced.autograd_by})", fwd_bwd(ours))
                 except hal.HalError as exc:  # the kernel cannot run these inputs
                     print(f"hal.ops.{op} forced {spec.name}: {type(exc).__name__}")
+
+
+def _graph(out: torch.Tensor) -> list[str]:
+    """The autograd nodes behind ``out``, breadth first from its grad_fn (gradient sinks left out)."""
+    names, seen, queue = [], set(), [out.grad_fn]
+    while queue:
+        node = queue.pop(0)
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ != "AccumulateGrad":
+            names.append(type(node).__name__)
+        queue += [n for n, _ in node.next_functions]
+    return names
+
+
+def _split_us(layer: Callable[[], torch.Tensor], grad: torch.Tensor, sync: Callable[[], None], calls: int) -> tuple[float, float]:
+    """Host µs of the forward and of ``backward()`` of ``layer``, each the best of three rounds."""
+    best_f = best_b = float("inf")
+    for _ in range(3):
+        sync()
+        tf = tb = 0.0
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            out = layer()
+            t1 = time.perf_counter()
+            out.backward(grad)
+            tf, tb = tf + t1 - t0, tb + time.perf_counter() - t1
+        best_f, best_b = min(best_f, tf / calls * 1e6), min(best_b, tb / calls * 1e6)
+    return best_f, best_b
 
 
 class _PythonRelu(torch.autograd.Function):

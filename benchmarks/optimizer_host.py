@@ -5,11 +5,12 @@ torch: ``torch.amp.GradScaler`` + ``torch.optim.AdamW(fused=True)``, the same th
 parameters have the shapes of torchvision's ResNet-50 (161 tensors, 25.6 M values, float32, as
 under autocast), with fresh random gradients. The host time is the clock from the first call to
 the return of the last (nothing synchronises in between: on a GPU the step is only queued), the
-median of many steps; on a GPU each side also runs one step under
+median of many steps taken in interleaved rounds (hal's, torch's, hal's ...: a host whose speed
+drifts, as the H200's does from call to call, drifts for both); on a GPU each side also runs one step under
 ``torch.cuda.set_sync_debug_mode("error")`` (a synchronisation would raise) and counts the
 host-to-device copies of a step with torch.profiler.
 
-    python benchmarks/optimizer_host.py [--device cuda] [--steps 50]
+    python benchmarks/optimizer_host.py [--device cuda] [--steps 50] [--rounds 5] [--profile]
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def torch_step(params: list[torch.nn.Parameter]) -> Callable[[], Any]:
     return step
 
 
-def host_ms(step: Callable[[], Any], device: torch.device, steps: int) -> float:
+def host_ms(step: Callable[[], Any], device: torch.device, steps: int) -> list[float]:
+    """The host time of each of ``steps`` steps, in ms (the device drained before each)."""
     times = []
     for _ in range(steps):
         if device.type == "cuda":
@@ -79,7 +81,7 @@ def host_ms(step: Callable[[], Any], device: torch.device, steps: int) -> float:
         t0 = time.perf_counter()
         step()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
 
 
 def h2d_copies(step: Callable[[], Any]) -> int:
@@ -107,24 +109,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of steps/rounds steps per side")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of hal's steps (where its host time goes)")
     args = parser.parse_args()
     device = torch.device(args.device)
     shapes = resnet50_shapes()
     print(f"ResNet-50 parameters: {len(shapes)} tensors, {sum(torch.Size(s).numel() for s in shapes) / 1e6:.1f} M values, {device}")
-    rows = {}
-    for name, build in (("hal (DynamicLossScaler + hal.optim.AdamW)", hal_step), ("torch (GradScaler + AdamW(fused=True))", torch_step)):
-        step = build(make(device))
+    names = ("hal (DynamicLossScaler + hal.optim.AdamW)", "torch (GradScaler + AdamW(fused=True))")
+    steps = {name: build(make(device)) for name, build in zip(names, (hal_step, torch_step))}
+    for step in steps.values():
         for _ in range(5):  # compile, tune, build tables
             step()
-        ms = host_ms(step, device, args.steps)
+    # interleaved rounds: a host whose speed drifts within the run drifts for both sides alike
+    times: dict[str, list[float]] = {name: [] for name in names}
+    per_round = max(1, args.steps // args.rounds)
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            times[name] += host_ms(step, device, per_round)
+    for name, step in steps.items():
         extra = ""
         if device.type == "cuda":
             extra = f", host-to-device copies per step: {h2d_copies(step)}, host synchronisation: {no_sync(step)}"
-        rows[name] = ms
-        print(f"{name}: host {ms:.3f} ms per step{extra}", flush=True)
-    hal_ms, torch_ms = rows.values()
-    print(f"ratio torch / hal host time: {torch_ms / hal_ms:.2f}x")
+        print(f"{name}: host {statistics.median(times[name]):.3f} ms per step (median of {len(times[name])}){extra}", flush=True)
+    hal_ms, torch_ms = (statistics.median(t) for t in times.values())
+    print(f"ratio torch / hal host time: {torch_ms / hal_ms:.2f}x ({args.rounds} interleaved rounds)")
     if args.profile:
         _profile(hal_step(make(device)), args.steps)
 

@@ -10,7 +10,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from hal.arrays import float32_value
+from hal.arrays import address_columns, float32_value, table_rows
 
 from .kit import C_TYPES, DTYPE_NAMES, Kit, cdiv
 
@@ -31,22 +31,23 @@ class Tables:
         self._lock = threading.Lock()
         self._size = size
 
-    def get(self, rows: Sequence[tuple[int, ...]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
-        """(table, chunk map, chunks, every address 16-byte aligned) of tensors ``rows`` (five
-        addresses, numel last)."""
-        key = (str(device), tuple(rows))
+    def get(self, columns: tuple[tuple[int, ...], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
+        """(table, chunk map, chunks, every address 16-byte aligned) of the tensors of ``columns``
+        (hal.arrays.address_columns of five lists: five address columns, element counts last)."""
+        key = (str(device), columns)
         with self._lock:
             hit = self._lru.get(key)
             if hit is not None:
                 self._lru.move_to_end(key)
                 return hit[:4]
-        counts = torch.tensor([cdiv(r[5], CHUNK) for r in rows], dtype=torch.int64)
+        rows = table_rows(columns)
+        counts = torch.tensor([cdiv(n, CHUNK) for n in columns[5]], dtype=torch.int64)
         first = torch.cumsum(counts, 0) - counts
-        table = torch.zeros((len(rows), TABLE_FIELDS), dtype=torch.int64)
-        table[:, :6] = torch.tensor(rows, dtype=torch.int64)
+        table = torch.zeros((len(counts), TABLE_FIELDS), dtype=torch.int64)
+        table[:, :6] = rows
         table[:, 6] = first
-        chunk_map = torch.repeat_interleave(torch.arange(len(rows), dtype=torch.int32), counts)
-        aligned = all(a % 16 == 0 for r in rows for a in r[:5])
+        chunk_map = torch.repeat_interleave(torch.arange(len(counts), dtype=torch.int32), counts)
+        aligned = all(a % 16 == 0 for col in columns[:5] for a in col)
         host = (table, chunk_map)
         if device.type != "cpu":  # pinned, so the uploads are asynchronous and graph-capturable
             host = tuple(t.pin_memory() for t in host)
@@ -90,12 +91,7 @@ def fused_adamw(
     if found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0:
         return
     device = params[0].device
-    masters = master_params if master_params is not None else [None] * len(params)
-    rows = [
-        (p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), w.data_ptr() if w is not None else 0, p.numel())
-        for p, g, m, v, w in zip(params, grads, exp_avgs, exp_avg_sqs, masters)
-    ]
-    table, chunk_map, chunks, aligned = TABLES.get(rows, device)
+    table, chunk_map, chunks, aligned = TABLES.get(address_columns((params, grads, exp_avgs, exp_avg_sqs, master_params)), device)
     if chunks == 0:
         return
     found = _float32_tensor(found_inf) if isinstance(found_inf, torch.Tensor) else None

@@ -15,6 +15,7 @@ every program, and a non-zero ``found_inf`` masks every load and store (the step
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from collections import OrderedDict
 from typing import Optional, Sequence, Union
@@ -23,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.arrays import float32_value
+from hal.arrays import address_columns, float32_value, table_rows
 
 from ._launch import TL_DTYPES, cdiv, compute_dtype, launch
 
@@ -141,23 +142,25 @@ class _Tables:
         self._lock = threading.Lock()
         self._size = size
 
-    def get(self, rows: Sequence[tuple[int, ...]], device: torch.device, span: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(address table, prefix of span counts, total spans) of tensors ``rows`` (numel last)."""
-        key = (str(device), span, tuple(rows))
+    def get(self, columns: tuple[tuple[int, ...], ...], device: torch.device, span: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(address table, prefix of span counts, total spans) of the tensors of ``columns``
+        (hal.arrays.address_columns: one column per field, element counts last); the table holds a
+        row of those fields per tensor."""
+        key = (str(device), span, columns)
         with self._lock:
             hit = self._lru.get(key)
             if hit is not None:
                 self._lru.move_to_end(key)
                 return hit[:3]
-        chunks = [cdiv(r[-1], span) for r in rows]
+        chunks = [cdiv(n, span) for n in columns[-1]]
         prefix = [0]
         for c in chunks[:-1]:
             prefix.append(prefix[-1] + c)
-        host = torch.tensor([v for r in rows for v in r] + prefix, dtype=torch.int64)
+        host = torch.cat([table_rows(columns).reshape(-1), torch.tensor(prefix, dtype=torch.int64)])
         if device.type == "cuda":  # pinned, so the upload is asynchronous and graph-capturable
             host = host.pin_memory()
         flat = host.to(device, non_blocking=True)
-        n = len(rows) * len(rows[0])
+        n = len(chunks) * len(columns)
         entry = (flat[:n], flat[n:], sum(chunks), host)
         with self._lock:
             self._lru[key] = entry  # the pinned host copy stays alive with the device table
@@ -203,12 +206,8 @@ def fused_adamw(
     if found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0:
         return
     device = params[0].device
-    masters = master_params if master_params is not None else [None] * len(params)
-    rows = [
-        (p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), w.data_ptr() if w is not None else 0, p.numel())
-        for p, g, m, v, w in zip(params, grads, exp_avgs, exp_avg_sqs, masters)
-    ]
-    table, prefix, n_chunks = TABLES.get(rows, device, block * iters)
+    columns = address_columns((params, grads, exp_avgs, exp_avg_sqs, master_params))
+    table, prefix, n_chunks = TABLES.get(columns, device, block * iters)
     inv_t, inv_v, inv_is_t = _scalar_args(inv_scale, device, 1.0)
     found_t = found_inf.reshape(-1) if isinstance(found_inf, torch.Tensor) else inv_t
     step_on_device = isinstance(step, torch.Tensor)
@@ -218,7 +217,7 @@ def fused_adamw(
         step_t, step_size, bc2_sqrt = inv_t, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)
     launch(
         adamw_kernel, (n_chunks,),
-        table, prefix, len(rows), found_t, inv_t, inv_v, step_t, lr,
+        table, prefix, len(params), found_t, inv_t, inv_v, step_t, lr,
         1.0 - lr * weight_decay, step_size, bc2_sqrt, beta1, beta2, eps,
         num_warps=num_warps, P_DT=TL_DTYPES[params[0].dtype], S_DT=TL_DTYPES[exp_avgs[0].dtype],
         HAS_MASTER=master_params is not None, HAS_FOUND=isinstance(found_inf, torch.Tensor), INV_TENSOR=inv_is_t,
@@ -230,15 +229,26 @@ def amp_unscale(tensors: Sequence[torch.Tensor], inv_scale: Scalar, *, block: in
     """Multiply contiguous tensors by inv_scale in place; returns the 0-d float32 found-inf flag."""
     found = torch.zeros((), dtype=torch.float32, device=device)
     inv_t, inv_v, inv_is_t = _scalar_args(inv_scale, device, 1.0)
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_dtype.setdefault(t.dtype, []).append(t)
-    for dtype, group in by_dtype.items():
+    for dtype, group in _by_dtype(tensors).items():
         if dtype == torch.float64 and not inv_is_t:  # the float32 value, read by float64 arithmetic
             inv_t, inv_v, inv_is_t = torch.full((1,), inv_v, dtype=torch.float64, device=device), 0.0, True
-        table, prefix, n_chunks = TABLES.get([(t.data_ptr(), t.numel()) for t in group], device, block * iters)
+        table, prefix, n_chunks = TABLES.get(address_columns((group,)), device, block * iters)
         launch(
             unscale_kernel, (n_chunks,), table, prefix, len(group), found, inv_t, inv_v,
             num_warps=num_warps, DT=TL_DTYPES[dtype], INV_TENSOR=inv_is_t, BLOCK=block, ITERS=iters, COMPUTE=compute_dtype(dtype),
         )
     return found
+
+
+_DTYPE = operator.attrgetter("dtype")
+
+
+def _by_dtype(tensors: Sequence[torch.Tensor]) -> dict[torch.dtype, Sequence[torch.Tensor]]:
+    """The tensors by dtype, in order; one C-level pass in the common case of a single dtype."""
+    dtypes = list(map(_DTYPE, tensors))
+    if len(set(dtypes)) == 1:
+        return {dtypes[0]: tensors}
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for dtype, t in zip(dtypes, tensors):
+        groups.setdefault(dtype, []).append(t)
+    return groups

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import hal.cpp
+from hal.arrays import address_columns
 from hal.conformance.poison import Poisoner
 from hal.cpp import batchnorm as bn
 from hal.cpp import optim
@@ -260,8 +261,7 @@ def test_fused_adamw_unaligned_views_take_the_scalar_path(plugins, gen):
     kernels, _ = plugins[32]
     bufs = _adam_state(gen, [(300,), (41,)], torch.bfloat16, torch.float32, True)
     params, grads, m, v, w = ([t[1:] for t in group] for group in bufs)
-    assert optim.TABLES.get([(p.data_ptr(), g.data_ptr(), a.data_ptr(), b.data_ptr(), c.data_ptr(), p.numel())
-                             for p, g, a, b, c in zip(params, grads, m, v, w)], CPU)[3] is False
+    assert optim.TABLES.get(address_columns((params, grads, m, v, w)), CPU)[3] is False
     args = (params, grads, m, v, 3e-3, 0.8, 0.99, 1e-6, 0.1, 7.0, w, 2.0, None)
     check("fused_adamw_", kernels["fused_adamw_"], args, inplace=("params", "exp_avgs", "exp_avg_sqs", "master_params"))
 
