@@ -88,6 +88,19 @@ def flat_runs(*lists: Sequence[torch.Tensor]) -> bool:
     return all(bool(torch.ops.aten.is_non_overlapping_and_dense(t)) for t in odd)
 
 
+def note_writes(tensors: Sequence[torch.Tensor]) -> None:
+    """Count a write into each of ``tensors`` that bumps no version counter (running statistics,
+    which torch's batch norm also writes without one): see :func:`writes_of`."""
+    for t in tensors:
+        t._hal_writes = getattr(t, "_hal_writes", 0) + 1
+
+
+def writes_of(t: torch.Tensor) -> int:
+    """How many times hal wrote ``t`` without bumping its version counter (:func:`note_writes`):
+    with ``t._version``, what a cache derived from a tensor keys on to notice every update."""
+    return getattr(t, "_hal_writes", 0)
+
+
 _DATA_PTR = torch.Tensor.data_ptr
 _NUMEL = torch.Tensor.numel
 

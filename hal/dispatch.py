@@ -1047,12 +1047,14 @@ def _validating(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _writing(decl: OpDecl, fn: Callable[..., Any], recorded: bool = False) -> Callable[..., Any]:
     """An in-place kernel on torch tensors: bump the version counter of every tensor it wrote
-    (kernels that write through pointers or NumPy views do not, nor do torch's own batch norms for
-    their running statistics), so that autograd notices a saved tensor that changed, as with torch's
-    own in-place ops, and caches keyed on versions (folded weights) see the write. The kernel runs
+    (kernels that write through pointers or NumPy views do not), so that autograd notices a saved
+    tensor that changed, as with torch's own in-place ops, and caches keyed on versions see the
+    write. Running statistics (``mutates_statistics``) are written as torch's batch norm writes
+    them, without a bump, and counted by :func:`hal.arrays.note_writes` instead. The kernel runs
     without grad recording, unless torch's autograd is to record it (``recorded``)."""
     slots = [decl.index(n) for n in decl.mutates]
     when = decl.index(decl.mutates_when) if decl.mutates_when else None
+    mark = arrays.note_writes if decl.mutates_statistics else _increment_version
 
     def bump(a: Sequence[Any]) -> None:
         if when is None or a[when]:
@@ -1063,9 +1065,9 @@ def _writing(decl: OpDecl, fn: Callable[..., Any], recorded: bool = False) -> Ca
                     written.extend(v)
                 elif v is not None:
                     written.append(v)
-            _increment_version(written)
+            mark(written)
 
-    if recorded:  # bumped before: torch's node saves the statistics at their new version
+    if recorded:  # marked before: a node that saves the written tensors saves them at their new version
 
         def run_recorded(*a: Any) -> Any:
             bump(a)

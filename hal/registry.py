@@ -123,6 +123,12 @@ class OpDecl:
     #: a static parameter: the op writes its ``mutates`` only when this argument is true (batch
     #: norm's running statistics, written in training). None: whenever it runs.
     mutates_when: Optional[str] = None
+    #: the ``mutates`` parameters are running statistics, written as torch's batch norm writes
+    #: them: in place without a bump of autograd's version counter. Torch's batch-norm node saves
+    #: them, so a bump would fail the backward of a module applied twice (or recomputed by
+    #: activation checkpointing) before one backward, where torch's own runs. hal counts these
+    #: writes itself (:func:`hal.arrays.writes_of`), for caches derived from the statistics.
+    mutates_statistics: bool = False
     #: the parameter whose dtype is "the op's dtype" (kernels declare supported dtypes against it).
     dtype_from: str = ""
     #: a rank at which the input named by ``unbatched[0]`` is unbatched: it gets a batch dimension
@@ -248,6 +254,7 @@ def declare(
     forward: Optional[str] = None,
     mutates: Sequence[str] = (),
     mutates_when: Optional[str] = None,
+    mutates_statistics: bool = False,
     dtype_from: Optional[str] = None,
     unbatched: Optional[tuple[str, int]] = None,
     reduction: Optional[Callable[[Named], int]] = None,
@@ -287,6 +294,7 @@ def declare(
             forward=forward,
             mutates=tuple(mutates),
             mutates_when=mutates_when,
+            mutates_statistics=mutates_statistics,
             dtype_from=dtype_from or first_tensor,
             unbatched=unbatched,
             reduction=reduction,

@@ -242,6 +242,7 @@ def _bn_reduction(a: Mapping[str, Any]) -> int:
     gradients=("x", "weight", "bias"),
     mutates=("running_mean", "running_var"),
     mutates_when="training",
+    mutates_statistics=True,
     reduction=_bn_reduction,
 )
 def batch_norm(
@@ -362,6 +363,7 @@ def _fused_k(a: Mapping[str, Any]) -> int:
     gradients=("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias"),
     mutates=("running_mean", "running_var"),
     mutates_when="training",
+    mutates_statistics=True,
     reduction=_fused_k,
 )
 def fused_conv_bn_relu(

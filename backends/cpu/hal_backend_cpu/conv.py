@@ -4,7 +4,7 @@ fused_conv_bn_relu:
 
 - eval, ``onednn``: the batch norm folds into the convolution (``w * gamma / sqrt(var + eps)``,
   bias ``(b - mean) * gamma / sqrt(var + eps) + beta``, computed in float32, float64 for float64,
-  and rounded once), cached per parameter set (:mod:`hal_backend_cpu.fold`), and oneDNN runs
+  and rounded once), cached per parameter set (:class:`hal.eager.fold.ParamCache`), and oneDNN runs
   convolution + bias + ReLU as one primitive (``mkldnn._convolution_pointwise`` with a ReLU post-op);
 - ``torch``: the same folded convolution then an in-place ReLU in eval, and in training the
   convolution, ``F.batch_norm`` with the batch statistics (running statistics updated in place) and
@@ -27,10 +27,10 @@ import torch.nn.functional as F
 
 from hal.eager import conv as eager
 from hal.eager.conv import padding_in_proportion, torch_bn_eps
+from hal.eager.fold import ParamCache
 from hal.plugin import Inputs
 
 from ._common import FLOATS, kernel, onednn_dtype
-from .fold import ParamCache
 
 Pair = tuple[int, int]
 Pads = tuple[int, int, int, int]

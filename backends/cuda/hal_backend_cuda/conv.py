@@ -5,23 +5,21 @@ float32 convolutions run with TensorFloat-32 off (``ieee_fp32``): hal's float32 
 fused_conv_bn_relu has two paths: in eval, ``cudnn_fused`` here: the batch norm folds into the
 convolution (w * gamma / sqrt(var + eps), bias (b - mean) * gamma / sqrt(var + eps) + beta) and
 ``torch.cudnn_convolution_relu`` runs conv + bias + ReLU as one cuDNN call; folded weights are
-cached per parameter set and rebuilt when any parameter changes (tensor identity and version
-counter). In training (and eval where the fused call cannot run) ``cudnn_triton`` from
+cached per parameter set and rebuilt when any parameter changes (tensor identity, version
+counter, hal's count of statistics writes: :class:`hal.eager.fold.ParamCache`). In training (and eval where the fused call cannot run) ``cudnn_triton`` from
 hal.triton.kernels: cuDNN convolution (:func:`conv`), then the Triton batch-norm kernels. The
 Triton batch_norm kernels are registered there too.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
 from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from hal.eager import conv as eager
+from hal.eager.fold import FoldCache
 from hal.plugin import Inputs
 
 from ._common import FLOATS, NOT_F64, ieee_fp32, kernel, not_float32
@@ -102,53 +100,6 @@ def batch_norm_backward_native(grad_out, x, running_mean, running_var, weight, t
 
 
 # --- fused_conv_bn_relu --------------------------------------------------------------------------
-
-
-class FoldCache:
-    """Folded (weight, bias) of eval-mode conv + BN, reused while the parameters are unchanged.
-
-    An entry is valid while each parameter is the same live tensor object at the same version
-    counter (every in-place update bumps it), so a step of an optimizer or a load_state_dict
-    invalidates it. A few entries are kept (least recently used first out).
-    """
-
-    def __init__(self, size: int = 64) -> None:
-        self._lru: OrderedDict[tuple, tuple[list, torch.Tensor, torch.Tensor]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._size = size
-
-    def get(self, x: torch.Tensor, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps: float):
-        params = (conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var)
-        channels_last = x.ndim == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-        key = (tuple((id(p), p._version) if p is not None else None for p in params), eps, x.dtype, channels_last)
-        with self._lock:
-            hit = self._lru.get(key)
-            if hit is not None and all((r is None and p is None) or (r is not None and r() is p) for r, p in zip(hit[0], params)):
-                self._lru.move_to_end(key)
-                return hit[1], hit[2]
-        w, b = fold(x.dtype, channels_last, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
-        with self._lock:
-            self._lru[key] = ([weakref.ref(p) if p is not None else None for p in params], w, b)
-            while len(self._lru) > self._size:
-                self._lru.popitem(last=False)
-        return w, b
-
-
-@torch.no_grad()
-def fold(dtype, channels_last, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps):
-    """Eval batch norm folded into the convolution, computed in float32 and rounded once."""
-    a = torch.rsqrt(running_var.float() + eps)
-    if bn_weight is not None:
-        a = a * bn_weight.float()
-    w = (conv_weight.float() * a.view(-1, 1, 1, 1)).to(dtype)
-    if channels_last:
-        w = w.contiguous(memory_format=torch.channels_last)
-    b = -running_mean.float() * a
-    if conv_bias is not None:
-        b = b + conv_bias.float() * a
-    if bn_bias is not None:
-        b = b + bn_bias.float()
-    return w, b.to(dtype)
 
 
 FOLDED = FoldCache()
