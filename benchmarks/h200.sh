@@ -4,7 +4,7 @@
 #
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check   # GPU tests, host profile, full conformance, config sweeps
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
-#   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, full conformance, the whole-model table
+#   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, conformance (CONF_OPS=a,b), the whole-model table, [HOST_EXTRAS=1] optimizer host time
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
@@ -50,10 +50,12 @@ case "$mode" in
     OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     step bench "${BENCH_LIMIT:-240}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
     ;;
-  final)  # the committed results: GPU tests (SKIP_GPU_TESTS=1 leaves them out), full conformance, the whole-model table (hal bench --models)
+  final)  # the committed results: GPU tests (SKIP_GPU_TESTS=1 leaves them out), conformance (full: about 200 s; CONF_OPS=a,b for the ops a change touched),
+    # the whole-model table (hal bench --models), then [HOST_EXTRAS=1] issue 10's optimizer host-time rows
     [ -z "${SKIP_GPU_TESTS:-}" ] && step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
-    OMP_NUM_THREADS=2 step conformance 150 python3 -m hal conformance --backend cuda --jobs 8 --report-dir "$out/conformance"
+    OMP_NUM_THREADS=2 step conformance "${CONF_LIMIT:-230}" python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     step models "${MODELS_LIMIT:-300}" python3 -m hal bench --models ${MODELS:-} --no-max-autotune --out "$out/models"
+    [ -n "${HOST_EXTRAS:-}" ] && step optimizer 45 python3 benchmarks/optimizer_host.py --device cuda --steps 60 --rounds 6
     for f in conformance/report.md conformance/report.json models/models.json models/models.md; do [ -f "$out/$f" ] && cp "$out/$f" "$OUT/$(dirname $f)-$(basename $f)"; done
     ;;
   explore)  # what to fix next: GPU tests, conformance, the C++ kernels on the device, where model steps spend time
