@@ -45,7 +45,6 @@ case "$mode" in
     step probe 100 python3 benchmarks/probe_configs.py "$out/probe.json" --quick-norms
     ;;
   verify)  # after fixes: the full conformance suite again, config sweeps, then hal bench with compile peers
-    [ -f .scratch/int8_debug.py ] && step int8-debug 60 python3 .scratch/int8_debug.py
     step probe 100 python3 benchmarks/probe_configs.py "$out/probe.json" --quick-norms
     OMP_NUM_THREADS=2 step conformance 200 python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     step bench "${BENCH_LIMIT:-240}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
