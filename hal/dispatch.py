@@ -304,6 +304,21 @@ def _made_of_torch_ops(k: KernelSpec, api: str, mode: str, inputs: Inputs) -> bo
     return mode == "native" and api == "torch" and not k.torch_autograd_reasons(inputs)
 
 
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _already_canonical(given: Any, canonical: Any) -> bool:
+    """Whether a static argument as given is its canonical value already (same types, equal
+    values): then a plan needs no substitution for it. A plan serves calls of one cache key, which
+    holds a static argument's value and types, so what holds for this call holds for all of them
+    (``softmax(x, 1)``: dim stays; ``conv2d(..., stride=1)``: 1 still becomes (1, 1))."""
+    if type(given) is not type(canonical):
+        return False
+    if type(given) is tuple:
+        return len(given) == len(canonical) and all(_already_canonical(g, c) for g, c in zip(given, canonical))
+    return type(given) in _PLAIN and given == canonical
+
+
 def _has_zero_size(decl: OpDecl, args: Sequence[Any]) -> bool:
     """Whether an array argument has a zero-size dimension (the op's ``empty`` rule answers)."""
     for p, a in zip(decl.params, args):
@@ -545,7 +560,8 @@ class Dispatcher:
                     continue  # validated on every call by the plan
                 i = decl.index(name)
                 canon[i] = value
-                subs.append((i, value))
+                if not _already_canonical(args[i], value):
+                    subs.append((i, value))
         if decl.mutates:
             grad = _grad_enabled()
             for name, a in _written(decl, canon):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -483,3 +484,26 @@ def test_list_ops_records():
     for o in trainable:
         assert ops[o.backward].forward == o.name
     assert ops["fused_adamw_"].signature.startswith("(params, grads, exp_avgs, exp_avg_sqs, *, lr")
+
+
+def test_a_static_argument_given_canonical_is_not_substituted_and_one_given_otherwise_is(install_plugins):
+    """softmax(t, 1) on a 2-D t: dim is canonical as given, so its plan calls the kernel with the
+    call's own arguments (no substitution step on the hot path); dim=-1 is substituted by 1,
+    through its own plan."""
+    seen: list[Any] = []
+    p = Plugin("recorder", "1.0")
+    p.define_backend(priority=1000, device_types=("cpu",), array_api="torch")
+
+    @p.kernel("softmax", name="record")
+    def record(x, dim):
+        seen.append((type(dim), dim))
+        return torch.softmax(x, dim)
+
+    install_plugins([p])
+    t = torch.randn(3, 5)
+    with torch.no_grad():
+        for dim in (1, -1, 1, -1):
+            torch.testing.assert_close(hal.ops.softmax(t, dim), torch.softmax(t, 1))
+    assert seen == [(int, 1)] * 4
+    key = next(k for k in hal.dispatch.DISPATCHER._cache if k[0].name == "softmax" and k[-1] == (int, 1))
+    assert hal.dispatch.DISPATCHER._cache[key][1] is record, "a call already canonical runs the kernel itself"
