@@ -1213,8 +1213,17 @@ def _key_source(p: Param, i: int, decl: OpDecl) -> list[str]:
     ]
     if p.name in decl.mutates:  # a written tensor keys as any tensor; a NumPy array also by its writeability
         return tensor + ["    else:", f"        k{i} = _written_key({v})"]
-    if p.kind in (Kind.TENSOR, Kind.OPTIONAL_TENSOR, Kind.SCALAR_OR_TENSOR, Kind.OPTIONAL_SCALAR_OR_TENSOR):
+    if p.kind in (Kind.TENSOR, Kind.OPTIONAL_TENSOR):
         return tensor + [
+            f"    elif t{i} is _ndarray:",
+            f"        k{i} = ({v}.dtype, {v}.shape, {v}.strides)",
+            "    else:",
+            f"        k{i} = _argkey({v})",
+        ]
+    if p.kind in (Kind.SCALAR_OR_TENSOR, Kind.OPTIONAL_SCALAR_OR_TENSOR):  # a number keys as (type, value)
+        return tensor + [
+            f"    elif t{i} is float or t{i} is int:",
+            f"        k{i} = (t{i}, {v})",
             f"    elif t{i} is _ndarray:",
             f"        k{i} = ({v}.dtype, {v}.shape, {v}.strides)",
             "    else:",
