@@ -24,14 +24,12 @@ optimizer and the loss scaling stay eager) and measures every variant the same w
   data (next to eager's); inference: the relative error ‖out − ref‖ / ‖ref‖ of the output against
   the eager model run in float32 on the same input.
 
-Sizes come from a preset (:data:`SIZES`): ``full`` (the issue's sizes, for a GPU), ``cpu`` (small
+Sizes come from a preset (:data:`hal.bench.workload.SIZES`): ``full`` (the issue's sizes, for a GPU), ``cpu`` (small
 models that take milliseconds per step on a CPU) and ``tiny`` (the CI tests).
 """
 
 from __future__ import annotations
 
-import abc
-import dataclasses
 import gc
 import statistics
 import time
@@ -40,111 +38,12 @@ import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from torch import nn
 
+from .models_llama import LlamaPrefill, LlamaTrain
+from .models_moe import MoEForwardBackward
+from .models_resnet import ResNetInference, ResNetTrain
 from .timing import Timer
-
-#: the size presets of every workload
-SIZES = ("full", "cpu", "tiny")
-
-#: steps of the loss trajectory (the first ones compile; none of them is timed)
-TRAJECTORY_STEPS = 20
-
-
-@dataclasses.dataclass
-class Step:
-    """One step of a workload: ``step()`` runs it and returns its loss (training, forward +
-    backward) or output (inference); ``model`` is the module it trains or runs (for the tests)."""
-
-    run: Callable[[], torch.Tensor]
-    model: nn.Module
-
-    def __call__(self) -> torch.Tensor:
-        return self.run()
-
-
-class NotApplicable(Exception):
-    """A variant that this workload cannot run here (the reason goes into the table)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """One column of the table: an implementation of the model, optionally under torch.compile."""
-
-    name: str
-    impl: str  # "torch", "hal", "liger" or a workload's own peer
-    compile_mode: Optional[str] = None  # None: not compiled; "default" or a torch.compile mode
-
-
-EAGER = Variant("eager", "torch")
-COMPILE = Variant("compile", "torch", "default")
-COMPILE_MAX_AUTOTUNE = Variant("compile max-autotune", "torch", "max-autotune-no-cudagraphs")
-HAL = Variant("hal", "hal")
-HAL_COMPILE = Variant("hal+compile", "hal", "default")
-LIGER = Variant("liger", "liger")
-
-
-class Workload(abc.ABC):
-    """One model and one kind of step (training, inference, forward + backward)."""
-
-    #: short name used on the command line
-    name: str = ""
-    #: "train", "infer" or "fwd_bwd"
-    kind: str = "train"
-    #: what the throughput counts ("images", "tokens")
-    unit: str = "items"
-
-    def __init__(self, size: str = "full") -> None:
-        if size not in SIZES:
-            raise ValueError(f"size must be one of {', '.join(SIZES)}, not {size!r}")
-        self.size = size
-
-    @abc.abstractmethod
-    def describe(self) -> str:
-        """The row label: model, step, dtype, layout, batch."""
-
-    @abc.abstractmethod
-    def items_per_step(self) -> int:
-        """Images or tokens processed by one step."""
-
-    @abc.abstractmethod
-    def make(self, impl: str, compile_mode: Optional[str], device: torch.device, seed: int) -> Step:
-        """The step closure of implementation ``impl`` (model built from ``seed``; data from
-        ``seed + 1``, identical for every implementation). Raises :class:`NotApplicable`."""
-
-    def extra_variants(self) -> list[Variant]:
-        """Peers of this workload only (for example torch's grouped GEMM for the MoE layer)."""
-        return []
-
-    def reference(self, device: torch.device, seed: int) -> Optional[torch.Tensor]:
-        """Inference: the output of the eager model in float32 on the same input (None otherwise)."""
-        return None
-
-    def variants(self, use_compile: bool, max_autotune: bool) -> list[Variant]:
-        """The columns of this workload's row, in table order."""
-        out = [EAGER]
-        if use_compile:
-            out.append(COMPILE)
-            if max_autotune and self.kind == "infer":
-                out.append(COMPILE_MAX_AUTOTUNE)
-        out.append(HAL)
-        if use_compile:
-            out.append(HAL_COMPILE)
-        out.append(LIGER)
-        return out + self.extra_variants()
-
-
-def compiled(module: nn.Module, mode: Optional[str]) -> Callable[..., Any]:
-    """``module`` itself, or torch.compile of it in ``mode`` ("default": torch.compile's default)."""
-    if mode is None:
-        return module
-    return torch.compile(module, mode=None if mode == "default" else mode)
-
-
-def data_generator(seed: int) -> torch.Generator:
-    """The CPU generator the data of every implementation is drawn from (``seed + 1``)."""
-    return torch.Generator().manual_seed(seed + 1)
-
+from .workload import TRAJECTORY_STEPS, NotApplicable, Variant, Workload
 
 # --- measurement ---------------------------------------------------------------------------------
 
@@ -295,10 +194,6 @@ def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: i
 
 def all_workloads(size: str) -> list[Workload]:
     """Every workload at ``size``, in the order of the table."""
-    from .models_llama import LlamaPrefill, LlamaTrain
-    from .models_moe import MoEForwardBackward
-    from .models_resnet import ResNetInference, ResNetTrain
-
     return [ResNetTrain(size), ResNetInference(size, torch.float16), ResNetInference(size, torch.bfloat16),
             LlamaTrain(size), LlamaPrefill(size), MoEForwardBackward(size)]
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models import NotApplicable, Step, Variant, Workload, compiled, data_generator
+from .workload import NotApplicable, Step, Variant, Workload, compiled, data_generator
 
 Experts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models import NotApplicable, Step, Workload, compiled, data_generator
+from .workload import NotApplicable, Step, Workload, compiled, data_generator
 
 
 @dataclasses.dataclass(frozen=True)

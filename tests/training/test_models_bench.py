@@ -16,13 +16,15 @@ from hal.bench import models, models_report
 from hal.bench.models_llama import LlamaPrefill, LlamaTrain
 from hal.bench.models_moe import MoEForwardBackward
 from hal.bench.models_resnet import ResNetInference, ResNetTrain
+from hal.bench.timing import Timer
+from hal.bench.workload import LIGER, Step, Workload
 
 CPU = torch.device("cpu")
 #: AdamW's eps in the comparisons: Adam turns a gradient that vanishes mathematically (the bias of a
 #: batch norm feeding training batch norms) into a step of ±lr whose sign is rounding noise; an eps
 #: above that noise (~1e-8) keeps the comparison about the math
 EPS = 1e-4
-def _trajectory(workload: models.Workload, impl: str, seed: int, steps: int) -> tuple[list[float], models.Step]:
+def _trajectory(workload: Workload, impl: str, seed: int, steps: int) -> tuple[list[float], Step]:
     step = workload.make(impl, None, CPU, seed)
     return [float(step()) for _ in range(steps)], step
 
@@ -105,7 +107,7 @@ def test_harness_measures_every_variant_and_judges(seed: int) -> None:
 def test_liger_column_says_not_installed_when_absent(seed: int) -> None:
     if importlib.util.find_spec("liger_kernel") is not None:
         pytest.skip("Liger-Kernel is installed here")
-    rec = models.measure_variant(LlamaTrain("tiny"), models.LIGER, CPU, models.Timer(CPU), seed, None)
+    rec = models.measure_variant(LlamaTrain("tiny"), LIGER, CPU, Timer(CPU), seed, None)
     assert "not installed" in rec["skipped"]
 
 

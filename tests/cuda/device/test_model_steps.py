@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hal
-from hal.bench.models import Workload
+from hal.bench.workload import Workload
 from hal.bench.models_llama import CONFIGS as LLAMA, OPS, Decoder, LlamaTrain
 from hal.bench.models_moe import MoEForwardBackward
 from hal.bench.models_resnet import CONFIGS as RESNET, ResNet, ResNetTrain
