@@ -97,9 +97,10 @@ def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momen
     """torch's batch norm; half-precision training, and half x beside float32 parameters or
     statistics, in float32 (the running statistics written back). In training the batch statistics
     are kept for the backward of this x (``hal.eager.conv.KEPT``)."""
-    params = [t for t in (running_mean, running_var, weight, bias) if t is not None]
-    mixed = any(t.dtype != x.dtype for t in params)
-    if not (x.dtype in HALF and (training or mixed)) or float32_beside_half(x, weight, bias, running_mean, running_var):
+    if x.dtype not in HALF:  # float32 and float64 (beside parameters of any dtype): torch's kernel as it is
+        return eager.kept_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    mixed = any(t is not None and t.dtype != x.dtype for t in (running_mean, running_var, weight, bias))
+    if not (training or mixed) or float32_beside_half(x, weight, bias, running_mean, running_var):
         return eager.kept_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     rm, rv = _f32(running_mean), _f32(running_var)
     if training:
