@@ -6,9 +6,10 @@ fused_conv_bn_relu has two paths: in eval, ``cudnn_fused`` here: the batch norm 
 convolution (w * gamma / sqrt(var + eps), bias (b - mean) * gamma / sqrt(var + eps) + beta) and
 ``torch.cudnn_convolution_relu`` runs conv + bias + ReLU as one cuDNN call; folded weights are
 cached per parameter set and rebuilt when any parameter changes (tensor identity, version
-counter, hal's count of statistics writes: :class:`hal.eager.fold.ParamCache`). In training (and eval where the fused call cannot run) ``cudnn_triton`` from
-hal.triton.kernels: cuDNN convolution (:func:`conv`), then the Triton batch-norm kernels. The
-Triton batch_norm kernels are registered there too.
+counter, hal's count of statistics writes: :class:`hal.eager.fold.ParamCache`). In training (and
+eval where the fused call cannot run) ``cudnn_triton`` from hal.triton.kernels: cuDNN convolution
+(:func:`conv`), then the Triton batch-norm kernels. The Triton batch_norm kernels are registered
+there too.
 """
 
 from __future__ import annotations
