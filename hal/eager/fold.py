@@ -23,21 +23,23 @@ Param = Optional[torch.Tensor]
 
 
 @torch.no_grad()
-def fold(dtype: torch.dtype, channels_last: bool, conv_weight: torch.Tensor, conv_bias: Param, bn_weight: Param,
-         bn_bias: Param, running_mean: torch.Tensor, running_var: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight, bias) of the convolution with the batch norm folded in: computed in float32, rounded
-    once to ``dtype``; the weight in channels_last when the input is."""
-    scale = torch.rsqrt(running_var.float() + eps)
+def fold(conv_weight: torch.Tensor, conv_bias: Param, bn_weight: Param, bn_bias: Param, running_mean: torch.Tensor,
+         running_var: torch.Tensor, eps: float, dtype: torch.dtype, channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of the convolution with the batch norm folded in: computed in float32 (float64
+    for float64), rounded once to ``dtype``; the weight in channels_last when asked. Parameters
+    first, as :class:`ParamCache` passes them."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    scale = torch.rsqrt(running_var.to(acc) + eps)
     if bn_weight is not None:
-        scale = scale * bn_weight.float()
-    weight = (conv_weight.float() * scale.view(-1, *([1] * (conv_weight.ndim - 1)))).to(dtype)
+        scale = scale * bn_weight.to(acc)
+    weight = (conv_weight.to(acc) * scale.view(-1, *([1] * (conv_weight.ndim - 1)))).to(dtype)
     if channels_last:
         weight = weight.contiguous(memory_format=torch.channels_last)
-    shift = -running_mean.float() * scale
+    shift = -running_mean.to(acc) * scale
     if conv_bias is not None:
-        shift = shift + conv_bias.float() * scale
+        shift = shift + conv_bias.to(acc) * scale
     if bn_bias is not None:
-        shift = shift + bn_bias.float()
+        shift = shift + bn_bias.to(acc)
     return weight, shift.to(dtype)
 
 
@@ -92,12 +94,7 @@ class FoldCache:
     input's dtype and memory format."""
 
     def __init__(self, size: int = 64) -> None:
-        self._cache = ParamCache(self._fold, size)
-
-    @staticmethod
-    def _fold(conv_weight: torch.Tensor, conv_bias: Param, bn_weight: Param, bn_bias: Param, running_mean: torch.Tensor,
-              running_var: torch.Tensor, eps: float, dtype: torch.dtype, channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        return fold(dtype, channels_last, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
+        self._cache = ParamCache(fold, size)
 
     def get(self, x: torch.Tensor, conv_weight: torch.Tensor, conv_bias: Param, bn_weight: Param, bn_bias: Param,
             running_mean: torch.Tensor, running_var: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

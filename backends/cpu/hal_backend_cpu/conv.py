@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from hal.eager import conv as eager
 from hal.eager.conv import padding_in_proportion, torch_bn_eps
-from hal.eager.fold import ParamCache
+from hal.eager.fold import ParamCache, fold
 from hal.plugin import Inputs
 
 from ._common import FLOATS, kernel, onednn_dtype
@@ -152,29 +152,13 @@ def batch_norm_backward(grad_out, x, running_mean, running_var, weight, training
 # --- fused_conv_bn_relu --------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def fold(conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps: float, dtype: torch.dtype):
-    """Eval batch norm folded into the convolution's weight and bias, rounded once to ``dtype``."""
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    a = torch.rsqrt(running_var.to(acc) + eps)
-    if bn_weight is not None:
-        a = a * bn_weight.to(acc)
-    w = (conv_weight.to(acc) * a.view(-1, 1, 1, 1)).to(dtype)
-    if conv_weight.is_contiguous(memory_format=torch.channels_last) and not conv_weight.is_contiguous():
-        w = w.contiguous(memory_format=torch.channels_last)
-    b = -running_mean.to(acc) * a
-    if conv_bias is not None:
-        b = b + conv_bias.to(acc) * a
-    if bn_bias is not None:
-        b = b + bn_bias.to(acc)
-    return w, b.to(dtype)
-
-
 FOLDED = ParamCache(fold)
 
 
 def folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps):
-    return FOLDED.get((conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var), (eps, x.dtype))
+    """The folded (weight, bias), the weight in the convolution weight's own memory format."""
+    channels_last = conv_weight.is_contiguous(memory_format=torch.channels_last) and not conv_weight.is_contiguous()
+    return FOLDED.get((conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var), (eps, x.dtype, channels_last))
 
 
 def _eval_only(inputs: Inputs) -> list[str]:
