@@ -23,12 +23,13 @@ import dataclasses
 import enum
 import math
 import operator
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
 import hal
 from hal import dispatch
+from hal.arrays import grouped
 
 
 class _Stage(enum.Enum):
@@ -337,7 +338,7 @@ _IS_SPARSE = operator.attrgetter("is_sparse")
 _DEVICE_DTYPE = operator.attrgetter("device", "dtype")
 
 
-def _unscale(plans: dict[Any, dispatch.Held], key: tuple[Any, torch.dtype], grads: list[torch.Tensor],
+def _unscale(plans: dict[Any, dispatch.Held], key: tuple[Any, torch.dtype], grads: Sequence[torch.Tensor],
              inv_scale: torch.Tensor) -> torch.Tensor:
     """hal.ops.amp_unscale_ of one (device, dtype) group through the plan kept for that group: held
     while the gradients have the same shapes and strides (their dtype and device are the group's),
@@ -350,19 +351,13 @@ def _unscale(plans: dict[Any, dispatch.Held], key: tuple[Any, torch.dtype], grad
     return held.get(dispatch.layout_of(grads), lambda: dispatch.bind("amp_unscale_", grads, inv_scale))(grads, inv_scale)
 
 
-def _grads_by_device_and_dtype(optimizer: torch.optim.Optimizer) -> dict[tuple[Any, torch.dtype], list[torch.Tensor]]:
+def _grads_by_device_and_dtype(optimizer: torch.optim.Optimizer) -> dict[tuple[Any, torch.dtype], Sequence[torch.Tensor]]:
     """The gradients of every parameter group, by (device, dtype): C-level passes over the
     parameters (a model's hundreds of tensors in microseconds), one group in the common case."""
     grads = [g for group in optimizer.param_groups for g in map(_GRAD, group["params"]) if g is not None]
     if any(map(_IS_SPARSE, grads)):
         raise ValueError("DynamicLossScaler does not unscale sparse gradients; use dense gradients")
-    keys = list(map(_DEVICE_DTYPE, grads))
-    if len(set(keys)) <= 1:
-        return {keys[0]: grads} if keys else {}
-    out: dict[tuple[Any, torch.dtype], list[torch.Tensor]] = {}
-    for key, g in zip(keys, grads):
-        out.setdefault(key, []).append(g)
-    return out
+    return grouped(grads, _DEVICE_DTYPE)
 
 
 def _grad_stats(step: int, grads: list[torch.Tensor]) -> GradStats:

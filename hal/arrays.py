@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -99,6 +99,18 @@ def writes_of(t: torch.Tensor) -> int:
     """How many times hal wrote ``t`` without bumping its version counter (:func:`note_writes`):
     with ``t._version``, what a cache derived from a tensor keys on to notice every update."""
     return getattr(t, "_hal_writes", 0)
+
+
+def grouped(tensors: Sequence[torch.Tensor], key: Callable[[torch.Tensor], Any]) -> dict[Any, Sequence[torch.Tensor]]:
+    """``tensors`` by ``key`` (their dtype, their (device, dtype) ...), in order: one C-level pass
+    over the keys in the common case of a single group, which is ``tensors`` itself."""
+    keys = list(map(key, tensors))
+    if len(set(keys)) <= 1:
+        return {keys[0]: tensors} if keys else {}
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for k, t in zip(keys, tensors):
+        groups.setdefault(k, []).append(t)
+    return groups
 
 
 _DATA_PTR = torch.Tensor.data_ptr

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.arrays import address_columns, float32_value, table_rows
+from hal.arrays import address_columns, float32_value, grouped, table_rows
 
 from ._launch import TL_DTYPES, cdiv, compute_dtype, launch
 
@@ -229,7 +229,7 @@ def amp_unscale(tensors: Sequence[torch.Tensor], inv_scale: Scalar, *, block: in
     """Multiply contiguous tensors by inv_scale in place; returns the 0-d float32 found-inf flag."""
     found = torch.zeros((), dtype=torch.float32, device=device)
     inv_t, inv_v, inv_is_t = _scalar_args(inv_scale, device, 1.0)
-    for dtype, group in _by_dtype(tensors).items():
+    for dtype, group in grouped(tensors, _DTYPE).items():
         if dtype == torch.float64 and not inv_is_t:  # the float32 value, read by float64 arithmetic
             inv_t, inv_v, inv_is_t = torch.full((1,), inv_v, dtype=torch.float64, device=device), 0.0, True
         table, prefix, n_chunks = TABLES.get(address_columns((group,)), device, block * iters)
@@ -241,14 +241,3 @@ def amp_unscale(tensors: Sequence[torch.Tensor], inv_scale: Scalar, *, block: in
 
 
 _DTYPE = operator.attrgetter("dtype")
-
-
-def _by_dtype(tensors: Sequence[torch.Tensor]) -> dict[torch.dtype, Sequence[torch.Tensor]]:
-    """The tensors by dtype, in order; one C-level pass in the common case of a single dtype."""
-    dtypes = list(map(_DTYPE, tensors))
-    if len(set(dtypes)) == 1:
-        return {dtypes[0]: tensors}
-    groups: dict[torch.dtype, list[torch.Tensor]] = {}
-    for dtype, t in zip(dtypes, tensors):
-        groups.setdefault(dtype, []).append(t)
-    return groups
