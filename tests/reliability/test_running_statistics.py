@@ -7,7 +7,6 @@ them itself (``hal.arrays.writes_of``)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -23,24 +22,15 @@ ROUTES = ["default", "hal_nodes", "cpu_ref"]
 
 @pytest.fixture(params=ROUTES)
 def route(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The route hal's calls take: the default kernels, hal's own autograd nodes
-    (HAL_TORCH_AUTOGRAD=0), or the cpu_ref backend."""
-    before = os.environ.get("HAL_TORCH_AUTOGRAD")
+    """The route hal's calls take: the default kernels, hal's own autograd nodes (the ``hal_nodes``
+    fixture: HAL_TORCH_AUTOGRAD=0), or the cpu_ref backend."""
     if request.param == "hal_nodes":
-        os.environ["HAL_TORCH_AUTOGRAD"] = "0"
-    hal.dispatch.reset()
-    try:
-        if request.param == "cpu_ref":
-            with hal.use(backend="cpu_ref"):
-                yield request.param
-        else:
+        request.getfixturevalue("hal_nodes")
+    if request.param == "cpu_ref":
+        with hal.use(backend="cpu_ref"):
             yield request.param
-    finally:
-        if before is None:
-            os.environ.pop("HAL_TORCH_AUTOGRAD", None)
-        else:
-            os.environ["HAL_TORCH_AUTOGRAD"] = before
-        hal.dispatch.reset()
+    else:
+        yield request.param
 
 
 def _leaves(gen: torch.Generator, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
@@ -55,12 +45,14 @@ def _compare(run: Callable[[Any, tuple], torch.Tensor], leaves: list[torch.Tenso
              gen: torch.Generator) -> None:
     """``run(impl, stats)`` with hal's ops and with torch's on copies of the same leaves and
     statistics: outputs, gradients and the statistics after the step agree."""
-    results = {}
+    results: dict[str, Any] = {}
+    grad: Any = None
     for impl in ("torch", "hal"):
         xs = [t.detach().clone().requires_grad_() for t in leaves]
         st = tuple(s.clone() for s in stats)
         out = run(impl, xs, st)
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
+        if grad is None:  # drawn once: both sides get the same upstream gradient
+            grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
         out.backward(grad)
         results[impl] = (out.detach(), [t.grad for t in xs], st)
     (want, want_grads, want_stats), (got, got_grads, got_stats) = results["torch"], results["hal"]
@@ -75,8 +67,8 @@ def _bn(impl: str) -> Callable[..., torch.Tensor]:
     return hal.ops.batch_norm if impl == "hal" else F.batch_norm
 
 
-def test_batch_norm_applied_twice_before_one_backward(route: str) -> None:
-    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+def test_batch_norm_applied_twice_before_one_backward(route: str, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
     leaves = _leaves(gen, (3, 4, 5, 5), (4,), (4,))
 
     def run(impl: str, xs: list[torch.Tensor], st: tuple) -> torch.Tensor:
@@ -87,8 +79,8 @@ def test_batch_norm_applied_twice_before_one_backward(route: str) -> None:
     _compare(run, leaves, _stats(gen, 4), gen)
 
 
-def test_fused_conv_bn_relu_applied_twice_before_one_backward(route: str) -> None:
-    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+def test_fused_conv_bn_relu_applied_twice_before_one_backward(route: str, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
     leaves = _leaves(gen, (2, 4, 6, 6), (4, 4, 3, 3), (4,), (4,))
 
     def run(impl: str, xs: list[torch.Tensor], st: tuple) -> torch.Tensor:
@@ -104,10 +96,10 @@ def test_fused_conv_bn_relu_applied_twice_before_one_backward(route: str) -> Non
     _compare(run, leaves, _stats(gen, 4), gen)
 
 
-def test_batch_norm_under_activation_checkpointing(route: str) -> None:
+def test_batch_norm_under_activation_checkpointing(route: str, seed: int) -> None:
     """checkpoint recomputes the forward inside the backward: the statistics are written again
     (as torch's are) while the outer graph's nodes still hold them."""
-    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    gen = torch.Generator().manual_seed(seed)
     leaves = _leaves(gen, (3, 4, 5, 5), (4,), (4,))
 
     def run(impl: str, xs: list[torch.Tensor], st: tuple) -> torch.Tensor:
@@ -119,8 +111,8 @@ def test_batch_norm_under_activation_checkpointing(route: str) -> None:
     _compare(run, leaves, _stats(gen, 4), gen)
 
 
-def test_statistics_writes_are_counted_not_versioned() -> None:
-    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+def test_statistics_writes_are_counted_not_versioned(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(2, 3, 4, 4, generator=gen)
     rm, rv = torch.randn(3, generator=gen), torch.rand(3, generator=gen) + 0.5
     versions, writes = (rm._version, rv._version), (writes_of(rm), writes_of(rv))
@@ -131,10 +123,10 @@ def test_statistics_writes_are_counted_not_versioned() -> None:
     assert (writes_of(rm), writes_of(rv)) == (writes[0] + 1, writes[1] + 1)
 
 
-def test_eval_fold_sees_the_statistics_a_training_step_wrote() -> None:
+def test_eval_fold_sees_the_statistics_a_training_step_wrote(seed: int) -> None:
     """The folded weights of eval conv + BN are cached per parameter set: a training forward in
     between (statistics written without a version bump) must rebuild them."""
-    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(2, 3, 6, 6, generator=gen)
     cw, w, b = torch.randn(5, 3, 3, 3, generator=gen), torch.rand(5, generator=gen) + 0.5, torch.randn(5, generator=gen)
     rm, rv = torch.randn(5, generator=gen), torch.rand(5, generator=gen) + 0.5
