@@ -19,11 +19,12 @@ from typing import Optional
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hal.bench.models_llama import LlamaTrain
+from hal.bench.models_llama import LlamaPrefill, LlamaTrain
 from hal.bench.models_moe import MoEForwardBackward
 from hal.bench.models_resnet import ResNetInference, ResNetTrain
 
 WORKLOADS = {
+    "llama_prefill": lambda: LlamaPrefill("full"),
     "resnet50_train": lambda: ResNetTrain("full"),
     "resnet50_infer_fp16": lambda: ResNetInference("full"),
     "llama_train": lambda: LlamaTrain("full"),

@@ -96,7 +96,7 @@ def _notes(state: Any) -> tuple[str, ...]:
         return (f"its notes could not be read ({type(exc).__name__}: {exc})",)
 
 
-_LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance"}
+_LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance", "graphs"}
 
 
 def __getattr__(name: str) -> Any:

@@ -43,7 +43,7 @@ from .models_llama import LlamaPrefill, LlamaTrain
 from .models_moe import MoEForwardBackward
 from .models_resnet import ResNetInference, ResNetTrain
 from .timing import Timer
-from .workload import TRAJECTORY_STEPS, NotApplicable, Variant, Workload
+from .workload import TRAJECTORY_STEPS, NotApplicable, Step, Variant, Workload
 
 # --- measurement ---------------------------------------------------------------------------------
 
@@ -111,7 +111,10 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
     _free(device)
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     try:
+        if variant.graph and device.type != "cuda":
+            raise NotApplicable("CUDA graphs need a CUDA device")
         step = workload.make(variant.impl, variant.compile_mode, device, seed)
+        step = with_graphs(step) if variant.graph else copied_outputs(step) if variant.compile_mode == "reduce-overhead" else step
     except NotApplicable as exc:
         rec["skipped"] = str(exc)
         return rec
@@ -142,6 +145,8 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
         rec["host_us"] = host_time_us(step, device)
         rec["syncs"] = count_syncs(step, device)
         rec["throughput"] = workload.items_per_step() / (rec["step_us"] * 1e-6)
+        if variant.graph:
+            rec["graph"] = step.run.explain()
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         rec["error"] = _error(exc)
@@ -150,6 +155,34 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
         torch._dynamo.reset()  # frees the compiled graphs
     _free(device)
     return rec
+
+
+#: the peers of hal+graph: every step captured as CUDA graphs too
+GRAPHED_PEERS = ("eager+graph", "compile reduce-overhead")
+
+
+def with_graphs(step: Step) -> Step:
+    """The step captured as one CUDA graph and replayed (:mod:`hal.graphs`); its optimizer made
+    capturable first (torch's optimizers refuse a capture otherwise; hal's AdamW always is)."""
+    import hal.graphs
+
+    if step.optimizer is not None:
+        for group in step.optimizer.param_groups:
+            group["capturable"] = True
+    return Step(hal.graphs.graphed(step.run), step.model, step.optimizer)
+
+
+def copied_outputs(step: Step) -> Step:
+    """A torch.compile CUDA-graph step (reduce-overhead): each step marked as a new iteration of the
+    cudagraph trees, its result copied (the next replay overwrites the graph's own output buffers,
+    which the loss trajectory keeps), as :mod:`hal.graphs` copies its results by default."""
+    run = step.run
+
+    def step_copied() -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return run().clone()
+
+    return Step(step_copied, step.model, step.optimizer)
 
 
 def add_ratios(row: dict[str, Any]) -> None:
@@ -163,11 +196,16 @@ def add_ratios(row: dict[str, Any]) -> None:
     hc, c = by_name.get("hal+compile", {}), by_name.get("compile", {})
     if hc.get("step_us") and c.get("step_us"):
         hc["ratio_vs_compile"] = c["step_us"] / hc["step_us"]
+    hg = by_name.get("hal+graph", {})
+    graphed_peers = [by_name[n]["step_us"] for n in GRAPHED_PEERS if by_name.get(n, {}).get("step_us")]
+    if hg.get("step_us") and graphed_peers:
+        hg["ratio_vs_graphed"] = min(graphed_peers) / hg["step_us"]
 
 
 def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: int, use_compile: bool, max_autotune: bool,
                  wanted: Optional[set[str]] = None, progress: Callable[[str], None] = lambda s: None,
-                 on_variant: Callable[[dict[str, Any]], None] = lambda row: None, steps: int = TRAJECTORY_STEPS) -> dict[str, Any]:
+                 on_variant: Callable[[dict[str, Any]], None] = lambda row: None, steps: int = TRAJECTORY_STEPS,
+                 graphs: bool = False) -> dict[str, Any]:
     """The row of one workload: every variant measured in turn (``on_variant`` after each)."""
     row: dict[str, Any] = {"model": workload.name, "kind": workload.kind, "describe": workload.describe(), "unit": workload.unit,
                            "items_per_step": workload.items_per_step(), "variants": []}
@@ -178,7 +216,7 @@ def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: i
         except Exception as exc:  # noqa: BLE001
             row["reference_error"] = _error(exc)
         _free(device)
-    for variant in workload.variants(use_compile, max_autotune):
+    for variant in workload.variants(use_compile, max_autotune, graphs):
         if wanted and variant.name not in wanted:
             continue
         t0 = time.perf_counter()
@@ -201,11 +239,11 @@ def all_workloads(size: str) -> list[Workload]:
 def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Optional[str] = None, use_compile: Optional[bool] = None,
         max_autotune: bool = True, variants: Optional[Sequence[str]] = None, seed: int = 0,
         progress: Callable[[str], None] = lambda s: None, on_result: Callable[[dict[str, Any]], None] = lambda doc: None,
-        steps: int = TRAJECTORY_STEPS, budget_s: Optional[float] = None) -> dict[str, Any]:
+        steps: int = TRAJECTORY_STEPS, budget_s: Optional[float] = None, graphs: Optional[bool] = None) -> dict[str, Any]:
     """Measure the workloads (all, or those named in ``models``) on ``device``; returns the result
     document (``on_result`` sees it after every variant, to save partial results). ``steps``: the
     length of the loss trajectory; ``budget_s``: the timing budget per variant (default 1 s on a
-    GPU, 0.3 s on the CPU)."""
+    GPU, 0.3 s on the CPU); ``graphs``: the CUDA-graph variants too (default: on a GPU)."""
     from .models_report import judge
     from .runner import environment
 
@@ -213,6 +251,7 @@ def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Opti
     size = size or ("full" if gpu else "cpu")
     if use_compile is None:
         use_compile = True
+    graphs = gpu if graphs is None else graphs and gpu
     workloads = all_workloads(size)
     known = {w.name for w in workloads}
     unknown = sorted(set(models or ()) - known)
@@ -220,7 +259,7 @@ def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Opti
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     timer = Timer(device, budget_s=budget_s or (1.0 if gpu else 0.3), min_reps=3)
     doc: dict[str, Any] = environment(device)
-    doc.update(size=size, seed=seed, steps=steps, compile={"enabled": use_compile, "max_autotune": max_autotune}, liger=_liger_version(), models=[])
+    doc.update(size=size, seed=seed, steps=steps, compile={"enabled": use_compile, "max_autotune": max_autotune}, graphs=graphs, liger=_liger_version(), models=[])
     for workload in workloads:
         if models and workload.name not in models:
             continue
@@ -230,7 +269,7 @@ def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Opti
             rows[n:] = [row]
             on_result(doc)
 
-        run_workload(workload, device, timer, seed, use_compile, max_autotune, set(variants) if variants else None, progress, save, steps)
+        run_workload(workload, device, timer, seed, use_compile, max_autotune, set(variants) if variants else None, progress, save, steps, graphs)
     return doc
 
 

@@ -253,7 +253,7 @@ class LlamaTrain(_LlamaWorkload):
             opt.zero_grad(set_to_none=True)
             return loss.detach()
 
-        return Step(step, model)
+        return Step(step, model, opt)
 
 
 class LlamaPrefill(_LlamaWorkload):

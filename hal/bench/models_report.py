@@ -14,7 +14,9 @@ MEMORY_GOALS = {"llama_train": 0.8}
 #: hal's host time per step as a multiple of eager's, at most (on a GPU)
 HOST_GOAL = 1.2
 
-COLUMNS = ("eager", "compile", "compile max-autotune", "hal", "hal+compile", "liger")
+COLUMNS = ("eager", "compile", "compile max-autotune", "hal", "hal+compile", "liger", "eager+graph", "compile reduce-overhead", "hal+graph")
+#: the peers of the speed goals: eager PyTorch and torch.compile without CUDA graphs (the issue's)
+UNGRAPHED_PEERS = ("eager", "compile", "compile max-autotune")
 
 
 def _target(name: str, goal: float, value: Optional[float], at_most: bool = False) -> dict[str, Any]:
@@ -34,8 +36,15 @@ def judge(row: dict[str, Any], gpu: bool) -> list[dict[str, Any]]:
     hal_us = v.get("hal", {}).get("step_us")
     out = []
     if gpu and row["model"] in SPEED_GOALS:
-        peers = [v[n]["step_us"] for n in ("eager", "compile", "compile max-autotune") if v.get(n, {}).get("step_us")]
-        out.append(_target("hal vs the fastest of eager and torch.compile", SPEED_GOALS[row["model"]], _div(min(peers), hal_us) if peers else None))
+        peers = [v[n]["step_us"] for n in UNGRAPHED_PEERS if v.get(n, {}).get("step_us")]
+        fastest = min(peers) if peers else None
+        out.append(_target("hal vs the fastest of eager and torch.compile", SPEED_GOALS[row["model"]], _div(fastest, hal_us)))
+        if "hal+graph" in v:
+            out.append(_target("hal+graph vs the fastest of eager and torch.compile", SPEED_GOALS[row["model"]],
+                               _div(fastest, v["hal+graph"].get("step_us"))))
+    if "hal+graph" in v:
+        out.append(_target("hal+graph vs the fastest graphed peer (eager+graph, compile reduce-overhead)", 1.0,
+                           v["hal+graph"].get("ratio_vs_graphed")))
     if gpu and row["model"] in MEMORY_GOALS:
         out.append(_target("hal peak memory / eager's", MEMORY_GOALS[row["model"]],
                            _div(v.get("hal", {}).get("peak_bytes"), v.get("eager", {}).get("peak_bytes")), at_most=True))
@@ -64,6 +73,8 @@ def _cell(rec: Optional[dict[str, Any]]) -> str:
         return f"**{text}**"
     if rec["variant"] == "hal+compile":  # its peer is torch.compile: compile time / hal+compile time
         return text + (f" ({_x(rec['ratio_vs_compile'])} vs compile)" if rec.get("ratio_vs_compile") is not None else "")
+    if rec["variant"] == "hal+graph":  # its peers are the other graphed steps: the fastest one's time / its time
+        return text + (f" ({_x(rec['ratio_vs_graphed'])} vs the fastest graphed peer)" if rec.get("ratio_vs_graphed") is not None else "")
     return text + (f" ({_x(rec['ratio'])})" if rec.get("ratio") is not None else "")
 
 
@@ -87,7 +98,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
         "",
         "Step time: median over batches of back-to-back steps (CUDA events on a GPU, the host clock on the CPU), after the "
         f"{doc.get('steps')} steps of the loss trajectory (compilation and autotuning happen there). Ratios are peer time / hal time: above "
-        "1× hal is faster (hal+compile: torch.compile time / hal+compile time). Host time: host clock from the call of a step to its return on an idle device (synchronised "
+        "1× hal is faster (hal+compile: torch.compile time / hal+compile time; hal+graph: the faster of eager+graph and compile "
+        "reduce-overhead / hal+graph). The +graph variants capture the whole step once as a CUDA graph (`hal.graphs.graphed`) and "
+        "replay it; compile reduce-overhead is torch.compile's CUDA-graph mode over the model (the optimizer step stays eager). Host time: host clock from the call of a step to its return on an idle device (synchronised "
         f"before and after, outside the clock); on the CPU the step time is all host time. Check: loss at step 1 → step {doc.get('steps')} "
         "from the same seed and data; for inference, the relative error of the output against the eager model in float32.",
         "",
@@ -111,6 +124,10 @@ def to_markdown(doc: dict[str, Any]) -> str:
                 f"| {row['model']} | {r['variant']} | {_us(r['step_us'])} | {r['throughput']:,.0f} {row['unit']}/s | "
                 f"{_bytes(r.get('peak_bytes'))} | {host} | {'-' if r.get('syncs') is None else r['syncs']} | "
                 f"{r['first_step_s']:.1f} s | {_check(r, row['kind'])} |")
+    graphs = [(row["model"], r) for row in doc.get("models", []) for r in row["variants"] if r.get("graph")]
+    if graphs:
+        lines += ["", "## CUDA graphs (hal.graphs: what each +graph variant captured)", ""]
+        lines += [f"- {model} {r['variant']}: " + "; ".join(s.strip() for s in r["graph"].splitlines()[1:]) for model, r in graphs]
     lines += ["", "## Targets (issue 11)", "", "| model | target | goal | measured | |", "| --- | --- | --- | --- | --- |"]
     for row in doc.get("models", []):
         for t in row.get("targets", []):

@@ -164,7 +164,7 @@ class ResNetTrain(Workload):
             opt.zero_grad(set_to_none=True)
             return loss.detach()
 
-        return Step(step, model)
+        return Step(step, model, opt)
 
 
 class ResNetInference(Workload):

@@ -25,6 +25,8 @@ class Step:
 
     run: Callable[[], torch.Tensor]
     model: nn.Module
+    #: the optimizer a training step updates (the harness makes it capturable for the graph variants)
+    optimizer: Optional[torch.optim.Optimizer] = None
 
     def __call__(self) -> torch.Tensor:
         return self.run()
@@ -41,6 +43,7 @@ class Variant:
     name: str
     impl: str  # "torch", "hal", "liger" or a workload's own peer
     compile_mode: Optional[str] = None  # None: not compiled; "default" or a torch.compile mode
+    graph: bool = False  # the whole step captured once and replayed (hal.graphs), CUDA only
 
 
 EAGER = Variant("eager", "torch")
@@ -49,6 +52,11 @@ COMPILE_MAX_AUTOTUNE = Variant("compile max-autotune", "torch", "max-autotune-no
 HAL = Variant("hal", "hal")
 HAL_COMPILE = Variant("hal+compile", "hal", "default")
 LIGER = Variant("liger", "liger")
+#: the whole step as one CUDA graph: torch's own step, hal's, and torch.compile's CUDA-graph mode
+#: (Inductor's cudagraph trees over the compiled model; the optimizer step stays eager there)
+EAGER_GRAPH = Variant("eager+graph", "torch", graph=True)
+HAL_GRAPH = Variant("hal+graph", "hal", graph=True)
+COMPILE_GRAPH = Variant("compile reduce-overhead", "torch", "reduce-overhead")
 
 
 class Workload(abc.ABC):
@@ -87,8 +95,9 @@ class Workload(abc.ABC):
         """Inference: the output of the eager model in float32 on the same input (None otherwise)."""
         return None
 
-    def variants(self, use_compile: bool, max_autotune: bool) -> list[Variant]:
-        """The columns of this workload's row, in table order."""
+    def variants(self, use_compile: bool, max_autotune: bool, graphs: bool = False) -> list[Variant]:
+        """The columns of this workload's row, in table order (``graphs``: with the CUDA-graph
+        variants, on a GPU)."""
         out = [EAGER]
         if use_compile:
             out.append(COMPILE)
@@ -98,6 +107,8 @@ class Workload(abc.ABC):
         if use_compile:
             out.append(HAL_COMPILE)
         out.append(LIGER)
+        if graphs:
+            out += [EAGER_GRAPH] + ([COMPILE_GRAPH] if use_compile else []) + [HAL_GRAPH]
         return out + self.extra_variants()
 
 

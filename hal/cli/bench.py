@@ -50,7 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time whole models instead of ops (all, or those named: resnet50_train, resnet50_infer_fp16, "
                              "resnet50_infer_bf16, llama_train, llama_prefill, moe_fwd_bwd); writes models.json and models.md with --out")
     models.add_argument("--model-size", choices=("full", "cpu", "tiny"), help="model sizes (default: full on a GPU, cpu on the CPU)")
-    models.add_argument("--variants", metavar="a,b", type=_csv, help="only these columns (eager, compile, 'compile max-autotune', hal, hal+compile, liger, ...)")
+    models.add_argument("--variants", metavar="a,b", type=_csv,
+                        help="only these columns (eager, compile, 'compile max-autotune', hal, hal+compile, liger, eager+graph, "
+                             "'compile reduce-overhead', hal+graph, ...)")
+    models.add_argument("--no-graphs", dest="graphs", action="store_false", default=None,
+                        help="leave out the CUDA-graph variants (eager+graph, compile reduce-overhead, hal+graph; measured by default on a GPU)")
     models.add_argument("--no-max-autotune", dest="max_autotune", action="store_false", help="leave out torch.compile max-autotune-no-cudagraphs for inference")
     try:
         from hal.dist import bench as dist_bench
@@ -161,7 +165,7 @@ def run_models(args: argparse.Namespace) -> int:
     with hal.use(backend=args.backend) if args.backend else contextlib.nullcontext():
         try:
             doc = models.run(device, args.models or None, args.model_size, args.use_compile, args.max_autotune, args.variants,
-                             progress=progress, on_result=save)
+                             progress=progress, on_result=save, graphs=args.graphs)
         except ValueError as exc:
             print(f"hal bench --models: {exc}", file=sys.stderr)
             return 2
