@@ -5,7 +5,8 @@
 
 The model is written in plain PyTorch (Conv2d -> BatchNorm2d -> ReLU blocks, ResNet-style residual
 blocks reusing ``self.relu``, a Linear -> GELU head); ``hal.nn.fuse`` turns its chains into
-``FusedConvBNReLU2d`` and ``hal.nn.Linear(act="gelu")`` modules. It trains under ``torch.autocast``
+``FusedConvBNReLU2d``, ``FusedConvBNAddReLU2d`` (each block's conv -> bn -> add -> ReLU tail) and
+``hal.nn.Linear(act="gelu")`` modules. It trains under ``torch.autocast``
 with ``hal.amp.DynamicLossScaler`` and ``hal.optim.AdamW`` (``--master-weights``: the parameters
 themselves are half precision and AdamW keeps float32 masters). The data are images whose class is
 the quadrant holding a bright blob, plus noise. At the end it evaluates on fresh images (eval mode:
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> float:
     model = hal.nn.fuse(SmallCNN()).to(args.device)
     if args.master_weights:
         model = model.to(dtype)
-    fused = [f"{name} ({type(m).__name__})" for name, m in model.named_modules() if isinstance(m, (hal.nn.FusedConvBNReLU2d, hal.nn.Linear))]
+    fused = [f"{name} ({type(m).__name__})" for name, m in model.named_modules() if isinstance(m, (hal.nn.FusedConvBNReLU2d, hal.nn.FusedConvBNAddReLU2d, hal.nn.Linear))]
     print("hal.nn.fuse replaced: " + ", ".join(fused) + "\n")
     optimizer = hal.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4, master_weights=args.master_weights)
     scaler = hal.amp.DynamicLossScaler(init_scale=2.0**12, growth_interval=50, policy=hal.amp.ScalerPolicy(stats_every=args.log_every))

@@ -586,6 +586,14 @@ class Dispatcher:
             kernel_forced = choice.kernel_required and choice.kernel not in (None, "composite")
             composite = None if kernel_forced else decl.training_composite(named)
             if composite is not None:
+                # the backend's own kernel first: one made of torch's ops, recorded by torch's autograd,
+                # computes what the decomposition's steps would (the same torch kernels, the same
+                # saved tensors) with one entry into hal instead of one per step
+                decision, target = self.decide(decl, inputs, choice)
+                if decision.autograd_by == "torch" and decision.error is None and not decision.fallback:
+                    decision.route, decision.route_reason = "autograd", TORCH_RECORDS + " (in place of the op's training decomposition)"
+                    decision.traceable = True
+                    return decision, target
                 decision = self._decision(decl, inputs, choice)
                 plan = self._backend_order(decl, inputs, choice, self.runtime(), decision)
                 if plan is not None:

@@ -119,13 +119,14 @@ class GraphedStep:
         args, kwargs = pytree.tree_unflatten(static, spec)
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
+        restore = _capture_state()
         try:
             with torch.cuda.graph(graph):
                 output = self.step(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure inside the capture: run this signature eagerly
+            restore()
             entry.eager_reason = f"the capture failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"
             log.warning("hal.graphs: %s runs eagerly: %s", _name(self.step), entry.eager_reason)
-            torch.cuda.synchronize()
             args, kwargs = pytree.tree_unflatten(leaves, spec)
             return self.step(*args, **kwargs)
         if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in (*static, *pytree.tree_leaves(output))):
@@ -208,6 +209,25 @@ def _no_cuda_reason() -> Optional[str]:
     if torch.cuda.is_current_stream_capturing():
         return "called inside another capture"
     return None
+
+
+def _capture_state() -> Callable[[], None]:
+    """What a failed capture can leave behind, saved before it, and the function that puts it back.
+
+    When CUDA ends an invalidated capture (a synchronisation inside it), ``torch.cuda.graph`` raises
+    from ``capture_end`` before it restores the caller's stream and before the device's random
+    generator leaves its capture mode (every later random draw then fails with "Offset increment
+    outside graph capture"). The stream and a copy of the generator's state taken here are set back."""
+    stream = torch.cuda.current_stream()
+    generator = torch.cuda.default_generators[stream.device.index if stream.device.index is not None else torch.cuda.current_device()]
+    saved = generator.clone_state()
+
+    def restore() -> None:
+        torch.cuda.set_stream(stream)
+        generator.graphsafe_set_state(saved)
+        torch.cuda.synchronize()
+
+    return restore
 
 
 def _static_copy(x: torch.Tensor) -> torch.Tensor:

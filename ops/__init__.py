@@ -6,6 +6,7 @@ Backward ops (``<op>_backward``) are ops too. Only declarations live here: no ke
 
 # Declaration order is the order of API.md (and of `hal info` and the conformance reports).
 from .conv import batch_norm, batch_norm_backward, conv2d, conv2d_backward, fused_conv_bn_relu, fused_conv_bn_relu_backward  # isort: skip
+from .conv import fused_conv_bn_add_relu, fused_conv_bn_add_relu_backward  # isort: skip
 from .elementwise import ACTIVATIONS, scale_shift_act, scale_shift_act_backward  # isort: skip
 from .gemm import grouped_gemm, grouped_gemm_backward, linear, linear_backward, matmul, matmul_backward  # isort: skip
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  # isort: skip
@@ -22,6 +23,8 @@ __all__ = [
     "batch_norm_backward",
     "fused_conv_bn_relu",
     "fused_conv_bn_relu_backward",
+    "fused_conv_bn_add_relu",
+    "fused_conv_bn_add_relu_backward",
     "scale_shift_act",
     "scale_shift_act_backward",
     "linear",

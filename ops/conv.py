@@ -1,4 +1,5 @@
-"""Convolution and batch normalisation, and their vertical fusion conv -> batch-norm -> ReLU."""
+"""Convolution and batch normalisation, and their vertical fusions conv -> batch-norm -> ReLU and
+conv -> batch-norm -> add residual -> ReLU (a ResNet block's head and tail)."""
 
 from __future__ import annotations
 
@@ -471,6 +472,137 @@ def _empty_fused_conv_bn_relu_backward(a: Mapping[str, Any]) -> tuple:
     )
 
 
+# --- fused_conv_bn_add_relu: the residual tail of a ResNet block --------------------------------
+
+
+def _check_residual(op: str, residual: Any, out_shape: tuple[int, ...], x: Any) -> None:
+    """The residual added before the ReLU: an array of the convolution output's shape in x's dtype."""
+    c.shape_is(op, "residual", residual, out_shape, "(the convolution output's shape)")
+    c.same_dtype(op, "residual", residual, "x", x)
+
+
+@declare(
+    dtypes=FLOAT_DTYPES,
+    tolerances=REDUCTION,
+    backward="fused_conv_bn_add_relu_backward",
+    gradients=("x", "conv_weight", "conv_bias", "bn_weight", "bn_bias", "residual"),
+    mutates=("running_mean", "running_var"),
+    mutates_when="training",
+    mutates_statistics=True,
+    reduction=_fused_k,
+)
+def fused_conv_bn_add_relu(
+    x: Tensor,
+    conv_weight: Tensor,
+    conv_bias: OptionalTensor,
+    bn_weight: OptionalTensor,
+    bn_bias: OptionalTensor,
+    running_mean: OptionalTensor,
+    running_var: OptionalTensor,
+    residual: Tensor,
+    stride: IntPair = 1,
+    padding: Padding = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+    eps: float = 1e-5,
+    momentum: float = 0.1,
+    training: bool = False,
+) -> Tensor:
+    """``relu(batch_norm(conv2d(x, ...)) + residual)`` in one op: the tail of a ResNet block
+    (``relu(bn3(conv3(y)) + identity)``), with ``residual`` of the convolution output's shape and
+    x's dtype.
+
+    Batch norm as in :func:`fused_conv_bn_relu`: folded into the convolution in eval, batch
+    statistics and running statistics updated in place in training.
+
+    Training needs no fused backward: a call needing autograd runs the op's training
+    decomposition, conv2d -> batch_norm -> ``scale_shift_act(y, 1.0, residual, "relu")``, in which
+    each op saves its own input and runs its own tuned backward; a fused backward would recompute
+    the convolution for the batch norm's gradients, and the vendor calls that fuse this chain
+    (cuDNN's and MIOpen's convolution + add + ReLU) are forward-only. The backward op exists
+    because a trainable op names one: it serves calls that force a kernel of the op under
+    autograd, and it takes the forward's result (its sign is the ReLU's mask) instead of the
+    residual, so nothing but what torch's ReLU saves is kept.
+    """
+
+
+@fused_conv_bn_add_relu.checker
+def _check_fused_add(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps, momentum, training):
+    op = "fused_conv_bn_add_relu"
+    geo, out_shape = _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training)
+    _check_residual(op, residual, out_shape, x)
+    return {**geo, "eps": float(eps), "momentum": float(momentum), "training": bool(training)}
+
+
+def _bn_of_conv(a: Mapping[str, Any]) -> Any:
+    """batch_norm(conv2d(x)) of a call, which the decomposition rounds to the op's dtype before the
+    add (conformance allows its result that one rounding more). Training normalises with the batch
+    statistics and leaves the running ones alone here (this runs beside the call, not as it)."""
+    from hal.ops import batch_norm, conv2d
+
+    y = conv2d(a["x"], a["conv_weight"], a["conv_bias"], a["stride"], a["padding"], a["dilation"], a["groups"])
+    stats = (None, None) if a["training"] else (a["running_mean"], a["running_var"])
+    return batch_norm(y, *stats, a["bn_weight"], a["bn_bias"], a["training"], 0.0, a["eps"])
+
+
+@fused_conv_bn_add_relu.composite(training=True, rounds=_bn_of_conv)
+def _fused_add_composite(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps, momentum, training):
+    """conv2d -> batch_norm -> ``relu(y + residual)`` as scale_shift_act with the residual as its
+    shift: the fallback, and the training route (see the op's docstring)."""
+    from hal.ops import batch_norm, conv2d, scale_shift_act
+
+    y = conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    y = batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+    return scale_shift_act(y, 1.0, residual, "relu")
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, forward="fused_conv_bn_add_relu", reduction=_conv_backward_k)
+def fused_conv_bn_add_relu_backward(
+    grad_out: Tensor,
+    out: Tensor,
+    x: Tensor,
+    conv_weight: Tensor,
+    conv_bias: OptionalTensor,
+    bn_weight: OptionalTensor,
+    bn_bias: OptionalTensor,
+    running_mean: OptionalTensor,
+    running_var: OptionalTensor,
+    stride: IntPair = 1,
+    padding: Padding = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+    eps: float = 1e-5,
+    training: bool = False,
+) -> TensorTuple:
+    """Gradients of fused_conv_bn_add_relu: (grad_x, grad_conv_weight, grad_conv_bias,
+    grad_bn_weight, grad_bn_bias, grad_residual).
+
+    ``out`` is the forward's result: the ReLU passes grad_out where ``out > 0``, and that masked
+    gradient is grad_residual; the convolution output is recomputed from x for the batch norm's
+    gradients, as in :func:`fused_conv_bn_relu_backward`.
+    """
+
+
+@fused_conv_bn_add_relu_backward.checker
+def _check_fused_add_backward(grad_out, out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
+    op = "fused_conv_bn_add_relu_backward"
+    geo, out_shape = _fused_checks(op, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, 0.1, training, write=False)
+    for name, a in (("out", out), ("grad_out", grad_out)):
+        c.shape_is(op, name, a, out_shape, "(the forward output's shape)")
+        c.same_dtype(op, name, a, "x", x)
+    return {**geo, "eps": float(eps), "training": bool(training)}
+
+
+@fused_conv_bn_add_relu_backward.fake
+def _fake_fused_add_backward(a):
+    return (*_fake_fused_backward(a), like(a["out"]))
+
+
+def _empty_fused_conv_bn_add_relu_backward(a: Mapping[str, Any]) -> tuple:
+    """The zero gradients of fused_conv_bn_relu_backward, and a zero (empty) grad_residual."""
+    return (*_empty_fused_conv_bn_relu_backward(a), e.zeros_like(a["out"]))
+
+
 # zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)
 conv2d.empty(_empty_conv2d)
 conv2d_backward.empty(_empty_conv2d_backward)
@@ -478,6 +610,9 @@ batch_norm.empty(_empty_batch_norm)
 batch_norm_backward.empty(_empty_batch_norm_backward)
 fused_conv_bn_relu.empty(_empty_fused_conv_bn_relu)
 fused_conv_bn_relu_backward.empty(_empty_fused_conv_bn_relu_backward)
+fused_conv_bn_add_relu.fake(_fake_fused)  # the conv2d output's shape, as fused_conv_bn_relu's
+fused_conv_bn_add_relu.empty(_empty_fused_conv_bn_relu)  # an empty batch: the same empty output
+fused_conv_bn_add_relu_backward.empty(_empty_fused_conv_bn_add_relu_backward)
 
 
 __all__ = [
@@ -487,4 +622,6 @@ __all__ = [
     "batch_norm_backward",
     "fused_conv_bn_relu",
     "fused_conv_bn_relu_backward",
+    "fused_conv_bn_add_relu",
+    "fused_conv_bn_add_relu_backward",
 ]

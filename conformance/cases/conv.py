@@ -1,4 +1,4 @@
-"""Cases of conv2d, batch_norm, fused_conv_bn_relu and their backward ops.
+"""Cases of conv2d, batch_norm, fused_conv_bn_relu, fused_conv_bn_add_relu and their backward ops.
 
 Convolutions use ResNet-50's layers at their real sizes (batch 1 or 2; the float64 reference takes
 well under a second for each), and edge geometries: batch 1, odd and prime sizes, rectangular kernels, stride larger than the kernel,
@@ -294,11 +294,71 @@ def _pre_activation(a: dict[str, Any]) -> torch.Tensor:
     return torch.as_tensor(z)
 
 
-FUSED = from_table(FUSED_CASES, fused_args) + [
-    case("mixed_fp32_bn_train", fused_args, dtypes=HALF, training=True, param_dtype="float32", n=2, cin=8, h=6, w=6, cout=8, k=3, padding=1),
-    case("mixed_fp32_bn_eval", fused_args, dtypes=HALF, training=False, param_dtype="float32", n=2, cin=8, h=6, w=6, cout=8, k=3, padding=1),
-]
+def _mixed_cases(build: Any) -> list:
+    """Half x beside float32 batch-norm parameters and statistics (autocast's batch norm), in
+    training and eval."""
+    return [case(f"mixed_fp32_bn_{'train' if t else 'eval'}", build, dtypes=HALF, training=t, param_dtype="float32", n=2, cin=8, h=6, w=6,
+                 cout=8, k=3, padding=1) for t in (True, False)]
+
+
+FUSED = from_table(FUSED_CASES, fused_args) + _mixed_cases(fused_args)
 FUSED_BACKWARD = from_table(FUSED_CASES, _fused_backward, backward=True)
+
+
+# --- fused_conv_bn_add_relu ---------------------------------------------------------------------
+
+
+def fused_add_args(d: Draw, residual_layout: Any = None, **kw: Any) -> Call:
+    """fused_conv_bn_relu's arguments plus a residual of the convolution output's shape and of the
+    result's scale, laid out as x unless ``residual_layout`` says otherwise."""
+    call = fused_args(d, **kw)
+    shape = conv_out_shape(call.args, "x", "conv_weight")
+    residual = d.normal(*shape, std=call.scale, layout=residual_layout or kw.get("layout", "contiguous"))
+    return dataclasses.replace(call, args={**call.args, "residual": residual})
+
+
+FUSED_ADD_CASES: Table = {
+    # ResNet-50's block tail (conv3: 1x1 expanding 64 -> 256 channels) and a downsampling one
+    "resnet50_eval_1x1_expand": (dict(training=False, n=1, cin=64, h=56, w=56, cout=256, k=1), False, True),
+    "resnet50_train_1x1_expand_b2": (dict(training=True, n=2, cin=64, h=28, w=28, cout=256, k=1), False, True),
+    "small_eval_3x3": (dict(training=False, n=1, cin=16, h=8, w=8, cout=16, k=3, padding=1), True, True),
+    "small_train_3x3": (dict(training=True, n=2, cin=8, h=6, w=6, cout=8, k=3, padding=1), True, True),
+    "train_no_running_stats": (dict(training=True, stats=False, n=2, cin=8, h=7, w=7, cout=8, k=3, padding=1), False, True),
+    "eval_conv_bias_no_affine": (dict(training=False, conv_bias=True, bn_affine=False, n=2, cin=6, h=7, w=7, cout=10, k=3, padding=1), False, False),
+    "stride2_odd_train": (dict(training=True, n=3, cin=5, h=11, w=9, cout=7, k=3, stride=2, padding=1), False, True),
+    "stride2_1x1_eval": (dict(training=False, n=2, cin=8, h=9, w=11, cout=12, k=1, stride=2), False, True),
+    "groups4_eval": (dict(training=False, n=2, cin=8, h=7, w=7, cout=8, k=3, padding=1, groups=4), False, True),
+    "depthwise_train": (dict(training=True, n=2, cin=8, h=6, w=6, cout=8, k=3, padding=1, groups=8), False, False),
+    "dilation_asym_pad_eval": (dict(training=False, n=2, cin=4, h=10, w=11, cout=6, k=3, dilation=2, padding=(1, 2, 0, 1)), False, False),
+    "batch1_eval": (dict(training=False, n=1, cin=4, h=9, w=9, cout=8, k=3), False, False),
+    "batch1_train": (dict(training=True, n=1, cin=4, h=5, w=5, cout=8, k=3, padding=1), False, True),
+    "channels_last_train": (dict(training=True, n=2, cin=16, h=6, w=6, cout=16, k=3, padding=1, layout="channels_last", w_layout="channels_last"), False, True),
+    "channels_last_eval": (dict(training=False, n=2, cin=16, h=6, w=6, cout=32, k=1, layout="channels_last", w_layout="channels_last"), False, True),
+    "channels_last_x_contiguous_residual_eval": (dict(training=False, n=2, cin=8, h=6, w=6, cout=16, k=3, padding=1, layout="channels_last",
+                                                      w_layout="channels_last", residual_layout="contiguous"), False, False),
+    "noncontig_eval": (dict(training=False, n=2, cin=6, h=7, w=9, cout=8, k=3, padding=1, layout="noncontig"), False, True),
+    "noncontig_residual_train": (dict(training=True, n=2, cin=6, h=7, w=9, cout=8, k=3, padding=1, residual_layout="noncontig"), False, True),
+    "large_values_eval": (dict(training=False, n=1, cin=8, h=6, w=6, cout=8, k=3, padding=1, values="big"), False, False),
+    "empty_batch_train": (dict(training=True, n=0, cin=4, h=6, w=6, cout=8, k=3, padding=1), True, True),
+    "empty_batch_eval": (dict(training=False, n=0, cin=4, h=6, w=6, cout=8, k=3, padding=1), False, True),
+}
+
+
+def _fused_add_backward(d: Draw, **kw: Any) -> Call:
+    """The backward call with ``out``, the forward's result (float64 reference, rounded to the case
+    dtype and laid out as x): the ReLU's mask is read from it, so a kernel and the reference see the
+    same mask whatever the dtype (no kink band needed)."""
+    fwd = fused_add_args(d, **kw)
+    a = fwd.args
+    call = backward_call("fused_conv_bn_add_relu_backward", d, fwd, tuple(a["residual"].shape))
+    out = (_pre_activation(a) + a["residual"].detach().to("cpu", torch.float64)).clamp_min(0.0)
+    call.args["out"] = d.tensor(out.numpy(), layout=kw.get("layout", "contiguous"))
+    x, gamma = dtype_name(a["x"]), dtype_name(a["bn_weight"] if a["bn_weight"] is not None else a["x"])
+    return dataclasses.replace(call, result_dtypes=(x, x, x, gamma, gamma, x))  # the batch norm's gradients in its parameters' dtype
+
+
+FUSED_ADD = from_table(FUSED_ADD_CASES, fused_add_args) + _mixed_cases(fused_add_args)
+FUSED_ADD_BACKWARD = from_table(FUSED_ADD_CASES, _fused_add_backward, backward=True) + _mixed_cases(_fused_add_backward)
 
 CASES = {
     "conv2d": CONV2D,
@@ -307,4 +367,6 @@ CASES = {
     "batch_norm_backward": BATCH_NORM_BACKWARD,
     "fused_conv_bn_relu": FUSED,
     "fused_conv_bn_relu_backward": FUSED_BACKWARD,
+    "fused_conv_bn_add_relu": FUSED_ADD,
+    "fused_conv_bn_add_relu_backward": FUSED_ADD_BACKWARD,
 }

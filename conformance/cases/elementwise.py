@@ -1,5 +1,6 @@
 """Cases of scale_shift_act and its backward: every activation with scalar, per-channel and
-per-feature (transformer row) affine parameters, plus layouts, magnitudes and special values.
+per-feature (transformer row) affine parameters, a residual shift of x's own shape, plus layouts,
+magnitudes and special values.
 
 NaN and infinities: NaN propagates through every activation, and +inf maps to +inf or the
 activation's limit. -inf is drawn only for the activations whose limit PyTorch computes (none, relu,
@@ -28,10 +29,12 @@ def ssa_args(
     layout: str = "contiguous",
     values: str = "unit",
     specials: bool = False,
+    shift_layout: Optional[str] = None,
 ) -> Call:
     """``params``: "scalar" (Python numbers), "identity" (scale 1, shift 0: the activation alone),
-    "channel" (shape (C, 1, 1) for dim 1 of 4-D x) or "row" (the last dimension's size, broadcast
-    over rows)."""
+    "channel" (shape (C, 1, 1) for dim 1 of 4-D x), "row" (the last dimension's size, broadcast
+    over rows) or "residual" (scale 1, shift of x's own shape in ``shift_layout``, default x's:
+    ``relu(y + residual)``, the last step of fused_conv_bn_add_relu's training decomposition)."""
     mag = d.magnitude(values)
     raw = mag * d.rng.standard_normal(shape)
     if specials:  # a few NaN and infinities at random places
@@ -48,6 +51,8 @@ def ssa_args(
         scale, shift = d.uniform(shape[1], 1, 1, low=0.5, high=1.5), d.normal(shape[1], 1, 1, std=0.5 * mag)
     elif params == "row":
         scale, shift = d.uniform(shape[-1], low=0.5, high=1.5), d.normal(shape[-1], std=0.5 * mag)
+    elif params == "residual":
+        scale, shift = 1.0, d.normal(*shape, std=mag, layout=shift_layout or layout)
     else:
         raise ValueError(f"unknown params kind {params!r}")
     saturates = act in ("sigmoid", "tanh")
@@ -83,6 +88,10 @@ FORWARD += [
     case("noncontig_silu", ssa_args, shape=(4, 33, 10), act="silu", params="row", layout="noncontig"),
     case("channels_last_relu", ssa_args, shape=(2, 8, 6, 6), act="relu", params="channel", layout="channels_last"),
     case("vector_1d", ssa_args, shape=(1001,), act="gelu", params="row"),
+    case("relu_residual", ssa_args, shape=(2, 8, 6, 7), act="relu", params="residual"),
+    case("relu_residual_channels_last", ssa_args, shape=(2, 8, 6, 6), act="relu", params="residual", layout="channels_last"),
+    case("relu_residual_mixed_layouts", ssa_args, shape=(2, 8, 5, 6), act="relu", params="residual", layout="channels_last",
+         shift_layout="contiguous"),
 ]
 FORWARD += [case(f"large_values_{a}", ssa_args, shape=(3, 50), act=a, values="big") for a in ("none", "relu", "gelu", "tanh")]
 FORWARD += [case(f"fp16_underflow_{a}", ssa_args, shape=(3, 50), act=a, values="tiny", dtypes=("float16",)) for a in ("none", "relu", "gelu", "silu")]
@@ -98,6 +107,10 @@ BACKWARD += [
     case("odd_prime_shape", _backward, shape=(7, 13, 3), act="silu", params="row"),
     case("noncontig_tanh", _backward, shape=(4, 33, 10), act="tanh", params="row", layout="noncontig"),
     case("channels_last_sigmoid", _backward, shape=(2, 8, 6, 6), act="sigmoid", params="channel", layout="channels_last"),
+    # fused_conv_bn_add_relu's training decomposition: autograd asks for the gradients of y and the residual
+    case("relu_residual_grads", _backward, shape=(2, 8, 6, 7), act="relu", params="residual", output_mask=(True, False, True)),
+    case("relu_residual_channels_last_grads", _backward, shape=(2, 8, 6, 6), act="relu", params="residual", layout="channels_last",
+         output_mask=(True, False, True)),
 ]
 
 # zero-size dimensions: an empty batch (per-channel parameters), rows of no features (per-feature

@@ -231,6 +231,39 @@ def conv_bn_relu_eval(n: int, cin: int, cout: int, hw: int, k: int, dtype: str, 
     return Case("fused_conv_bn_relu", name, dtype, setup, byts, flops, compile_mode, targets)
 
 
+def conv_bn_add_relu_eval(n: int, c: int, hw: int, dtype: str, targets: dict) -> Case:
+    """A ResNet block's tail in eval, 1x1 conv c/4 -> c, batch norm, residual, ReLU; on a GPU against
+    cuDNN's conv + residual + bias + ReLU on weights folded beforehand (the fold's cost is hal's)."""
+    cin = max(1, c // 4)
+
+    def setup(device: torch.device) -> Setup:
+        x, w, bn = _conv_inputs(device, dtype, n, cin, c, hw, 1)
+        residual = _randn((n, c, hw, hw), DT[dtype], device).contiguous(memory_format=torch.channels_last)
+        args = (x, w, None, bn["bn_weight"], bn["bn_bias"], bn["running_mean"], bn["running_var"], residual)
+        peers = {}
+        if device.type == "cuda":
+            a = torch.rsqrt(bn["running_var"] + 1e-5) * bn["bn_weight"]
+            wf = (w.float() * a.view(-1, 1, 1, 1)).to(w.dtype).contiguous(memory_format=torch.channels_last)
+            bf = (bn["bn_bias"] - bn["running_mean"] * a).to(w.dtype)
+            peers["cudnn_fused_prefolded"] = lambda: torch.cudnn_convolution_add_relu(x, wf, residual, 1.0, bf, (1, 1), (0, 0), (1, 1), 1)
+        return forward("fused_conv_bn_add_relu", args, dict(training=False), peers)
+
+    flops = 2.0 * n * c * hw * hw * cin
+    byts = _nbytes((n, cin, hw, hw), dtype) + 2 * _nbytes((n, c, hw, hw), dtype) + _nbytes((c, cin, 1, 1), dtype)
+    return Case("fused_conv_bn_add_relu", f"eval {cin}->{c} 1x1 + residual at {hw}x{hw}, batch {n}, channels_last", dtype, setup, byts, flops,
+                "off", targets)
+
+
+def _add_relu_bwd(n: int, c: int, hw: int, dt: str) -> Callable[[torch.device], Setup]:
+    def setup(device: torch.device) -> Setup:
+        x, w, p = _conv_inputs(device, dt, n, c, c, hw, 3)
+        residual = _randn((n, c, hw, hw), DT[dt], device).contiguous(memory_format=torch.channels_last)
+        args = (x, w, None, p["bn_weight"], p["bn_bias"], p["running_mean"], p["running_var"], residual)
+        return backward("fused_conv_bn_add_relu", args, dict(padding=1, training=True), ("x", "conv_weight", "bn_weight", "bn_bias", "residual"))
+
+    return setup
+
+
 def conv_bn_relu_train(n: int, c: int, hw: int, dtype: str, compile_mode: str, targets: dict) -> Case:
     """Forward + backward of a training step: hal's two ops against autograd through eager / compile."""
 
@@ -300,6 +333,8 @@ def conv_cases(gpu: bool) -> list[Case]:
             conv_bn_relu_eval(n, c, c, hw, 3, dt, "off", {}),
             conv_bn_relu_train(n, c, hw, dt, "off", {}),
             Case("fused_conv_bn_relu_backward", "training", dt, _fused_bwd(n, c, hw, dt), 3 * act, 2 * flops),
+            conv_bn_add_relu_eval(n, c, hw, dt, {}),
+            Case("fused_conv_bn_add_relu_backward", "training", dt, _add_relu_bwd(n, c, hw, dt), 4 * act, 2 * flops),
         ]
     infer = {"eager": 2.0, "compile": 2.0, "peer:cudnn_fused_prefolded": 1.0}
     mode = "max-autotune-no-cudagraphs"
@@ -309,6 +344,11 @@ def conv_cases(gpu: bool) -> list[Case]:
             cases.append(conv_bn_relu_eval(64, cin, cout, size, k, dtype, "off", {"eager": 2.0, "peer:cudnn_fused_prefolded": 1.0}))
     cases.append(conv_bn_relu_train(64, 64, 56, "bfloat16", mode, {"eager": 1.3, "compile": 1.0}))
     cases.append(Case("fused_conv_bn_relu_backward", f"training {c}->{c} 3x3 at {hw}x{hw}, batch {n}", dt, _fused_bwd(n, c, hw, dt), 3 * act, 2 * flops, "off"))
+    for dtype in ("float16", "bfloat16"):  # the tails of ResNet-50's first and last stages
+        for c_out, size in ((256, 56), (2048, 7)):
+            cases.append(conv_bn_add_relu_eval(64, c_out, size, dtype, {"eager": 2.0, "peer:cudnn_fused_prefolded": 1.0}))
+    cases.append(Case("fused_conv_bn_add_relu_backward", f"training {c}->{c} 3x3 at {hw}x{hw}, batch {n}", dt, _add_relu_bwd(n, c, hw, dt),
+                      4 * act, 2 * flops, "off"))
     return cases
 
 

@@ -12,7 +12,8 @@ optimizer and the loss scaling stay eager) and measures every variant the same w
 - **throughput**: the workload's items (images, tokens) per step over the step time;
 - **peak memory**: ``torch.cuda.max_memory_allocated`` over the timed steps less what was allocated
   before the variant was built (the timer's L2-flush buffer): parameters, optimizer state and
-  activations, everything of the variant alive during a step;
+  activations, everything of the variant alive during a step; for a CUDA-graph variant over the
+  whole variant instead (its graph's memory is allocated during the capture, in the trajectory);
 - **host time per step**: the host clock from the call of the step to its return, started on an idle
   device (synchronised before, outside the clock) and synchronised after (outside the clock). A
   step that does not synchronise only queues work, so this is the CPU time spent issuing it. It is a
@@ -110,6 +111,8 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
         torch._dynamo.reset()  # each compiled variant compiles afresh (no recompile limit across variants)
     _free(device)
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     try:
         if variant.graph and device.type != "cuda":
             raise NotApplicable("CUDA graphs need a CUDA device")
@@ -135,7 +138,9 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
             rec["loss_first"] = float(outputs[0])
             rec["loss"] = float(outputs[-1])
         del outputs, first
-        if device.type == "cuda":
+        if device.type == "cuda" and not variant.graph:
+            # a graph's memory is taken during its capture (in the trajectory above) and stays the
+            # graph's; its replays allocate nothing, so a graphed step's peak is the whole variant's
             torch.cuda.reset_peak_memory_stats(device)
         timing = timer(step, warmup=0)
         rec["step_us"] = timing["median_us"]

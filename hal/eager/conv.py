@@ -1,4 +1,5 @@
-"""conv2d, batch_norm and conv -> batch-norm -> ReLU, and their gradients, in eager PyTorch.
+"""conv2d, batch_norm, conv -> batch-norm -> ReLU and conv -> batch-norm -> add -> ReLU, and their
+gradients, in eager PyTorch.
 
 Padding arrives canonical, (top, bottom, left, right). F.conv2d takes symmetric padding only, so an
 asymmetric one (padding="same" with an even kernel) is applied with F.pad first, which is what
@@ -7,7 +8,8 @@ PyTorch itself does for such a "same" convolution.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import functools
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -228,6 +230,76 @@ def fused_conv_bn_relu_backward(
     training: bool,
 ) -> tuple:
     """(grad_x, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias) by autograd."""
+    return _conv_bn_grads(F.relu, grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,
+                          dilation, groups, eps, training)
+
+
+def fused_conv_bn_add_relu(
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: Optional[torch.Tensor],
+    bn_weight: Optional[torch.Tensor],
+    bn_bias: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    residual: torch.Tensor,
+    stride: Pair,
+    padding: Pads,
+    dilation: Pair,
+    groups: int,
+    eps: float,
+    momentum: float,
+    training: bool,
+) -> torch.Tensor:
+    y = conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    return F.relu(F.batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps) + residual)
+
+
+def fused_conv_bn_add_relu_backward(
+    grad_out: torch.Tensor,
+    out: torch.Tensor,
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: Optional[torch.Tensor],
+    bn_weight: Optional[torch.Tensor],
+    bn_bias: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    stride: Pair,
+    padding: Pads,
+    dilation: Pair,
+    groups: int,
+    eps: float,
+    training: bool,
+) -> tuple:
+    """(grad_x, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias, grad_residual): the
+    ReLU's gradient from the forward's result ``out`` (torch's own ReLU backward), which is
+    grad_residual, then autograd through conv2d -> batch_norm."""
+    g = torch.ops.aten.threshold_backward(grad_out, out, 0)
+    grads = _conv_bn_grads(lambda y: y, g, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,
+                           dilation, groups, eps, training)
+    return (*grads, g)
+
+
+def _conv_bn_grads(
+    tail: Callable[[torch.Tensor], torch.Tensor],
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: Optional[torch.Tensor],
+    bn_weight: Optional[torch.Tensor],
+    bn_bias: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    stride: Pair,
+    padding: Pads,
+    dilation: Pair,
+    groups: int,
+    eps: float,
+    training: bool,
+) -> tuple:
+    """Autograd's gradients of ``tail(batch_norm(conv2d(x)))`` for x and the five parameters (missing
+    ones stand in as zeros and ones); a backward never updates the running statistics."""
     rm, rv = (None, None) if training else (running_mean, running_var)
     cout = conv_weight.shape[0]
     with torch.enable_grad():
@@ -235,8 +307,75 @@ def fused_conv_bn_relu_backward(
         cb = leaf(conv_bias) if conv_bias is not None else filled_leaf(cout, 0.0, x)
         gamma = leaf(bn_weight) if bn_weight is not None else filled_leaf(cout, 1.0, x)
         beta = leaf(bn_bias) if bn_bias is not None else filled_leaf(cout, 0.0, x)
-        y = fused_conv_bn_relu(xg, wg, cb, gamma, beta, rm, rv, stride, padding, dilation, groups, eps, 0.0, training)
-        return torch.autograd.grad(y, (xg, wg, cb, gamma, beta), grad_out)
+        y = F.batch_norm(conv2d(xg, wg, cb, stride, padding, dilation, groups), rm, rv, gamma, beta, training, 0.0, eps)
+        return torch.autograd.grad(tail(y), (xg, wg, cb, gamma, beta), grad)
+
+
+# --- half precision computed in float32 ---------------------------------------------------------
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 for half-precision x, else x's own dtype."""
+    return torch.float32 if x.dtype in _HALF else x.dtype
+
+
+def _f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.float()
+
+
+def add_relu_in_float32(kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A fused_conv_bn_add_relu kernel of torch's ops whose half-precision calls run in float32 and
+    round once. torch's ops round the batch norm's output to half precision before the residual is
+    added; where the two cancel (the sum is small beside them) that rounding is most of the sum's
+    error, beyond the op's tolerance (eager PyTorch's own error; cuDNN's and oneDNN's fused calls
+    round once). Running statistics of another dtype get the float32 update written back."""
+
+    @functools.wraps(kernel)
+    def run(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps, momentum,
+            training):
+        if x.dtype not in _HALF:
+            return kernel(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
+                          momentum, training)
+        rm, rv = _f32(running_mean), _f32(running_var)
+        out = kernel(x.float(), conv_weight.float(), _f32(conv_bias), _f32(bn_weight), _f32(bn_bias), rm, rv, residual.float(), stride, padding,
+                     dilation, groups, eps, momentum, training)
+        for dst, src in ((running_mean, rm), (running_var, rv)) if training else ():
+            if dst is not None and dst is not src:
+                dst.copy_(src)
+        return out.to(x.dtype)
+
+    return run
+
+
+def grad_dtypes(x: torch.Tensor, conv_weight: torch.Tensor, *params: Optional[torch.Tensor]) -> tuple[torch.dtype, ...]:
+    """The dtypes of the gradients of x, the convolution's weight and the given parameters (conv_bias,
+    bn_weight, bn_bias): each its input's, x's for a missing parameter."""
+    return (x.dtype, conv_weight.dtype, *(x.dtype if p is None else p.dtype for p in params))
+
+
+def half_in_float32(backward: Callable[..., tuple], tensors: Sequence[Optional[torch.Tensor]], static: tuple,
+                    dtypes: Sequence[torch.dtype]) -> tuple:
+    """``backward(*tensors in float32, *static)`` of a fused convolution op, each gradient rounded
+    once to its dtype of ``dtypes``: a half-precision recomputation would move a ReLU mask where
+    outputs are within a rounding of zero, and round the convolution output the batch norm's
+    gradients read."""
+    grads = backward(*(_f32(t) for t in tensors), *static)
+    return tuple(g.to(d) for g, d in zip(grads, dtypes))
+
+
+def add_relu_backward_in_float32(backward: Callable[..., tuple]) -> Callable[..., tuple]:
+    """A fused_conv_bn_add_relu_backward kernel whose half-precision calls run in float32
+    (:func:`half_in_float32`), grad_residual in x's dtype."""
+
+    @functools.wraps(backward)
+    def run(grad_out, out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
+        tensors = (grad_out, out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var)
+        static = (stride, padding, dilation, groups, eps, training)
+        if x.dtype not in _HALF:
+            return backward(*tensors, *static)
+        return half_in_float32(backward, tensors, static, (*grad_dtypes(x, conv_weight, conv_bias, bn_weight, bn_bias), x.dtype))
+
+    return run
 
 
 __all__ = [
@@ -246,8 +385,11 @@ __all__ = [
     "batch_norm_backward",
     "fused_conv_bn_relu",
     "fused_conv_bn_relu_backward",
+    "fused_conv_bn_add_relu",
+    "fused_conv_bn_add_relu_backward",
 ]
 
 #: capability checks of these functions as kernels of the eager backend: torch would allocate the
 #: padded input of a huge padding, far beyond the call's arrays.
-CHECKS = {op: padding_in_proportion for op in ("conv2d", "conv2d_backward", "fused_conv_bn_relu", "fused_conv_bn_relu_backward")}
+CHECKS = {op: padding_in_proportion for op in ("conv2d", "conv2d_backward", "fused_conv_bn_relu", "fused_conv_bn_relu_backward",
+                                               "fused_conv_bn_add_relu", "fused_conv_bn_add_relu_backward")}

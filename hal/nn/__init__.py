@@ -1,14 +1,18 @@
 """hal.nn: modules computed by hal's fused ops, and the fusion pass that puts them into a model.
 
 - :class:`FusedConvBNReLU2d`: conv -> batch-norm -> ReLU (state_dict of ``nn.Sequential(Conv2d,
-  BatchNorm2d, ReLU)``); :class:`Linear` with a fused activation; :class:`LayerNorm`, :class:`RMSNorm`.
-- :func:`fuse`: a torch.fx pass replacing conv -> bn -> relu and linear -> activation chains.
+  BatchNorm2d, ReLU)``); :class:`FusedConvBNAddReLU2d`: conv -> batch-norm -> add a residual ->
+  ReLU, a ResNet block's tail (``forward(x, residual)``); :class:`FusedConvBN2d`: conv ->
+  batch-norm (a downsample shortcut); :class:`Linear` with a fused activation; :class:`LayerNorm`,
+  :class:`RMSNorm`.
+- :func:`fuse`: a torch.fx pass replacing conv -> bn (-> add) -> relu, conv -> bn and linear ->
+  activation chains.
 - :func:`patch`: the same modules swapped in place by structure, without tracing (models torch.fx
   cannot trace, such as Hugging Face ``transformers`` models).
 """
 
 from hal.nn.fuse import fuse
-from hal.nn.modules import FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm
+from hal.nn.modules import FusedConvBN2d, FusedConvBNAddReLU2d, FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm
 from hal.nn.patch import patch
 
-__all__ = ["FusedConvBNReLU2d", "Linear", "LayerNorm", "RMSNorm", "fuse", "patch"]
+__all__ = ["FusedConvBNReLU2d", "FusedConvBNAddReLU2d", "FusedConvBN2d", "Linear", "LayerNorm", "RMSNorm", "fuse", "patch"]

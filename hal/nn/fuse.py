@@ -1,5 +1,5 @@
-"""``hal.nn.fuse(model)``: a torch.fx pass turning conv -> batch-norm -> ReLU and linear -> activation
-chains into hal's fused modules.
+"""``hal.nn.fuse(model)``: a torch.fx pass turning conv -> batch-norm -> ReLU, conv -> batch-norm ->
+add -> ReLU, conv -> batch-norm and linear -> activation chains into hal's fused modules.
 
 The model is traced with ``torch.fx.symbolic_trace``; a chain is fused when each intermediate result
 has exactly one user (the next link) and each module of the chain is called from exactly one place,
@@ -10,6 +10,14 @@ so that replacing it cannot change another computation. A ReLU module called fro
   path, holding the same conv and batch-norm modules (its state_dict keys are the conv's path with
   ``.0.`` for the conv and ``.1.`` for the batch norm, as ``torch.ao.quantization.fuse_modules``
   names them); the batch norm's old path is removed.
+- ``nn.Conv2d`` -> ``nn.BatchNorm2d`` -> add another tensor -> ReLU (a ResNet block's tail,
+  ``relu(bn3(conv3(y)) + identity)``) becomes :class:`FusedConvBNAddReLU2d` called on the conv's
+  input and the other tensor, with the same state_dict rule. The add is ``+``, ``+=``,
+  ``torch.add`` or ``.add``/``.add_`` without further arguments, the batch norm's result either
+  operand (the one written by an in-place add), and the sum must have the ReLU as its only user.
+- Any other ``nn.Conv2d`` -> ``nn.BatchNorm2d`` (torchvision's downsample ``nn.Sequential(conv,
+  bn)``, a tail whose sum is used elsewhere too) becomes :class:`FusedConvBN2d`, same state_dict
+  rule; the batch norm's result may have several users.
 - ``nn.Linear`` -> activation becomes :class:`hal.nn.Linear` with that activation, at the linear's
   path with the same parameters (state_dict unchanged).
 
@@ -20,13 +28,14 @@ of ``hal.ops.linear`` (relu, gelu, gelu_tanh, silu, sigmoid, tanh) as modules, f
 from __future__ import annotations
 
 import copy
+import operator
 from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from hal.nn.modules import FusedConvBNReLU2d, Linear, fusion_problem
+from hal.nn.modules import FusedConvBN2d, FusedConvBNAddReLU2d, FusedConvBNReLU2d, Linear, fusion_problem
 
 _ACT_MODULES: dict[type, Callable[[nn.Module], Optional[str]]] = {
     nn.ReLU: lambda m: "relu",
@@ -46,11 +55,15 @@ _ACT_FUNCTIONS: dict[Any, str] = {
     F.tanh: "tanh",
 }
 _ACT_METHODS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh"}
+#: a plain sum of two tensors, as functions and as methods; the in-place ones write their first operand
+_ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
+_ADD_METHODS = ("add", "add_")
+_IN_PLACE_ADDS = (operator.iadd, "add_")
 
 
 def fuse(model: nn.Module, inplace: bool = False) -> fx.GraphModule:
-    """Return a GraphModule computing the same function as ``model`` with its conv -> batch-norm ->
-    ReLU and linear -> activation chains replaced by hal's fused modules.
+    """Return a GraphModule computing the same function as ``model`` with its conv -> batch-norm
+    (-> add -> ReLU, or -> ReLU) and linear -> activation chains replaced by hal's fused modules.
 
     ``inplace=False`` (default) works on a deep copy; ``inplace=True`` shares the model's modules and
     parameters with the result. Raises ValueError when the model cannot be traced by torch.fx.
@@ -71,10 +84,11 @@ def fuse(model: nn.Module, inplace: bool = False) -> fx.GraphModule:
             continue
         module = gm.get_submodule(node.target)
         if type(module) is nn.Conv2d:
-            erased.update(_fuse_conv_bn_relu(gm, node, calls))
+            erased.update(_fuse_conv_bn(gm, node, calls))
         elif type(module) is nn.Linear:
             erased.update(_fuse_linear_act(gm, node, calls))
-    gm.graph.eliminate_dead_code()
+    # no dead-code elimination: each fusion erases its own chain, and fx counts methods as pure, so
+    # it would drop an in-place write whose result goes unused (``g.add_(y); return relu(g)``)
     gm.graph.lint()
     gm.recompile()
     return gm
@@ -112,22 +126,57 @@ def _activation(gm: fx.GraphModule, node: Optional[fx.Node], source: fx.Node) ->
     return None
 
 
-def _fuse_conv_bn_relu(gm: fx.GraphModule, conv_node: fx.Node, calls: dict[str, int]) -> list[fx.Node]:
-    """Fuse the chain starting at ``conv_node`` if it is one; returns the erased nodes."""
+def _fuse_conv_bn(gm: fx.GraphModule, conv_node: fx.Node, calls: dict[str, int]) -> list[fx.Node]:
+    """Fuse the longest chain starting at ``conv_node`` (conv -> bn -> ReLU, conv -> bn -> add ->
+    ReLU, or conv -> bn) if there is one; returns the erased nodes."""
     bn_node = _only_user(conv_node)
-    if bn_node is None or bn_node.op != "call_module" or len(bn_node.args) != 1 or bn_node.kwargs:
+    if bn_node is None or _conv_of(gm, bn_node, calls) is not conv_node:
         return []
     conv, bn = gm.get_submodule(conv_node.target), gm.get_submodule(bn_node.target)
-    relu_node = _only_user(bn_node)
-    if fusion_problem(conv, bn) or _activation(gm, relu_node, bn_node) != "relu":
-        return []
-    if calls[conv_node.target] != 1 or calls[bn_node.target] != 1:
-        return []
-    fused = FusedConvBNReLU2d.from_modules(conv, bn)
+    after = _only_user(bn_node)
+    residual = _residual(after, bn_node)
+    if residual is not None and after.args[0] is residual and _only_user(residual) is after and _conv_of(gm, residual, calls) is not None:
+        residual = None  # both operands end conv -> bn chains: the first one takes the add (``out += identity``: the block's own branch)
+    relu_after_add = _only_user(after) if residual is not None else None
+    if _activation(gm, after, bn_node) == "relu":
+        fused, chain, args = FusedConvBNReLU2d.from_modules(conv, bn), [conv_node, bn_node, after], (conv_node.args[0],)
+    elif residual is not None and _activation(gm, relu_after_add, after) == "relu":
+        fused, chain, args = FusedConvBNAddReLU2d.from_modules(conv, bn), [conv_node, bn_node, after, relu_after_add], (conv_node.args[0], residual)
+    else:
+        fused, chain, args = FusedConvBN2d.from_modules(conv, bn), [conv_node, bn_node], (conv_node.args[0],)
     gm.delete_submodule(bn_node.target)
     gm.delete_submodule(conv_node.target)
     gm.add_submodule(conv_node.target, fused)
-    return _replace(gm, [conv_node, bn_node, relu_node], conv_node.target)
+    return _replace(gm, chain, conv_node.target, args)
+
+
+def _conv_of(gm: fx.GraphModule, bn_node: fx.Node, calls: dict[str, int]) -> Optional[fx.Node]:
+    """The ``nn.Conv2d`` call feeding ``bn_node`` when the two can be fused (the batch norm a
+    module call on the convolution's result alone, its only user, each module called once), else None."""
+    if bn_node.op != "call_module" or len(bn_node.args) != 1 or bn_node.kwargs:
+        return None
+    conv_node = bn_node.args[0]
+    if not isinstance(conv_node, fx.Node) or conv_node.op != "call_module" or _only_user(conv_node) is not bn_node:
+        return None
+    if fusion_problem(gm.get_submodule(conv_node.target), gm.get_submodule(bn_node.target)):
+        return None
+    return conv_node if calls[conv_node.target] == 1 and calls[bn_node.target] == 1 else None
+
+
+def _residual(node: Optional[fx.Node], source: fx.Node) -> Optional[fx.Node]:
+    """The other operand of ``node`` when it is a plain sum of ``source``'s result and another
+    tensor (in place only into ``source``'s result: writing the other tensor would be lost), else None."""
+    if node is None or len(node.args) != 2 or node.kwargs:
+        return None
+    is_add = (node.op == "call_function" and node.target in _ADD_FUNCTIONS) or (node.op == "call_method" and node.target in _ADD_METHODS)
+    if not is_add:
+        return None
+    first, second = node.args
+    if first is source and isinstance(second, fx.Node) and second is not source:
+        return second
+    if second is source and isinstance(first, fx.Node) and first is not source and node.target not in _IN_PLACE_ADDS:
+        return first
+    return None
 
 
 def _fuse_linear_act(gm: fx.GraphModule, lin_node: fx.Node, calls: dict[str, int]) -> list[fx.Node]:
@@ -139,15 +188,15 @@ def _fuse_linear_act(gm: fx.GraphModule, lin_node: fx.Node, calls: dict[str, int
     linear = gm.get_submodule(lin_node.target)
     gm.delete_submodule(lin_node.target)
     gm.add_submodule(lin_node.target, Linear.from_linear(linear, act))
-    return _replace(gm, [lin_node, act_node], lin_node.target)
+    return _replace(gm, [lin_node, act_node], lin_node.target, (lin_node.args[0],))
 
 
-def _replace(gm: fx.GraphModule, chain: list[fx.Node], target: str) -> list[fx.Node]:
-    """Replace ``chain`` (first to last link) by one call of module ``target`` on the first link's
-    input; returns the erased nodes."""
+def _replace(gm: fx.GraphModule, chain: list[fx.Node], target: str, args: tuple) -> list[fx.Node]:
+    """Replace ``chain`` (first to last link) by one call of module ``target`` on ``args`` (nodes
+    defined before the last link); returns the erased nodes."""
     last = chain[-1]
     with gm.graph.inserting_before(last):
-        new = gm.graph.call_module(target, (chain[0].args[0],))
+        new = gm.graph.call_module(target, args)
     new.meta.update(last.meta)
     last.replace_all_uses_with(new)
     for node in reversed(chain):

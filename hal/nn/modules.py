@@ -1,4 +1,5 @@
-"""Modules whose forward is a hal op: conv -> batch-norm -> ReLU, linear with an activation, norms.
+"""Modules whose forward is a hal op: conv -> batch-norm (-> add a residual) -> ReLU, conv -> batch-norm,
+linear with an activation, norms.
 
 Each is a drop-in for the PyTorch modules it replaces: same parameters, buffers and state_dict
 keys, same train/eval behaviour. Under ``torch.autocast`` they follow PyTorch's autocast lists (hal
@@ -9,12 +10,13 @@ beside a half-precision activation, as cuDNN batch norm takes them.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 import torch
 from torch import nn
 
 import hal
+from hal.eager.fold import FoldCache
 from hal.ops import ACTIVATIONS
 
 
@@ -34,15 +36,13 @@ def _cast(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[t
     return t.to(dtype)
 
 
-class FusedConvBNReLU2d(nn.Module):
-    """``relu(batch_norm(conv2d(x)))`` as one ``hal.ops.fused_conv_bn_relu`` call.
+_Fused = TypeVar("_Fused", bound="_ConvBN")
 
-    Holds an ``nn.Conv2d`` as child ``"0"`` and an ``nn.BatchNorm2d`` as child ``"1"`` (also reachable
-    as ``.conv`` and ``.bn``), so its state_dict is that of ``nn.Sequential(conv, bn, nn.ReLU())``
-    and loads from and into it. In training it normalises with batch statistics and updates the
-    running statistics and ``num_batches_tracked`` exactly as ``nn.BatchNorm2d`` does (momentum None:
-    cumulative average); in eval the batch norm is folded into the convolution by the kernel.
-    """
+
+class _ConvBN(nn.Module):
+    """An ``nn.Conv2d`` at child ``"0"`` and an ``nn.BatchNorm2d`` at child ``"1"`` (also reachable
+    as ``.conv`` and ``.bn``): the state_dict of ``nn.Sequential(conv, bn, ...)``, and the batch
+    norm's bookkeeping of ``nn.BatchNorm2d`` for the fused modules built on it."""
 
     def __init__(
         self,
@@ -68,7 +68,7 @@ class FusedConvBNReLU2d(nn.Module):
         self.add_module("1", bn)
 
     @classmethod
-    def from_modules(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> "FusedConvBNReLU2d":
+    def from_modules(cls: type[_Fused], conv: nn.Conv2d, bn: nn.BatchNorm2d) -> _Fused:
         """A fused module around existing modules (shared, not copied); raises ValueError when
         they cannot be fused."""
         problem = fusion_problem(conv, bn)
@@ -89,36 +89,129 @@ class FusedConvBNReLU2d(nn.Module):
     def bn(self) -> nn.BatchNorm2d:
         return self._modules["1"]  # type: ignore[return-value]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        conv, bn = self.conv, self.bn
+    def _batch_norm_state(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], float, bool]:
+        """(running_mean, running_var, momentum, use batch statistics) of this forward, as
+        ``nn.BatchNorm2d`` computes them; in training ``num_batches_tracked`` counts the batch
+        (momentum None: the cumulative average)."""
+        bn = self.bn
         momentum = 0.0 if bn.momentum is None else bn.momentum
         if self.training and bn.track_running_stats and bn.num_batches_tracked is not None:
             bn.num_batches_tracked.add_(1)
-            if bn.momentum is None:  # cumulative moving average, as nn.BatchNorm2d
+            if bn.momentum is None:
                 momentum = 1.0 / float(bn.num_batches_tracked)
         use_batch_stats = self.training or (bn.running_mean is None and bn.running_var is None)
         keep_running = not self.training or bn.track_running_stats
-        dtype = autocast_dtype(x)
-        return hal.ops.fused_conv_bn_relu(
-            _cast(x, dtype),
-            _cast(conv.weight, dtype),
-            _cast(conv.bias, dtype),
-            bn.weight,
-            bn.bias,
-            bn.running_mean if keep_running else None,
-            bn.running_var if keep_running else None,
-            conv.stride,
-            conv.padding,
-            conv.dilation,
-            conv.groups,
-            bn.eps,
-            momentum,
-            use_batch_stats,
-        )
+        return (bn.running_mean if keep_running else None, bn.running_var if keep_running else None, momentum, use_batch_stats)
+
+    def _conv_args(self, x: torch.Tensor) -> tuple:
+        """(x, weight, bias) under autocast's casts, then stride, padding, dilation and groups."""
+        conv, dtype = self.conv, autocast_dtype(x)
+        return (_cast(x, dtype), _cast(conv.weight, dtype), _cast(conv.bias, dtype), conv.stride, conv.padding, conv.dilation, conv.groups)
+
+    def _conv_then_bn(self, x: torch.Tensor, state: tuple) -> torch.Tensor:
+        """``hal.ops.conv2d`` then ``hal.ops.batch_norm``: two ops, nothing folded."""
+        running_mean, running_var, momentum, use_batch_stats = state
+        bn = self.bn
+        y = hal.ops.conv2d(*self._conv_args(x))
+        return hal.ops.batch_norm(y, running_mean, running_var, bn.weight, bn.bias, use_batch_stats, momentum, bn.eps)
+
+
+class FusedConvBNReLU2d(_ConvBN):
+    """``relu(batch_norm(conv2d(x)))`` as one ``hal.ops.fused_conv_bn_relu`` call.
+
+    Holds an ``nn.Conv2d`` as child ``"0"`` and an ``nn.BatchNorm2d`` as child ``"1"`` (also reachable
+    as ``.conv`` and ``.bn``), so its state_dict is that of ``nn.Sequential(conv, bn, nn.ReLU())``
+    and loads from and into it. In training it normalises with batch statistics and updates the
+    running statistics and ``num_batches_tracked`` exactly as ``nn.BatchNorm2d`` does (momentum None:
+    cumulative average); in eval the batch norm is folded into the convolution by the kernel.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        running_mean, running_var, momentum, use_batch_stats = self._batch_norm_state()
+        x, weight, bias, *geometry = self._conv_args(x)
+        bn = self.bn
+        return hal.ops.fused_conv_bn_relu(x, weight, bias, bn.weight, bn.bias, running_mean, running_var, *geometry, bn.eps, momentum, use_batch_stats)
+
+
+class FusedConvBNAddReLU2d(_ConvBN):
+    """``relu(batch_norm(conv2d(x)) + residual)`` as one ``hal.ops.fused_conv_bn_add_relu`` call: the
+    tail of a ResNet block, ``forward(x, residual)``.
+
+    Children, state_dict and batch-norm behaviour as :class:`FusedConvBNReLU2d` (the state_dict of
+    ``nn.Sequential(conv, bn)``). Under autocast the residual is cast with x. A residual the op does
+    not take (one that broadcasts to the convolution output, or of another dtype: torch's add would
+    broadcast or promote) is added by torch after ``hal.ops.conv2d`` and ``hal.ops.batch_norm``, so
+    the module computes what the unfused chain computes.
+    """
+
+    #: (x's shape, the convolution output's shape) of the last forward: its shape check costs a
+    #: comparison, not the output-size arithmetic, while x's shape stays the same
+    _shapes: tuple = ((), ())
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        state = self._batch_norm_state()
+        x_, weight, bias, *geometry = self._conv_args(x)
+        residual = _cast(residual, autocast_dtype(x)) if isinstance(residual, torch.Tensor) else residual
+        if not self._takes(x_, residual):
+            return torch.relu(self._conv_then_bn(x, state) + residual)
+        running_mean, running_var, momentum, use_batch_stats = state
+        bn = self.bn
+        return hal.ops.fused_conv_bn_add_relu(x_, weight, bias, bn.weight, bn.bias, running_mean, running_var, residual, *geometry, bn.eps, momentum,
+                                              use_batch_stats)
+
+    def _takes(self, x: torch.Tensor, residual: Any) -> bool:
+        """Whether the op takes ``residual``: a tensor of x's dtype and the convolution output's shape."""
+        if not isinstance(residual, torch.Tensor) or residual.dtype != x.dtype:
+            return False
+        if self._shapes[0] != x.shape:
+            self._shapes = (x.shape, conv_output_shape(self.conv, x))
+        return residual.shape == self._shapes[1]
+
+
+#: folded (weight, bias) of the FusedConvBN2d modules in eval (shared with the plugins' fold)
+_FOLDED = FoldCache()
+
+
+class FusedConvBN2d(_ConvBN):
+    """``batch_norm(conv2d(x))``, no activation (torchvision's downsample ``nn.Sequential(conv, bn)``).
+
+    Children, state_dict and batch-norm behaviour as :class:`FusedConvBNReLU2d`. In eval the batch
+    norm is folded into the convolution's weight and bias (:class:`hal.eager.fold.FoldCache`, kept
+    while the parameters are unchanged) and one ``hal.ops.conv2d`` runs; in training, in eval where
+    a parameter needs a gradient (folded weights would carry none), and under torch.compile (the
+    cache is host bookkeeping Dynamo cannot trace; Inductor folds constants itself),
+    ``hal.ops.conv2d`` then ``hal.ops.batch_norm``.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state = self._batch_norm_state()
+        running_mean, running_var, _, use_batch_stats = state
+        if use_batch_stats or _parameters_need_grad(self) or torch.compiler.is_compiling():
+            return self._conv_then_bn(x, state)
+        x, _, _, *geometry = self._conv_args(x)
+        conv, bn = self.conv, self.bn
+        weight, bias = _FOLDED.get(x, conv.weight, conv.bias, bn.weight, bn.bias, running_mean, running_var, bn.eps)
+        return hal.ops.conv2d(x, weight, bias, *geometry)
+
+
+def _parameters_need_grad(module: nn.Module) -> bool:
+    """Whether autograd would differentiate a forward with respect to the module's parameters."""
+    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+
+
+def conv_output_shape(conv: nn.Conv2d, x: torch.Tensor) -> tuple[int, ...]:
+    """The shape ``conv`` gives for a batched (N, C, H, W) ``x`` (zero padding; () for other ranks)."""
+    if x.dim() != 4:
+        return ()
+    if conv.padding == "same":
+        return (int(x.shape[0]), conv.out_channels, int(x.shape[2]), int(x.shape[3]))
+    pads = (0, 0) if conv.padding == "valid" else conv.padding
+    hw = [(int(n) + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, d, k, s in zip(x.shape[2:], pads, conv.dilation, conv.kernel_size, conv.stride)]
+    return (int(x.shape[0]), conv.out_channels, *hw)
 
 
 def fusion_problem(conv: nn.Module, bn: nn.Module) -> Optional[str]:
-    """Why ``conv`` -> ``bn`` cannot become a FusedConvBNReLU2d (None when it can)."""
+    """Why ``conv`` -> ``bn`` cannot become one of the fused conv modules (None when it can)."""
     if type(conv) is not nn.Conv2d:
         return f"the convolution is a {type(conv).__name__}, not an nn.Conv2d"
     if type(bn) is not nn.BatchNorm2d:

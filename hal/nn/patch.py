@@ -13,9 +13,12 @@ What is swapped (parameters, buffers and state_dict keys stay as they were):
   ``down_proj`` and an activation child ``act_fn`` (and no other state) becomes :class:`SwiGLUMLP`
   (``down_proj(hal.ops.swiglu(gate_proj(x), up_proj(x)))``, the same linear modules), if it
   computes the same function.
-- ``nn.Sequential`` (exact type) holding conv -> batch-norm -> ReLU or linear -> activation chains
-  becomes :class:`Sequential`, whose forward runs each chain as one fused hal op
-  (``hal.nn.FusedConvBNReLU2d``, ``hal.nn.Linear`` with the activation) over the same child modules.
+- ``nn.Sequential`` (exact type) holding conv -> batch-norm -> ReLU, conv -> batch-norm or linear ->
+  activation chains becomes :class:`Sequential`, whose forward runs each chain as one fused hal
+  module (``hal.nn.FusedConvBNReLU2d``, ``hal.nn.FusedConvBN2d``: torchvision's downsample
+  ``nn.Sequential(conv, bn)``, ``hal.nn.Linear`` with the activation) over the same child modules.
+  A block's residual add is inside its ``forward``, out of reach without tracing (``hal.nn.fuse``
+  fuses it into ``FusedConvBNAddReLU2d``).
   A module with hooks is never part of a chain (the hooks would no longer run).
 
 "Computes the same function" is checked, not assumed: a copy of the module with random parameters
@@ -43,7 +46,7 @@ from torch import nn
 
 import hal
 from hal.nn.fuse import _ACT_MODULES
-from hal.nn.modules import FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm as HalRMSNorm, fusion_problem
+from hal.nn.modules import FusedConvBN2d, FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm as HalRMSNorm, fusion_problem
 
 log = logging.getLogger("hal.nn.patch")
 
@@ -82,8 +85,8 @@ class SwiGLUMLP(nn.Module):
 
 
 class Sequential(nn.Sequential):
-    """``nn.Sequential`` whose conv -> batch-norm -> ReLU and linear -> activation runs are each one
-    fused hal call over the same child modules. The plan follows the children: it is rebuilt when
+    """``nn.Sequential`` whose conv -> batch-norm (-> ReLU) and linear -> activation runs are each one
+    fused hal module over the same child modules. The plan follows the children: it is rebuilt when
     a child or its weight or bias is replaced, or a child gains or loses hooks."""
 
     _hal_key: Optional[tuple] = None
@@ -95,7 +98,7 @@ class Sequential(nn.Sequential):
         if key != self._hal_key:
             self._hal_steps, self._hal_key = _plan(children), key
         for run in self._hal_steps:
-            if isinstance(run, FusedConvBNReLU2d):
+            if isinstance(run, (FusedConvBNReLU2d, FusedConvBN2d)):
                 run.training = self.training  # the wrapper is not a child: .train() does not reach it
             input = run(input)
         return input
@@ -122,10 +125,13 @@ def _plan(children: tuple[nn.Module, ...]) -> tuple[Callable[[torch.Tensor], tor
         m = children[i]
         nxt = children[i + 1] if i + 1 < len(children) else None
         after = children[i + 2] if i + 2 < len(children) else None
-        if (type(m) is nn.Conv2d and nxt is not None and after is not None and not fusion_problem(m, nxt)
-                and _activation(after) == "relu" and not _has_hooks(m) and not _has_hooks(nxt)):
+        conv_bn = type(m) is nn.Conv2d and nxt is not None and not fusion_problem(m, nxt) and not _has_hooks(m) and not _has_hooks(nxt)
+        if conv_bn and after is not None and _activation(after) == "relu":
             steps.append(FusedConvBNReLU2d.from_modules(m, nxt))
             i += 3
+        elif conv_bn:
+            steps.append(FusedConvBN2d.from_modules(m, nxt))
+            i += 2
         elif type(m) is nn.Linear and nxt is not None and _activation(nxt) is not None and not _has_hooks(m):
             steps.append(Linear.from_linear(m, _activation(nxt)))
             i += 2

@@ -473,14 +473,14 @@ def test_plugin_of_another_api_major_is_refused_and_reported(install_plugins):
 
 def test_list_ops_records():
     ops = {o.name: o for o in hal.list_ops()}
-    for name in ["conv2d", "batch_norm", "fused_conv_bn_relu", "scale_shift_act", "linear", "matmul", "grouped_gemm",
+    for name in ["conv2d", "batch_norm", "fused_conv_bn_relu", "fused_conv_bn_add_relu", "scale_shift_act", "linear", "matmul", "grouped_gemm",
                  "layer_norm", "rms_norm", "softmax", "scaled_dot_product_attention", "amp_unscale_", "fused_adamw_",
                  "quantize", "dequantize", "fake_quantize", "int8_linear", "rotary_embedding", "swiglu", "cross_entropy",
                  "linear_cross_entropy"]:
         decl = ops[name]
         assert decl.signature.startswith("(") and decl.doc and decl.dtypes and decl.tolerances
     trainable = [o for o in ops.values() if o.backward]
-    assert len(trainable) == 16
+    assert len(trainable) == 17
     for o in trainable:
         assert ops[o.backward].forward == o.name
     assert ops["fused_adamw_"].signature.startswith("(params, grads, exp_avgs, exp_avg_sqs, *, lr")

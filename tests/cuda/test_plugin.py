@@ -81,6 +81,41 @@ def test_kernels_state_what_they_reject_as_sentences() -> None:
     assert _kernel("int8_linear", "triton").not_supported_reasons(on_hopper) == []
 
 
+def test_residual_tail_is_one_cudnn_call_in_eval_and_torch_ops_otherwise() -> None:
+    """fused_conv_bn_add_relu on an H200 (sm_90): eval with symmetric padding is cudnn_fused
+    (torch.cudnn_convolution_add_relu on folded weights); training, asymmetric padding and float64
+    are torch's ops, and each refusal is a sentence."""
+    from hal.dispatch import DISPATCHER
+    from hal.plugin import Inputs
+    from hal.registry import get_op
+
+    decl = get_op("fused_conv_bn_add_relu")
+
+    def chosen(dtype: torch.dtype, training: bool, padding: object = 1) -> tuple[str, dict[str, list[str]]]:
+        x, w = torch.randn(2, 8, 6, 6).to(dtype), torch.randn(16, 8, 3, 3).to(dtype)
+        vec = [torch.rand(16).to(dtype) + 0.5 for _ in range(4)]
+        out = 6 if padding == 1 else 5
+        args = [x, w, None, *vec, torch.randn(2, 16, out, out).to(dtype), 1, padding, 1, 1, 1e-5, 0.1, training]
+        canonical, _, _ = DISPATCHER.prepare(decl, args)
+        inputs = Inputs(decl, canonical.args, "cuda", torch.device("cuda", 0), canonical.dtype, "torch", "sm_90")
+        passed: dict[str, list[str]] = {}
+        for k in sorted((k for k in plugin.kernels if k.op == decl.name), key=lambda k: -k.priority):
+            reasons = k.not_supported_reasons(inputs)
+            if not reasons:
+                return k.name, passed
+            passed[k.name] = reasons
+        raise AssertionError(passed)
+
+    assert chosen(torch.float16, training=False) == ("cudnn_fused", {})
+    assert chosen(torch.float32, training=False)[0] == "cudnn_fused"
+    name, passed = chosen(torch.bfloat16, training=True)
+    assert name == "torch" and passed["cudnn_fused"] == ["training mode (batch statistics cannot be folded into the weights)"]
+    name, passed = chosen(torch.float16, training=False, padding=(1, 0, 1, 0))
+    assert name == "torch"
+    assert passed["cudnn_fused"] == ["asymmetric padding (cudnn_convolution_add_relu takes one padding per side pair)"]
+    assert chosen(torch.float64, training=False)[0] == "torch"
+
+
 def test_importing_the_plugin_imports_no_triton() -> None:
     code = "import sys, hal_backend_cuda; print('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

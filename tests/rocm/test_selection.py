@@ -95,6 +95,28 @@ def test_fused_conv_bn_relu_paths(arch: str) -> None:
     assert name == "miopen_fused"
 
 
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx1100"])
+def test_fused_conv_bn_add_relu_paths(arch: str) -> None:
+    """Eval with symmetric padding: torch.miopen_convolution_add_relu on folded weights, any layout
+    and half or single precision, any AMD GPU; training, asymmetric padding and float64: torch's ops."""
+
+    def call(x: torch.Tensor, training: bool, padding: Any = 1) -> tuple[str, dict]:
+        vec = lambda: torch.randn(16).to(x.dtype)  # noqa: E731
+        out = 10 if padding == 1 else 9
+        return chosen("fused_conv_bn_add_relu", arch, x, _t(16, x.shape[1], 3, 3, dtype=x.dtype), vec(), vec(), vec(), vec(),
+                      torch.rand(16).to(x.dtype) + 0.5, _t(2, 16, out, out, dtype=x.dtype), padding=padding, training=training)
+
+    x = _t(2, 8, 10, 10)
+    assert call(x, training=False) == ("miopen_fused", {})
+    assert call(x.contiguous(memory_format=torch.channels_last), training=False)[0] == "miopen_fused"
+    assert call(x.float(), training=False)[0] == "miopen_fused"
+    name, passed = call(x, training=True)
+    assert name == "torch" and passed["miopen_fused"] == ["training mode (batch statistics cannot be folded into the weights)"]
+    name, passed = call(x, training=False, padding=(1, 0, 1, 0))
+    assert name == "torch" and passed["miopen_fused"] == ["asymmetric padding (torch.miopen_convolution_add_relu takes one padding per side pair)"]
+    assert call(x.double(), training=False)[0] == "torch"
+
+
 def test_fused_conv_bn_relu_on_an_untuned_architecture() -> None:
     x = _t(2, 8, 10, 10)
     vec = lambda: torch.randn(16).to(x.dtype)  # noqa: E731

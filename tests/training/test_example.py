@@ -26,10 +26,11 @@ def test_example_trains_briefly(extra: list[str], capsys: pytest.CaptureFixture[
     assert math.isfinite(loss)
     assert out.count("loss ") >= 3
     assert "stem.0 (FusedConvBNReLU2d)" in out and "block1.conv1 (FusedConvBNReLU2d)" in out and "fc1 (Linear)" in out
+    assert "block1.conv2 (FusedConvBNAddReLU2d)" in out and "block2.conv2 (FusedConvBNAddReLU2d)" in out
     assert "eval accuracy" in out
     # the training decomposition's conv2d and batch_norm are torch's kernels on the CPU backend, so
     # torch's autograd records them: their backward runs as torch's, not as hal backward ops
-    for op in ("conv2d", "batch_norm", "fused_adamw_", "amp_unscale_", "linear", "fused_conv_bn_relu"):
+    for op in ("conv2d", "batch_norm", "fused_adamw_", "amp_unscale_", "linear", "fused_conv_bn_relu", "fused_conv_bn_add_relu"):
         assert op in out, f"{op} missing from the printed kernel table:\n{out}"
     assert "conv2d_backward" not in out and "batch_norm_backward" not in out
     assert "loss scaler: 3 steps" in out

@@ -42,7 +42,7 @@ def test_resnet_training_steps_match_eager(seed: int) -> None:
     with torch.no_grad():
         torch.testing.assert_close(fused.model.eval()(x), eager.model.eval()(x), rtol=1e-4, atol=1e-5)
     ran = {op for (op, _, _), c in hal.stats().items() if c["calls"]}
-    assert {"fused_conv_bn_relu", "fused_adamw_"} <= ran, ran
+    assert {"fused_conv_bn_relu", "fused_conv_bn_add_relu", "fused_adamw_"} <= ran, ran
 
 
 @pytest.mark.parametrize("cls", [ResNetInference, LlamaPrefill], ids=["resnet", "llama"])

@@ -82,6 +82,130 @@ def test_fused_module_under_bfloat16_autocast(seed: int) -> None:
     torch.testing.assert_close(fused.bn.running_mean, seq[1].running_mean, rtol=0.02, atol=0.01)
 
 
+def _conv_bn(**options: Any) -> nn.Sequential:
+    """nn.Sequential(Conv2d(3, 5, 3), BatchNorm2d(5)) in float64 with non-trivial batch-norm state."""
+    return _sequential(**options)[:2]
+
+
+def _residual_options() -> list[Any]:
+    return [
+        pytest.param(dict(padding=1), id="pad1"),
+        pytest.param(dict(stride=2, bias=True, momentum=None), id="stride2-bias-cumulative-momentum"),
+        pytest.param(dict(padding="same", dilation=2, affine=False), id="same-dilated-no-affine"),
+        pytest.param(dict(padding=1, track_running_stats=False), id="no-running-stats"),
+    ]
+
+
+@pytest.mark.parametrize("options", _residual_options())
+def test_conv_bn_add_relu_module_matches_sequential_plus_residual(options: dict[str, Any], seed: int) -> None:
+    """FusedConvBNAddReLU2d(x, r) against relu(Sequential(conv, bn)(x) + r): three training steps and
+    an eval step (results, gradients of x, r and every parameter, running statistics, state_dict)."""
+    seq = _conv_bn(**dict(options))
+    fused = hal.nn.FusedConvBNAddReLU2d.from_modules(*copy.deepcopy(seq))
+    assert list(fused.state_dict()) == list(seq.state_dict())
+    for step, training in enumerate((True, True, True, False)):
+        seq.train(training)
+        fused.train(training)
+        x = torch.randn(4, 3, 7, 7, dtype=torch.float64, requires_grad=True)
+        xr = x.detach().clone().requires_grad_(True)
+        shape = seq[0](x).shape
+        r = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        rr = r.detach().clone().requires_grad_(True)
+        want, got = F.relu(seq(xr) + rr), fused(x, r)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+        g = torch.randn_like(want)
+        want.backward(g)
+        got.backward(g)
+        torch.testing.assert_close(x.grad, xr.grad, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(r.grad, rr.grad, rtol=1e-8, atol=1e-10)
+        for (name, p), q in zip(seq.named_parameters(), fused.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"step {step} grad {n}: {m}")
+        for (name, a), b in zip(seq.state_dict().items(), fused.state_dict().values()):
+            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=lambda m, n=name: f"step {step} {n}: {m}")
+
+
+def test_conv_bn_add_relu_module_state_dict_and_unfusable_residuals(seed: int) -> None:
+    """The state_dict of nn.Sequential(conv, bn) loads both ways; a residual the op does not take (one
+    that broadcasts, one of another dtype) is added by torch, as the unfused chain adds it."""
+    seq = _conv_bn(padding=1, bias=True)
+    fused = hal.nn.FusedConvBNAddReLU2d(3, 5, 3, padding=1, bias=True).double()
+    fused.load_state_dict(seq.state_dict())
+    back = _conv_bn(padding=1, bias=True)
+    back.load_state_dict(fused.state_dict())
+    for (k, a), b in zip(seq.state_dict().items(), back.state_dict().values()):
+        assert torch.equal(a, b), k
+    seq.eval()
+    fused.eval()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    hal.reset_stats()
+    for r in (torch.randn(5, 1, 1, dtype=torch.float64), torch.randn(2, 5, 6, 6, dtype=torch.float32)):
+        with torch.no_grad():
+            got, want = fused(x, r), F.relu(seq(x) + r)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    assert {op for (op, _, _) in hal.stats()} == {"conv2d", "batch_norm"}  # the unfused chain, torch's add and ReLU
+
+
+def test_conv_bn_module_folds_in_eval_and_matches_sequential(seed: int) -> None:
+    """FusedConvBN2d against nn.Sequential(conv, bn): training steps through conv2d and batch_norm;
+    eval without autograd is one conv2d with the batch norm folded in (refolded after an update of
+    the parameters); eval with parameters needing gradients stays unfolded and gives them."""
+    seq = _conv_bn(padding=1, bias=True, momentum=None)
+    fused = hal.nn.FusedConvBN2d.from_modules(*copy.deepcopy(seq))
+    assert list(fused.state_dict()) == list(seq.state_dict())
+    opt_s, opt_f = torch.optim.SGD(seq.parameters(), lr=0.1), torch.optim.SGD(fused.parameters(), lr=0.1)
+    for _ in range(2):
+        x = torch.randn(4, 3, 6, 6, dtype=torch.float64)
+        want, got = seq(x), fused(x)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        opt_s.step()
+        opt_f.step()
+    for (k, a), b in zip(seq.state_dict().items(), fused.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-10, msg=k)
+
+    seq.eval()
+    fused.eval()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    hal.reset_stats()
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), seq(x), rtol=1e-9, atol=1e-10)
+    assert {op for (op, _, _) in hal.stats()} == {"conv2d"}
+    with torch.no_grad():
+        for a, b in ((seq[1].weight, fused.bn.weight), (seq[0].bias, fused.conv.bias)):
+            a.mul_(1.5)
+            b.mul_(1.5)
+        torch.testing.assert_close(fused(x), seq(x), rtol=1e-9, atol=1e-10)  # the fold follows the update
+
+    want, got = seq(x), fused(x)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    g = torch.randn_like(want)
+    want.backward(g)
+    got.backward(g)
+    for (name, p), q in zip(seq.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"eval grad {n}: {m}")
+
+
+def test_conv_bn_modules_under_bfloat16_autocast(seed: int) -> None:
+    """Under autocast the convolution (and the residual) run in bfloat16 beside float32 batch-norm
+    parameters and statistics, as FusedConvBNReLU2d; in eval too, with the fold in float32."""
+    seq = _conv_bn(padding=1).float()
+    add = hal.nn.FusedConvBNAddReLU2d.from_modules(*copy.deepcopy(seq))
+    plain = hal.nn.FusedConvBN2d.from_modules(*copy.deepcopy(seq))
+    x, r = torch.randn(2, 3, 6, 6), torch.randn(2, 5, 6, 6)
+    for training in (True, False):
+        for m in (seq, add, plain):
+            m.train(training)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want = seq(x)
+            got_add, got_plain = add(x, r), plain(x)
+        assert got_add.dtype == got_plain.dtype == torch.bfloat16
+        torch.testing.assert_close(got_plain.float(), want.float(), rtol=0.05, atol=0.05)
+        torch.testing.assert_close(got_add.float(), F.relu(want.float() + r), rtol=0.05, atol=0.05)
+    torch.testing.assert_close(add.bn.running_mean, seq[1].running_mean, rtol=0.02, atol=0.01)
+
+
 @pytest.mark.parametrize("act,torch_act", [("relu", F.relu), ("gelu", F.gelu), ("silu", F.silu), ("tanh", torch.tanh)])
 def test_linear_with_activation(act: str, torch_act: Any, seed: int) -> None:
     ref = nn.Linear(6, 4).double()
@@ -161,9 +285,9 @@ class ResNetish(nn.Module):
 
 
 def test_fuse_resnet_style_model(seed: int) -> None:
-    """fuse finds stem, layer1/2 conv1->bn1->relu (self.relu reused) and fc1->gelu; leaves
-    conv2->bn2 (followed by the residual add) and the downsample; the fused model computes the
-    same function in eval and takes the same training step (outputs, gradients, running stats)."""
+    """fuse finds stem, layer1/2 conv1->bn1->relu (self.relu reused), the tails conv2->bn2->add->relu,
+    the downsample conv->bn and fc1->gelu; the fused model computes the same function in eval and
+    takes the same training step (outputs, gradients, running stats)."""
     model = ResNetish().double()
     with torch.no_grad():
         for m in model.modules():
@@ -176,9 +300,11 @@ def test_fuse_resnet_style_model(seed: int) -> None:
     fused = hal.nn.fuse(model, inplace=True)  # shares model's parameters: compare by model's names
     kinds = {name: type(m).__name__ for name, m in fused.named_modules()}
     assert [n for n, k in kinds.items() if k == "FusedConvBNReLU2d"] == ["stem.0", "layer1.conv1", "layer2.conv1"]
+    assert [n for n, k in kinds.items() if k == "FusedConvBNAddReLU2d"] == ["layer1.conv2", "layer2.conv2"]
+    assert [n for n, k in kinds.items() if k == "FusedConvBN2d"] == ["layer2.downsample.0"]
     assert kinds["fc1"] == "Linear" and isinstance(fused.fc1, hal.nn.Linear) and fused.fc1.act == "gelu"
-    assert type(fused.fc2) is nn.Linear and type(fused.layer1.bn2) is nn.BatchNorm2d
-    assert "layer1.bn1" not in kinds and "layer1.relu" in kinds  # the reused ReLU stays for the residual
+    assert type(fused.fc2) is nn.Linear
+    assert not {"layer1.bn1", "layer1.bn2", "layer2.downsample.1"} & set(kinds)
 
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     fused.eval()
@@ -188,7 +314,9 @@ def test_fuse_resnet_style_model(seed: int) -> None:
     calls: dict[str, int] = {}
     for (op, _, _), c in hal.stats().items():
         calls[op] = calls.get(op, 0) + c["calls"]
-    assert calls["fused_conv_bn_relu"] == 3 and calls["linear"] == 1, calls  # the fused kernels ran
+    # the fused kernels ran; the downsample is one convolution with the batch norm folded in
+    assert calls["fused_conv_bn_relu"] == 3 and calls["fused_conv_bn_add_relu"] == 2 and calls["conv2d"] == 1 and calls["linear"] == 1, calls
+    assert "batch_norm" not in calls and "scale_shift_act" not in calls, calls
 
     fused.train()
     reference.train()
@@ -234,6 +362,53 @@ def test_fuse_leaves_what_it_cannot_fuse(seed: int) -> None:
 
     with pytest.raises(ValueError, match="could not trace"):
         hal.nn.fuse(Untraceable())
+
+
+class _Tails(nn.Module):
+    """Residual tails written every way the fuse pass takes (and two it must leave alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i in range(7):
+            self.add_module(f"conv{i}", nn.Conv2d(4, 4, 3, padding=1, bias=False))
+            self.add_module(f"bn{i}", nn.BatchNorm2d(4))
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.relu(self.bn0(self.conv0(x)) + x)  # operator.add, bn first
+        b = F.relu(torch.add(a, self.bn1(self.conv1(a))))  # torch.add, the residual first
+        c = self.bn2(self.conv2(b))
+        c += b  # +=
+        c = torch.relu(c)
+        d = self.bn3(self.conv3(c)).add(c).relu()  # .add
+        e = self.bn4(self.conv4(d)).add_(d).relu_()  # .add_ into the batch norm's result
+        s = self.bn5(self.conv5(e)) + e  # the sum is used twice: conv -> bn only
+        f = F.relu(s) + s
+        g = f.clone()
+        g.add_(self.bn6(self.conv6(f)))  # .add_ into the residual: left to torch (the write to g must stay)
+        return F.relu(g)
+
+
+def test_fuse_finds_residual_tails_written_every_way(seed: int) -> None:
+    model = _Tails().double()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.5)
+    reference = copy.deepcopy(model)
+    fused = hal.nn.fuse(model, inplace=True)
+    kinds = {name: type(m).__name__ for name, m in fused.named_children() if name.startswith("conv")}
+    assert kinds == {**{f"conv{i}": "FusedConvBNAddReLU2d" for i in range(5)}, "conv5": "FusedConvBN2d", "conv6": "FusedConvBN2d"}, kinds
+    x = torch.randn(2, 4, 5, 5, dtype=torch.float64)
+    for training in (True, False):
+        fused.train(training)
+        reference.train(training)
+        torch.testing.assert_close(fused(x), reference(x), rtol=1e-9, atol=1e-10)
+    for (name, a), b in zip(model.named_buffers(), reference.buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_fused_model_compiles_without_graph_breaks(seed: int) -> None:

@@ -176,6 +176,27 @@ def test_sequential_chains_fuse_and_match(train: bool, seed: int) -> None:
     assert "linear" in ran and ran & {"fused_conv_bn_relu", "conv2d"}, ran
 
 
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_downsample_sequential_becomes_fused_conv_bn(train: bool, seed: int) -> None:
+    """torchvision's downsample shortcut, nn.Sequential(conv, bn): one FusedConvBN2d over the same
+    children (state_dict unchanged), computing what the Sequential computed."""
+    model = nn.Sequential(nn.Conv2d(4, 8, 1, stride=2, bias=False), nn.BatchNorm2d(8)).train(train)
+    with torch.no_grad():
+        model[1].running_mean.normal_(0, 0.1)
+        model[1].running_var.uniform_(0.5, 1.5)
+        model[1].weight.uniform_(0.5, 1.5)
+    plain = copy.deepcopy(model)
+    keys = list(model.state_dict())
+    hal.nn.patch(model)
+    assert type(model) is Sequential and list(model.state_dict()) == keys
+    x = torch.randn(2, 4, 7, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), plain(x), rtol=1e-4, atol=1e-5)
+    assert [type(s).__name__ for s in model._hal_steps] == ["FusedConvBN2d"]
+    for a, b in zip(model.buffers(), plain.buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_sequential_follows_its_children_and_hooks(seed: int) -> None:
     """A replaced child is what runs next time; a hooked module is not fused (its hook runs)."""
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))

@@ -288,3 +288,43 @@ def test_a_compiled_unbatched_call_takes_the_kernel_on_a_batch_of_one(seed: int)
     ref = F.conv2d(xr, wr, None, 1, 1)
     ref.backward(g)
     torch.testing.assert_close((y, x.grad, w.grad), (ref, xr.grad, wr.grad))
+
+
+def _linear_backend(differentiable: bool) -> Any:
+    """A backend whose linear kernel (with its activation) is torch's ops, recorded by torch's
+    autograd or not, and the steps of linear's training decomposition (linear, scale_shift_act)."""
+    from hal.plugin import Plugin
+
+    plugin = Plugin("records", "1.0")
+    plugin.define_backend(priority=1000, device_types=("cpu",), array_api="torch")
+    acts = {"none": lambda y: y, "gelu": F.gelu}
+    plugin.kernel("linear", name="torch", priority=10, differentiable=differentiable)(
+        lambda x, weight, bias, act: acts[act](F.linear(x, weight, bias)))
+    plugin.kernel("scale_shift_act", name="torch", priority=10, differentiable=True)(
+        lambda x, scale, shift, act: acts[act](x * scale + shift))
+    return plugin
+
+
+@pytest.mark.parametrize("differentiable", [True, False], ids=["recorded", "not_recorded"])
+def test_a_recorded_kernel_runs_in_place_of_the_training_decomposition(install_plugins: Any, differentiable: bool, seed: int) -> None:
+    """linear with an activation declares a training decomposition (linear, then the activation). A
+    backend kernel that torch's autograd records runs as the one call instead: one hal entry, the
+    same torch kernels; one that torch does not record leaves the decomposition."""
+    import hal_backend_cpu_ref
+
+    install_plugins([hal_backend_cpu_ref.plugin, _linear_backend(differentiable)])
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    d = hal.explain("linear", x, w, None, "gelu")
+    if differentiable:
+        assert (d.route, d.kernel, d.autograd_by) == ("autograd", "torch", "torch"), d
+        assert "in place of the op's training decomposition" in str(d)
+    else:
+        assert (d.route, d.kernel) == ("decomposition", "composite"), d
+    hal.reset_stats()
+    y = hal.ops.linear(x, w, None, "gelu")
+    y.sum().backward()
+    assert _counted() == Counter(d.kernels_run()), (hal.stats(), d.kernels_run())
+    xr, wr = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    F.gelu(F.linear(xr, wr)).sum().backward()
+    torch.testing.assert_close((y, x.grad, w.grad), (F.gelu(F.linear(xr, wr)), xr.grad, wr.grad))

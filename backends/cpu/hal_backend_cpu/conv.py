@@ -1,4 +1,5 @@
-"""conv2d, batch_norm and conv -> BN -> ReLU on torch's CPU kernels (oneDNN convolutions).
+"""conv2d, batch_norm, conv -> BN -> ReLU and conv -> BN -> add -> ReLU on torch's CPU kernels (oneDNN
+convolutions).
 
 fused_conv_bn_relu:
 
@@ -12,9 +13,14 @@ fused_conv_bn_relu:
 - ``unfused``: torch's convolution, batch norm and ReLU as three ops, for torch.compile graphs
   (never chosen by eager calls).
 
+fused_conv_bn_add_relu has the same three kernels, the residual added before the ReLU: oneDNN's
+primitive with a binary add and a ReLU post-op (eval, float32), the folded convolution or the
+convolution and batch norm then an in-place add and ReLU (``torch``), and ``unfused``; half
+precision computes in float32 and rounds once (the sum may cancel).
+
 The backward ops call torch's backward kernels directly (``convolution_backward``,
 ``native_batch_norm_backward``), without building an autograd graph or, for conv2d, recomputing the
-forward; fused_conv_bn_relu_backward recomputes the convolution output (the op receives no saved
+forward; the fused backward ops recompute the convolution output (the ops receive no saved
 state).
 """
 
@@ -26,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from hal.eager import conv as eager
-from hal.eager.conv import padding_in_proportion, torch_bn_eps
+from hal.eager.conv import (add_relu_backward_in_float32, add_relu_in_float32, compute_dtype, grad_dtypes, half_in_float32, padding_in_proportion,
+                             torch_bn_eps)
 from hal.eager.fold import ParamCache, fold
 from hal.plugin import Inputs
 
@@ -155,10 +162,11 @@ def batch_norm_backward(grad_out, x, running_mean, running_var, weight, training
 FOLDED = ParamCache(fold)
 
 
-def folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps):
-    """The folded (weight, bias), the weight in the convolution weight's own memory format."""
+def folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps, dtype: Optional[torch.dtype] = None):
+    """The folded (weight, bias) in ``dtype`` (default x's), the weight in the convolution weight's
+    own memory format."""
     channels_last = conv_weight.is_contiguous(memory_format=torch.channels_last) and not conv_weight.is_contiguous()
-    return FOLDED.get((conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var), (eps, x.dtype, channels_last))
+    return FOLDED.get((conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var), (eps, dtype or x.dtype, channels_last))
 
 
 def _eval_only(inputs: Inputs) -> list[str]:
@@ -191,23 +199,94 @@ def fused_conv_bn_relu_unfused(x, conv_weight, conv_bias, bn_weight, bn_bias, ru
     return F.relu(bn_forward(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps))
 
 
-@kernel("fused_conv_bn_relu_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])
-def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
-    """The convolution output is recomputed (without its bias in training, where the batch mean
-    absorbs it: its gradient is then exactly zero), the ReLU mask from the batch-norm output. Half
-    precision runs in float32 (a half-precision recomputation moves the ReLU mask where outputs
-    are within a rounding of zero) and rounds each gradient once."""
-    if x.dtype in HALF:
-        args = [_f32(t) for t in (grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var)]
-        grads = fused_conv_bn_relu_backward(*args, stride, padding, dilation, groups, eps, training)
-        like = (x, conv_weight, x if conv_bias is None else conv_bias, x if bn_weight is None else bn_weight, x if bn_bias is None else bn_bias)
-        return tuple(g.to(t.dtype) for g, t in zip(grads, like))
-    y = eager.conv2d(x, conv_weight, None if training else conv_bias, stride, padding, dilation, groups)
-    stats = (None, None) if training else (running_mean, running_var)  # a backward never updates them
-    out = bn_forward(y, *stats, bn_weight, bn_bias, training, 0.0, eps)
-    gz = grad_out.masked_fill(out <= 0, 0)
+def _conv_bn_grads(gz, x, y, conv_weight, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training) -> tuple:
+    """(grad_x, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias) from gz, the gradient
+    at the output of the batch norm of the convolution output y. In training the convolution's bias
+    is absorbed by the batch mean: its gradient is exactly zero."""
     dy, g_gamma, g_beta = bn_grads(gz, y, running_mean, running_var, bn_weight, bn_bias, training, eps)
     gx, gw, gb = conv_grads(dy, x, conv_weight, stride, padding, dilation, groups)
     if training:
         gb = torch.zeros_like(gb)
     return gx, gw, gb, g_gamma, g_beta
+
+
+def _recomputed_conv(x, conv_weight, conv_bias, stride, padding, dilation, groups, training) -> torch.Tensor:
+    """The convolution output of a backward's forward, without its bias in training (the batch mean
+    absorbs it)."""
+    return eager.conv2d(x, conv_weight, None if training else conv_bias, stride, padding, dilation, groups)
+
+
+@kernel("fused_conv_bn_relu_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])
+def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
+    """The convolution output is recomputed, the ReLU mask from the batch-norm output. Half
+    precision runs in float32 and rounds each gradient once."""
+    if x.dtype in HALF:
+        tensors = (grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var)
+        return half_in_float32(fused_conv_bn_relu_backward, tensors, (stride, padding, dilation, groups, eps, training),
+                               grad_dtypes(x, conv_weight, conv_bias, bn_weight, bn_bias))
+    y = _recomputed_conv(x, conv_weight, conv_bias, stride, padding, dilation, groups, training)
+    stats = (None, None) if training else (running_mean, running_var)  # a backward never updates them
+    out = bn_forward(y, *stats, bn_weight, bn_bias, training, 0.0, eps)
+    gz = grad_out.masked_fill(out <= 0, 0)
+    return _conv_bn_grads(gz, x, y, conv_weight, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training)
+
+
+# --- fused_conv_bn_add_relu: relu(batch_norm(conv2d(x)) + residual) ---------------------------------
+#
+# oneDNN's convolution with a binary "add" post-op and a ReLU runs the eval call as one primitive, in
+# float32: on torch 2.13 its bfloat16 form fails an internal assert for NCHW inputs and its float16
+# form needs AVX-NE-CONVERT or AVX512-FP16 (checked on this project's CI CPU, 2026-12-02), so half
+# precision takes ``torch``: the convolution with weights folded in float32, the add and the ReLU in
+# float32, rounded once.
+
+
+@kernel("fused_conv_bn_add_relu", name="onednn", priority=30, dtypes=("float32",), checks=[onednn_dtype, _eval_only, padding_in_proportion])
+def fused_conv_bn_add_relu_onednn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
+                                  momentum, training):
+    w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
+    xp, pad = _padded(x, padding)
+    return torch.ops.mkldnn._convolution_pointwise.binary(xp, residual, w, b, pad, list(stride), list(dilation), groups, "add", 1.0, "relu", [], "")
+
+
+@kernel("fused_conv_bn_add_relu", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])
+def fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
+                           momentum, training):
+    """Eval: the folded convolution, then the add and the ReLU in place on its result; half
+    precision convolves in float32 with weights folded in float32 and rounds once (see
+    :func:`hal.eager.conv.add_relu_in_float32`). Training: :func:`_trained`."""
+    if training:
+        return _trained(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
+                        momentum, training)
+    acc = compute_dtype(x)
+    w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps, acc)
+    return eager.conv2d(x.to(acc), w, b, stride, padding, dilation, groups).add_(residual).relu_().to(x.dtype)
+
+
+@add_relu_in_float32
+def _trained(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps, momentum,
+             training):
+    """Convolution, batch norm with the batch statistics, then the add and the ReLU in place."""
+    y = eager.conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    return bn_forward(y, running_mean, running_var, bn_weight, bn_bias, True, momentum, eps).add_(residual).relu_()
+
+
+# torch's ops for torch.compile graphs, as fused_conv_bn_relu's ``unfused`` (never chosen by eager calls)
+@kernel("fused_conv_bn_add_relu", name="unfused", priority=1, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion], differentiable=True)
+@add_relu_in_float32
+def fused_conv_bn_add_relu_unfused(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
+                                   eps, momentum, training):
+    y = eager.conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    return F.relu(bn_forward(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps) + residual)
+
+
+@kernel("fused_conv_bn_add_relu_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])
+@add_relu_backward_in_float32
+def fused_conv_bn_add_relu_backward(grad_out, out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation,
+                                    groups, eps, training):
+    """The ReLU's gradient from the forward's result (torch's ReLU backward), which is grad_residual;
+    the convolution output is recomputed for the batch norm's gradients. Half precision in float32,
+    as fused_conv_bn_relu_backward."""
+    gz = torch.ops.aten.threshold_backward(grad_out, out, 0)
+    y = _recomputed_conv(x, conv_weight, conv_bias, stride, padding, dilation, groups, training)
+    grads = _conv_bn_grads(gz, x, y, conv_weight, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training)
+    return (*grads, gz)

@@ -1,4 +1,5 @@
-"""Convolution, batch normalisation and conv -> batch-norm -> ReLU, with their gradients (float64).
+"""Convolution, batch normalisation, conv -> batch-norm -> ReLU and conv -> batch-norm -> add -> ReLU,
+with their gradients (float64).
 
 Arguments arrive canonical: x batched (N, C, H, W), stride and dilation as pairs, padding as
 (top, bottom, left, right). A convolution is a sum over kernel taps: tap (i, j) reads input row
@@ -101,6 +102,11 @@ def _conv(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray], stride,
     return y if bias is None else y + bias[:, None, None]
 
 
+def _conv_f64(x, weight, bias, stride, padding, dilation, groups) -> np.ndarray:
+    """The convolution of arrays of any float dtype, in float64."""
+    return _conv(f64(x), f64(weight), None if bias is None else f64(bias), stride, padding, dilation, groups)
+
+
 def _conv_grads(g: np.ndarray, x: np.ndarray, weight: np.ndarray, stride, padding, dilation, groups):
     """(grad_x, grad_weight, grad_bias) of _conv, all float64."""
     o = weight.shape[0]
@@ -137,8 +143,7 @@ CONV_FOOTPRINT = _conv_footprint
 
 @reference("conv2d", CONV_FOOTPRINT)
 def conv2d(x, weight, bias, stride, padding, dilation, groups):
-    b = None if bias is None else f64(bias)
-    return like(_conv(f64(x), f64(weight), b, stride, padding, dilation, groups), x)
+    return like(_conv_f64(x, weight, bias, stride, padding, dilation, groups), x)
 
 
 @reference("conv2d_backward", CONV_FOOTPRINT)
@@ -216,25 +221,53 @@ def batch_norm_backward(grad_out, x, running_mean, running_var, weight, training
     return like(grad_x, x), like(grad_w, p), like(grad_b, p)
 
 
-# --- fused_conv_bn_relu: relu(batch_norm(conv2d(x))) -------------------------------------------
+# --- fused_conv_bn_relu: relu(batch_norm(conv2d(x))), fused_conv_bn_add_relu: relu(... + residual)
+
+
+def _conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum,
+             training) -> tuple[np.ndarray, np.ndarray]:
+    """(z, y): the float64 convolution output z and its batch norm y (running statistics updated in
+    place in training, when given)."""
+    z = _conv_f64(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    return z, _bn(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+
+
+def _conv_bn_grads(g_y: np.ndarray, z: np.ndarray, x, conv_weight, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation,
+                   groups, eps, training) -> tuple:
+    """(grad_x, grad_conv_weight, grad_conv_bias, grad_bn_weight, grad_bn_bias) from g_y, the
+    gradient at the batch norm's output y = bn(z), each in its input's dtype."""
+    g_z, grad_gamma, grad_beta = _bn_grads(g_y, z, running_mean, running_var, bn_weight, training, eps)
+    grad_x, grad_w, grad_b = _conv_grads(g_z, f64(x), f64(conv_weight), stride, padding, dilation, groups)
+    gamma_like, beta_like = _param_dtype(bn_weight, x), _param_dtype(bn_bias, x)
+    return like(grad_x, x), like(grad_w, x), like(grad_b, x), like(grad_gamma, gamma_like), like(grad_beta, beta_like)
 
 
 @reference("fused_conv_bn_relu", CONV_FOOTPRINT)
 def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
-    b = None if conv_bias is None else f64(conv_bias)
-    z = _conv(f64(x), f64(conv_weight), b, stride, padding, dilation, groups)
-    y = _bn(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+    _, y = _conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training)
     return like(np.maximum(y, 0.0), x)
 
 
 @reference("fused_conv_bn_relu_backward", CONV_FOOTPRINT)
 def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):
-    xs, w = f64(x), f64(conv_weight)
-    z = _conv(xs, w, None if conv_bias is None else f64(conv_bias), stride, padding, dilation, groups)
     stats = (None, None) if training else (running_mean, running_var)  # training: leave them untouched
-    y = _bn(z, *stats, bn_weight, bn_bias, training, 0.0, eps)
+    z, y = _conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, *stats, stride, padding, dilation, groups, eps, 0.0, training)
     g_y = f64(grad_out) * (y > 0)
-    g_z, grad_gamma, grad_beta = _bn_grads(g_y, z, running_mean, running_var, bn_weight, training, eps)
-    grad_x, grad_w, grad_b = _conv_grads(g_z, xs, w, stride, padding, dilation, groups)
-    gamma_like, beta_like = _param_dtype(bn_weight, x), _param_dtype(bn_bias, x)
-    return like(grad_x, x), like(grad_w, x), like(grad_b, x), like(grad_gamma, gamma_like), like(grad_beta, beta_like)
+    return _conv_bn_grads(g_y, z, x, conv_weight, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training)
+
+
+@reference("fused_conv_bn_add_relu", CONV_FOOTPRINT)
+def fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
+                           momentum, training):
+    _, y = _conv_bn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training)
+    return like(np.maximum(y + f64(residual), 0.0), x)
+
+
+@reference("fused_conv_bn_add_relu_backward", CONV_FOOTPRINT)
+def fused_conv_bn_add_relu_backward(grad_out, out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation,
+                                    groups, eps, training):
+    """The ReLU passes grad_out where the forward's result is positive; that is grad_residual."""
+    g_y = f64(grad_out) * (f64(out) > 0)
+    z = _conv_f64(x, conv_weight, conv_bias, stride, padding, dilation, groups)
+    grads = _conv_bn_grads(g_y, z, x, conv_weight, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training)
+    return (*grads, like(g_y, x))

@@ -1,5 +1,5 @@
-"""cpu_ref's conv2d, batch_norm and fused_conv_bn_relu, and their backwards, against PyTorch in
-float64 (and hal.eager's versions)."""
+"""cpu_ref's conv2d, batch_norm, fused_conv_bn_relu and fused_conv_bn_add_relu, and their backwards,
+against PyTorch in float64 (and hal.eager's versions)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,24 @@ def torch_fused_grads(grad_out, x, cw, cb, bw, bb, running_mean, running_var, st
     leaves = (x, cw, _zeros_if_none(cb, n, x), _ones_if_none(bw, n, x), _zeros_if_none(bb, n, x))
     fn = lambda *a: torch_fused(*a, *stats, stride, padding, dilation, groups, eps, 0.1, training)  # noqa: E731
     return vjp(fn, leaves, grad_out)
+
+
+def torch_fused_add(x, cw, cb, bw, bb, running_mean, running_var, residual, stride=1, padding=0, dilation=1, groups=1, eps=1e-5, momentum=0.1,
+                    training=False):
+    y = torch_conv(x, cw, cb, stride, padding, dilation, groups)
+    return F.relu(F.batch_norm(y, running_mean, running_var, bw, bb, training, momentum, eps) + residual)
+
+
+def torch_fused_add_grads(grad_out, out, x, cw, cb, bw, bb, running_mean, running_var, stride=1, padding=0, dilation=1, groups=1, eps=1e-5,
+                          training=False):
+    """The six gradients of torch_fused_add at a call whose result is ``out``: the ReLU passes
+    grad_out where out > 0 (the residual's gradient), autograd through conv -> batch norm the rest."""
+    g = grad_out * (out > 0)
+    stats = (None, None) if training else (running_mean.clone(), running_var.clone())
+    n = cw.shape[0]
+    leaves = (x, cw, _zeros_if_none(cb, n, x), _ones_if_none(bw, n, x), _zeros_if_none(bb, n, x))
+    fn = lambda x_, w_, b_, g_, be_: F.batch_norm(torch_conv(x_, w_, b_, stride, padding, dilation, groups), *stats, g_, be_, training, 0.1, eps)  # noqa: E731
+    return (*vjp(fn, leaves, g), g)
 
 
 def _clone(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -304,6 +322,57 @@ def test_fused_conv_bn_relu_channels_last(rng):
     assert_all_close64((hal.ops.fused_conv_bn_relu(x, w, *rest, padding=1, training=True), *rest[3:]), (want, *ref_stats))
 
 
+# --- fused_conv_bn_add_relu ------------------------------------------------------------------------
+
+
+def _residual(rng, args, geometry) -> torch.Tensor:
+    return randn(rng, *torch_conv(args[0], args[1], None, **geometry).shape)
+
+
+@pytest.mark.parametrize("params", ["all", "none"], ids=["with_params", "params_none"])
+@pytest.mark.parametrize("mode", BN_MODES)
+@pytest.mark.parametrize("case", FUSED_CASES, ids=FUSED_IDS)
+def test_fused_conv_bn_add_relu(case, mode, params, rng):
+    args = _fused_args(rng, case[1], case[2], mode, params)
+    args.append(_residual(rng, args, case[3]))
+    kw = dict(case[3], eps=1e-4, momentum=0.2, training=mode != "eval")
+    ref_args = [_clone(a) for a in args]
+    want = torch_fused_add(*ref_args, **kw)
+    assert (want > 0).any() and (want == 0).any()  # the ReLU both passes and clips
+    for impl in ("hal", "eager"):
+        call = [_clone(a) for a in args]
+        if impl == "hal":
+            got = hal.ops.fused_conv_bn_add_relu(*call, **kw)
+        else:
+            got = eager("fused_conv_bn_add_relu")(*canonical(hal.ops.fused_conv_bn_add_relu, *call, **kw))
+        if mode == "train_no_stats":
+            assert_all_close64(got, want)
+        else:
+            assert_all_close64((got, *call[5:7]), (want, *ref_args[5:7]))
+
+
+@pytest.mark.parametrize("params", ["all", "none"], ids=["with_params", "params_none"])
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=FUSED_IDS)
+def test_fused_conv_bn_add_relu_backward(case, mode, params, rng):
+    """The backward op from the forward's result, against autograd through the whole forward (the
+    residual included) and against the reference formula."""
+    args = _fused_args(rng, case[1], case[2], mode, params)
+    residual = _residual(rng, args, case[3])
+    kw = dict(case[3], eps=1e-4, training=mode == "train")
+    stats = [a.clone() for a in args[5:]]
+    out = torch_fused_add(*args[:5], *[t.clone() for t in stats], residual, **kw)
+    g = randn(rng, *out.shape)
+    n = args[1].shape[0]
+    leaves = (args[0], args[1], _zeros_if_none(args[2], n, args[0]), _ones_if_none(args[3], n, args[0]), _zeros_if_none(args[4], n, args[0]), residual)
+    fwd = lambda *a: torch_fused_add(*a[:5], *[t.clone() for t in stats], a[5], **kw)  # noqa: E731
+    want = vjp(fwd, leaves, g)
+    assert_all_close64(torch_fused_add_grads(g, out, *args, **kw), want)
+    assert_all_close64(hal.ops.fused_conv_bn_add_relu_backward(g, out, *args, **kw), want)
+    assert_all_close64(eager("fused_conv_bn_add_relu_backward")(*canonical(hal.ops.fused_conv_bn_add_relu_backward, g, out, *args, **kw)), want)
+    assert_all_close64(args[5:], stats, rtol=0, atol=0)
+
+
 # --- every op of the family in every dtype, with torch and NumPy arrays ---------------------------
 
 
@@ -336,6 +405,17 @@ def _sample_fused_backward(rng):
     return hal.ops.fused_conv_bn_relu_backward, (g, *args, 1, 1, 1, 1, 1e-5, False), torch_fused_grads
 
 
+def _sample_fused_add(rng):
+    args = _fused_args(rng, (2, 3, 6, 5), (4, 3, 3, 3), "train", "all")
+    return hal.ops.fused_conv_bn_add_relu, (*args, randn(rng, 2, 4, 6, 5), 1, 1, 1, 1, 1e-5, 0.1, True), torch_fused_add
+
+
+def _sample_fused_add_backward(rng):
+    args = _fused_args(rng, (2, 3, 6, 5), (4, 3, 3, 3), "eval", "all")
+    out = torch_fused_add(*args, randn(rng, 2, 4, 6, 5), padding=1)
+    return hal.ops.fused_conv_bn_add_relu_backward, (randn(rng, 2, 4, 6, 5), out, *args, 1, 1, 1, 1, 1e-5, False), torch_fused_add_grads
+
+
 SAMPLES = {
     "conv2d": _sample_conv,
     "conv2d_backward": _sample_conv_backward,
@@ -343,6 +423,8 @@ SAMPLES = {
     "batch_norm_backward": _sample_bn_backward,
     "fused_conv_bn_relu": _sample_fused,
     "fused_conv_bn_relu_backward": _sample_fused_backward,
+    "fused_conv_bn_add_relu": _sample_fused_add,
+    "fused_conv_bn_add_relu_backward": _sample_fused_add_backward,
 }
 
 

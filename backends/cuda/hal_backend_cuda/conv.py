@@ -1,4 +1,5 @@
-"""conv2d (cuDNN), batch_norm through cuDNN, and eval-mode conv -> BN -> ReLU as one cuDNN call.
+"""conv2d (cuDNN), batch_norm through cuDNN, and eval-mode conv -> BN -> ReLU and conv -> BN -> add ->
+ReLU as one cuDNN call each.
 
 float32 convolutions run with TensorFloat-32 off (``ieee_fp32``): hal's float32 is IEEE float32.
 
@@ -10,6 +11,10 @@ counter, hal's count of statistics writes: :class:`hal.eager.fold.ParamCache`). 
 eval where the fused call cannot run) ``cudnn_triton`` from hal.triton.kernels: cuDNN convolution
 (:func:`conv`), then the Triton batch-norm kernels. The Triton batch_norm kernels are registered
 there too.
+
+fused_conv_bn_add_relu (a ResNet block's tail): in eval ``cudnn_fused``, the same folded weights and
+``torch.cudnn_convolution_add_relu`` (the residual is cuDNN's ``z``); otherwise torch's ops
+(``torch``), and calls with autograd take the op's training decomposition.
 """
 
 from __future__ import annotations
@@ -104,23 +109,34 @@ def batch_norm_backward_native(grad_out, x, running_mean, running_var, weight, t
 
 
 FOLDED = FoldCache()
+#: the cuDNN call of each fused op's ``cudnn_fused`` kernel
+_FUSED_CALLS = {"fused_conv_bn_relu": "cudnn_convolution_relu", "fused_conv_bn_add_relu": "cudnn_convolution_add_relu"}
 
 
 def _eval_only(inputs: Inputs) -> list[str]:
+    """Where cuDNN's fused calls (``cudnn_convolution_relu``, ``cudnn_convolution_add_relu``) run a
+    folded batch norm: eval mode, one padding per side pair."""
     reasons = []
     if inputs["training"]:
         reasons.append("training mode (batch statistics cannot be folded into the weights)")
     if not _symmetric(inputs["padding"]):
-        reasons.append("asymmetric padding (cudnn_convolution_relu takes one padding per side pair)")
+        reasons.append(f"asymmetric padding ({_FUSED_CALLS[inputs.op.name]} takes one padding per side pair)")
     return reasons
 
 
-# torch's convolution, batch norm and ReLU, below every other kernel: eager calls never choose it
-# (the fused and Triton kernels above do in one pass what it does in two); inside a torch.compile
-# graph, where an opaque node would stop Inductor from fusing the batch norm and the ReLU with their
-# neighbours, the graph takes its ops in (hal.dispatch.Dispatcher.traced_alternative).
-@kernel("fused_conv_bn_relu", name="torch", priority=1, dtypes=FLOATS, checks=_NATIVE_CHECKS + [eager.padding_in_proportion],
-        differentiable=not_float32)
+def _training_only(inputs: Inputs) -> list[str]:
+    return [] if inputs["training"] else ["eval mode: cudnn_fused folds the batch norm into one cuDNN call"]
+
+
+# torch's convolution, batch norm and ReLU, first in training. Its ops are the kernels the op's
+# training decomposition picks step by step (cuDNN convolution, torch's batch norm above Triton's,
+# torch's ReLU: measured on the H200, see batch_norm_native above), so a call with autograd in half
+# precision runs it as one entry into hal that torch's autograd records, instead of the composite and
+# its three steps: the same autograd graph for about a quarter of hal's host time. float32 calls with
+# autograd keep the decomposition (its cuDNN steps run their backward under the IEEE float32 guard).
+# Inside a torch.compile graph its ops join the graph (hal.dispatch.Dispatcher.traced_alternative).
+@kernel("fused_conv_bn_relu", name="torch", priority=35, dtypes=FLOATS,
+        checks=_NATIVE_CHECKS + [eager.padding_in_proportion, _training_only], differentiable=not_float32)
 def fused_conv_bn_relu_torch(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     with ieee_fp32(x.dtype):
         return eager.fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training)
@@ -131,3 +147,45 @@ def fused_conv_bn_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, runn
     w, b = FOLDED.get(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
     with ieee_fp32(x.dtype):
         return torch.cudnn_convolution_relu(x, w, b, stride, (padding[0], padding[2]), dilation, groups)
+
+
+# --- fused_conv_bn_add_relu ------------------------------------------------------------------------
+#
+# In eval ``cudnn_fused``: the folded convolution, the residual (cuDNN's ``z``, scaled by alpha 1) and
+# the folded bias summed and rectified in one cuDNN call. Training takes the op's decomposition (a
+# call with autograd) or ``torch`` below; under torch.compile ``torch`` is the kernel of torch's ops.
+
+
+_ADD_RELU_TORCH = eager.add_relu_in_float32(eager.fused_conv_bn_add_relu)
+
+
+@kernel("fused_conv_bn_add_relu", name="torch", priority=1, dtypes=FLOATS, checks=_NATIVE_CHECKS + [eager.padding_in_proportion],
+        differentiable=not_float32)
+def fused_conv_bn_add_relu_torch(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
+                                 eps, momentum, training):
+    """torch's ops; half precision in float32, rounded once (:func:`hal.eager.conv.add_relu_in_float32`)."""
+    with ieee_fp32(eager.compute_dtype(x)):
+        return _ADD_RELU_TORCH(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
+                               eps, momentum, training)
+
+
+@kernel("fused_conv_bn_add_relu", name="cudnn_fused", priority=30, dtypes=NOT_F64, checks=[_eval_only])
+def fused_conv_bn_add_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
+                                 eps, momentum, training):
+    w, b = FOLDED.get(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
+    with ieee_fp32(x.dtype):
+        return torch.cudnn_convolution_add_relu(x, w, residual, 1.0, b, stride, (padding[0], padding[2]), dilation, groups)
+
+
+_ADD_RELU_BACKWARD_TORCH = eager.add_relu_backward_in_float32(eager.fused_conv_bn_add_relu_backward)
+
+
+@kernel("fused_conv_bn_add_relu_backward", name="torch", priority=1, dtypes=FLOATS, checks=_NATIVE_CHECKS + [eager.padding_in_proportion])
+def fused_conv_bn_add_relu_backward_torch(grad_out, out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,
+                                          dilation, groups, eps, training):
+    """Autograd through torch's ops, half precision in float32 (:mod:`hal.eager.conv`): only calls
+    that force a kernel of the op under autograd reach the backward op (others train through the
+    op's decomposition)."""
+    with ieee_fp32(eager.compute_dtype(x)):
+        return _ADD_RELU_BACKWARD_TORCH(grad_out, out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,
+                                        dilation, groups, eps, training)

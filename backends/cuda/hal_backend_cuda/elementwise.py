@@ -4,11 +4,14 @@ as numbers, the last op of fused_conv_bn_relu's training decomposition.
 Above the Triton kernel (20) for these calls only: measured on the H200 on 2026-12-01
 (benchmarks/host_training.py), torch's ReLU costs 11-12 us of host time against 26-36 us for the
 Triton launch, and its backward (threshold_backward) 13 us against 34-39 us; both are one pass
-over memory. Every other scale_shift_act (an affine, a transcendental activation, parameter
+over memory. A residual added before the ReLU (``torch_residual``) runs as torch's add and ReLU for
+the same reasons. Every other scale_shift_act (an affine, a transcendental activation, parameter
 gradients) stays with Triton, where the fusion saves passes.
 """
 
 from __future__ import annotations
+
+import torch
 
 from hal.eager.elementwise import EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine
 from hal.plugin import Inputs
@@ -30,6 +33,26 @@ def _grad_x_only(inputs: Inputs) -> list[str]:
 @kernel("scale_shift_act", name="torch", priority=25, dtypes=FLOATS, checks=[_bare], differentiable=True)
 def bare_activation(x, scale, shift, act):
     return exact_activation(x, act)
+
+
+def _residual_relu(inputs: Inputs) -> list[str]:
+    x, scale, shift = inputs["x"], inputs["scale"], inputs["shift"]
+    if inputs["act"] not in EXACT_ACTS or isinstance(scale, torch.Tensor) or scale != 1.0:
+        return ["not an add and bare activation (this kernel runs act none or relu, scale 1 as a number)"]
+    if not isinstance(shift, torch.Tensor) or shift.shape != x.shape or shift.dtype != x.dtype:
+        return ["shift is not a tensor of x's shape and dtype (a residual)"]
+    return []
+
+
+# relu(x + residual), the last step of fused_conv_bn_add_relu's training decomposition: torch's add
+# and in-place ReLU, as eager ResNet code runs them, recorded by torch's autograd. Triton's fused
+# kernel (20) reads and writes less in the forward (3 against 5 activation-sized passes) but more in
+# the backward (grad_x and grad_shift written apart: 5 against threshold_backward's 3, whose one
+# result autograd hands to both addends), and costs more host time per call.
+@kernel("scale_shift_act", name="torch_residual", priority=25, dtypes=FLOATS, checks=[_residual_relu], differentiable=True)
+def residual_activation(x, scale, shift, act):
+    y = torch.add(x, shift)
+    return torch.relu_(y) if act == "relu" else y
 
 
 @kernel("scale_shift_act_backward", name="torch", priority=25, dtypes=FLOATS, checks=[_bare, _grad_x_only])

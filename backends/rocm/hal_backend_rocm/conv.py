@@ -1,5 +1,6 @@
 """conv2d and its gradients through MIOpen (torch's ROCm build runs F.conv2d on MIOpen), batch_norm
-through MIOpen, and eval-mode conv -> BN -> ReLU as one MIOpen fusion plan.
+through MIOpen, eval-mode conv -> BN -> ReLU as one MIOpen fusion plan, and eval-mode conv -> BN ->
+add -> ReLU through ``torch.miopen_convolution_add_relu`` (the batch norm folded; see its kernel).
 
 fused_conv_bn_relu has two paths. In eval, ``miopen_fused``: the batch norm folds into the
 convolution (:mod:`hal.eager.fold`, cached while the parameters are unchanged) and
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import torch
 
+from hal.eager.conv import add_relu_backward_in_float32, add_relu_in_float32
 from hal.eager.fold import FoldCache
 from hal.plugin import Inputs
 
-from ._common import FLOATS, eager_kernel, ieee_fp32, kernel
+from ._common import FLOATS, NOT_F64, eager_kernel, ieee_fp32, kernel
 
 #: MIOpen's convolution and its gradients with canonical arguments, IEEE float32 for float32 data;
 #: the kit's ``miopen_triton`` kernels build on them (hal.triton.kernels.VendorLibs)
@@ -29,18 +31,28 @@ eager_kernel("batch_norm", name="miopen", priority=10, dtypes=FLOATS)
 FOLDED = FoldCache()
 
 
-def _fusion_plan(inputs: Inputs) -> list[str]:
-    """Where torch runs MIOpen's conv + bias + ReLU fusion plan: eval mode, NCHW float32, one
-    padding per side pair."""
-    x = inputs["x"]
+def _folded_eval(inputs: Inputs) -> list[str]:
+    """Where a folded batch norm can run: eval mode, one padding per side pair (torch's MIOpen
+    calls take no other)."""
     top, bottom, left, right = inputs["padding"]
     reasons = []
     if inputs["training"]:
         reasons.append("training mode (batch statistics cannot be folded into the weights)")
-    if not x.is_contiguous():
-        reasons.append("input not NCHW-contiguous (torch.miopen_convolution_relu fuses NCHW inputs only)")
     if top != bottom or left != right:
-        reasons.append("asymmetric padding (torch.miopen_convolution_relu takes one padding per side pair)")
+        reasons.append(f"asymmetric padding ({_MIOPEN_CALLS[inputs.op.name]} takes one padding per side pair)")
+    return reasons
+
+
+#: the torch call of each fused op's ``miopen_fused`` kernel
+_MIOPEN_CALLS = {"fused_conv_bn_relu": "torch.miopen_convolution_relu", "fused_conv_bn_add_relu": "torch.miopen_convolution_add_relu"}
+
+
+def _fusion_plan(inputs: Inputs) -> list[str]:
+    """Where torch runs MIOpen's conv + bias + ReLU fusion plan: eval mode, NCHW float32, one
+    padding per side pair."""
+    reasons = _folded_eval(inputs)
+    if not inputs["x"].is_contiguous():
+        reasons.append("input not NCHW-contiguous (torch.miopen_convolution_relu fuses NCHW inputs only)")
     return reasons
 
 
@@ -49,3 +61,23 @@ def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_me
     weight, bias = FOLDED.get(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
     with ieee_fp32(x):
         return torch.miopen_convolution_relu(x, weight, bias, stride, (padding[0], padding[2]), dilation, groups)
+
+
+# torch.miopen_convolution_add_relu: torch's ROCm build runs it as a MIOpen convolution followed by the
+# bias, the residual and the ReLU in separate passes (MIOpen's fusion plans have no add; see
+# aten/src/ATen/native/miopen/Conv_miopen.cpp), for any layout and dtype MIOpen convolves. What this
+# kernel saves on AMD GPUs is the batch norm, folded into the weights; training takes the op's
+# decomposition or the ``torch`` kernel of :mod:`.fallbacks`.
+@kernel("fused_conv_bn_add_relu", name="miopen_fused", priority=30, dtypes=NOT_F64, checks=[_folded_eval])
+def fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
+                           momentum, training):
+    weight, bias = FOLDED.get(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
+    with ieee_fp32(x):
+        return torch.miopen_convolution_add_relu(x, weight, residual, 1.0, bias, stride, (padding[0], padding[2]), dilation, groups)
+
+
+# torch's ops for every other call (training without autograd, asymmetric padding, float64), half
+# precision computed in float32 and rounded once (hal.eager.conv.add_relu_in_float32; fallbacks.py
+# would register torch's ops as they are, which round the batch norm's output before the add)
+eager_kernel("fused_conv_bn_add_relu", name="torch", priority=1, wrap=add_relu_in_float32)
+eager_kernel("fused_conv_bn_add_relu_backward", name="torch", priority=1, wrap=add_relu_backward_in_float32)

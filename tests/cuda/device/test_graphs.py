@@ -146,3 +146,43 @@ def test_a_cpu_tensor_argument_is_not_captured() -> None:
     for _ in range(3):
         torch.testing.assert_close(graphed(x, scale), x * 2)
     assert "a cpu tensor among the arguments" in graphed.explain()
+
+
+def test_graphed_loss_scaler_skips_an_overflowed_step_as_eager_does() -> None:
+    """float16 autocast, hal's DynamicLossScaler and AdamW: one batch holding an infinity overflows;
+    the replayed graph skips that update and backs the scale off on the device, as the eager twin."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(seed)
+        models.append(torch.nn.Sequential(hal.nn.Linear(32, 64, act="gelu"), hal.nn.Linear(64, 8)).to(DEV))
+
+    def make_step(model: torch.nn.Module):
+        opt = hal.optim.AdamW(model.parameters(), lr=1e-2)
+        scaler = hal.amp.DynamicLossScaler(init_scale=2.0**10, growth_interval=2)
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = F.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        return step, scaler
+
+    (g_step, g_scaler), (e_step, e_scaler) = make_step(models[0]), make_step(models[1])
+    graphed = hal.graphs.graphed(g_step)
+    for i in range(8):
+        x, y = torch.randn(16, 32, generator=gen).to(DEV), torch.randn(16, 8, generator=gen).to(DEV)
+        if i == 5:
+            x[3, 7] = float("inf")
+        graphed(x, y)
+        e_step(x, y)
+    assert graphed.captured() == 1
+    assert g_scaler.get_scale() == e_scaler.get_scale()
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.isfinite(p).all()
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
