@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from hal.eager import conv as eager
 from hal.eager.conv import (add_relu_backward_in_float32, add_relu_in_float32, compute_dtype, grad_dtypes, half_in_float32, padding_in_proportion,
-                             torch_bn_eps)
+                             recorded_in_float64_only, torch_bn_eps)
 from hal.eager.fold import ParamCache, fold
 from hal.plugin import Inputs
 
@@ -271,7 +271,8 @@ def _trained(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, runnin
 
 
 # torch's ops for torch.compile graphs, as fused_conv_bn_relu's ``unfused`` (never chosen by eager calls)
-@kernel("fused_conv_bn_add_relu", name="unfused", priority=1, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion], differentiable=True)
+@kernel("fused_conv_bn_add_relu", name="unfused", priority=1, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion],
+        differentiable=recorded_in_float64_only)
 @add_relu_in_float32
 def fused_conv_bn_add_relu_unfused(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
                                    eps, momentum, training):

@@ -160,7 +160,7 @@ _ADD_RELU_TORCH = eager.add_relu_in_float32(eager.fused_conv_bn_add_relu)
 
 
 @kernel("fused_conv_bn_add_relu", name="torch", priority=1, dtypes=FLOATS, checks=_NATIVE_CHECKS + [eager.padding_in_proportion],
-        differentiable=not_float32)
+        differentiable=eager.recorded_in_float64_only)
 def fused_conv_bn_add_relu_torch(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
                                  eps, momentum, training):
     """torch's ops; half precision in float32, rounded once (:func:`hal.eager.conv.add_relu_in_float32`)."""
