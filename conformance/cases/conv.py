@@ -334,6 +334,11 @@ FUSED_ADD_CASES: Table = {
     "batch1_train": (dict(training=True, n=1, cin=4, h=5, w=5, cout=8, k=3, padding=1), False, True),
     "channels_last_train": (dict(training=True, n=2, cin=16, h=6, w=6, cout=16, k=3, padding=1, layout="channels_last", w_layout="channels_last"), False, True),
     "channels_last_eval": (dict(training=False, n=2, cin=16, h=6, w=6, cout=32, k=1, layout="channels_last", w_layout="channels_last"), False, True),
+    # a stage's downsampling tail, and a 3x3 with a conv bias, channels_last (oneDNN's bfloat16 fused call on the CPU)
+    "channels_last_stride2_eval": (dict(training=False, n=2, cin=16, h=9, w=9, cout=32, k=1, stride=2, layout="channels_last",
+                                        w_layout="channels_last"), False, False),
+    "channels_last_3x3_bias_eval": (dict(training=False, conv_bias=True, n=2, cin=8, h=7, w=7, cout=16, k=3, padding=1, layout="channels_last",
+                                         w_layout="channels_last"), False, False),
     "channels_last_x_contiguous_residual_eval": (dict(training=False, n=2, cin=8, h=6, w=6, cout=16, k=3, padding=1, layout="channels_last",
                                                       w_layout="channels_last", residual_layout="contiguous"), False, False),
     "noncontig_eval": (dict(training=False, n=2, cin=6, h=7, w=9, cout=8, k=3, padding=1, layout="noncontig"), False, True),

@@ -7,6 +7,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from hal.plugin import Inputs
+
 Scalar = Union[float, torch.Tensor]
 
 #: activation name (ops.elementwise.ACTIVATIONS) -> the PyTorch function computing it.
@@ -86,6 +88,25 @@ def identity_affine(scale: Scalar, shift: Scalar) -> bool:
 def exact_activation(x: torch.Tensor, act: str) -> torch.Tensor:
     """act(x) for an act of EXACT_ACTS: one torch kernel in x's dtype."""
     return torch.relu(x) if act == "relu" else x.clone()
+
+
+def residual_activation_reasons(inputs: Inputs) -> list[str]:
+    """Why :func:`residual_activation` cannot run a scale_shift_act call (empty: it can)."""
+    x, scale, shift = inputs["x"], inputs["scale"], inputs["shift"]
+    if inputs["act"] not in EXACT_ACTS or isinstance(scale, torch.Tensor) or scale != 1.0:
+        return ["not an add and bare activation (this kernel runs act none or relu, scale 1 as a number)"]
+    if not isinstance(shift, torch.Tensor) or shift.shape != x.shape or shift.dtype != x.dtype:
+        return ["shift is not a tensor of x's shape and dtype (a residual)"]
+    return []
+
+
+def residual_activation(x: torch.Tensor, scale: Scalar, shift: torch.Tensor, act: str) -> torch.Tensor:
+    """``act(x + shift)`` for a residual ``shift`` of x's shape and dtype (fused_conv_bn_add_relu's
+    training decomposition ends with it): torch's add and in-place ReLU in x's dtype, the kernels
+    eager ResNet code runs, one rounding of the sum. Recorded by torch's autograd, whose ReLU
+    backward is one pass and whose add hands that gradient to both addends."""
+    y = torch.add(x, shift)
+    return torch.relu_(y) if act == "relu" else y
 
 
 def exact_activation_grad(grad_out: torch.Tensor, x: torch.Tensor, act: str) -> torch.Tensor:

@@ -11,9 +11,8 @@ gradients) stays with Triton, where the fusion saves passes.
 
 from __future__ import annotations
 
-import torch
-
-from hal.eager.elementwise import EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine
+from hal.eager.elementwise import (EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine, residual_activation,
+                                   residual_activation_reasons)
 from hal.plugin import Inputs
 
 from ._common import FLOATS, kernel
@@ -35,24 +34,13 @@ def bare_activation(x, scale, shift, act):
     return exact_activation(x, act)
 
 
-def _residual_relu(inputs: Inputs) -> list[str]:
-    x, scale, shift = inputs["x"], inputs["scale"], inputs["shift"]
-    if inputs["act"] not in EXACT_ACTS or isinstance(scale, torch.Tensor) or scale != 1.0:
-        return ["not an add and bare activation (this kernel runs act none or relu, scale 1 as a number)"]
-    if not isinstance(shift, torch.Tensor) or shift.shape != x.shape or shift.dtype != x.dtype:
-        return ["shift is not a tensor of x's shape and dtype (a residual)"]
-    return []
-
-
 # relu(x + residual), the last step of fused_conv_bn_add_relu's training decomposition: torch's add
 # and in-place ReLU, as eager ResNet code runs them, recorded by torch's autograd. Triton's fused
 # kernel (20) reads and writes less in the forward (3 against 5 activation-sized passes) but more in
 # the backward (grad_x and grad_shift written apart: 5 against threshold_backward's 3, whose one
 # result autograd hands to both addends), and costs more host time per call.
-@kernel("scale_shift_act", name="torch_residual", priority=25, dtypes=FLOATS, checks=[_residual_relu], differentiable=True)
-def residual_activation(x, scale, shift, act):
-    y = torch.add(x, shift)
-    return torch.relu_(y) if act == "relu" else y
+kernel("scale_shift_act", name="torch_residual", priority=25, dtypes=FLOATS, checks=[residual_activation_reasons],
+       differentiable=True)(residual_activation)
 
 
 @kernel("scale_shift_act_backward", name="torch", priority=25, dtypes=FLOATS, checks=[_bare, _grad_x_only])
