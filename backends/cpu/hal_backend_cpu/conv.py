@@ -180,7 +180,16 @@ def fused_conv_bn_relu_onednn(x, conv_weight, conv_bias, bn_weight, bn_bias, run
     return torch.ops.mkldnn._convolution_pointwise(xp, w, b, pad, list(stride), list(dilation), groups, "relu", [], "")
 
 
-@kernel("fused_conv_bn_relu", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])
+def _recorded_in_training(inputs: Inputs) -> list[str]:
+    """The ``differentiable`` check of the fused ``torch`` kernels: in training their ops are those of
+    the op's training decomposition (torch's convolution, bn_forward, ReLU), so a call with autograd
+    runs as one entry into hal that torch's autograd records, in place of the composite and its
+    steps; in eval they convolve with folded weights, which carry no gradient."""
+    return [] if inputs["training"] else ["eval: the convolution's weights are folded (no gradient reaches the parameters)"]
+
+
+@kernel("fused_conv_bn_relu", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion],
+        differentiable=_recorded_in_training)
 def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     if not training:
         w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
