@@ -198,7 +198,8 @@ def _signature(leaves: list) -> tuple[Hashable, Optional[str]]:
             try:
                 hash(x)
             except TypeError:
-                return ("unhashable", id(x)), f"an argument of type {type(x).__name__} that cannot be part of a signature"
+                # one key per type: keyed by the object, every call would add an entry that is never used again
+                return ("unhashable", type(x)), f"an argument of type {type(x).__name__} that cannot be part of a signature"
             parts.append((type(x), x))
     return tuple(parts), reason
 

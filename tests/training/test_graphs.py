@@ -54,3 +54,17 @@ def test_reset_forgets_signatures(seed: int) -> None:
     graphed(torch.randn(3))
     graphed.reset()
     assert "has not been called yet" in graphed.explain()
+
+
+def test_unhashable_arguments_share_one_signature(seed: int) -> None:
+    """An argument that cannot be hashed runs eagerly; calls with new such objects do not each add a
+    signature that is never used again."""
+
+    class Config:
+        __hash__ = None  # type: ignore[assignment]
+
+    graphed = hal.graphs.graphed(lambda x, cfg: x * 2)
+    for _ in range(5):
+        x = torch.randn(3)
+        torch.testing.assert_close(graphed(x, Config()), x * 2)
+    assert "1 argument signature" in graphed.explain()
