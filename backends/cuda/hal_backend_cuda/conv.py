@@ -134,7 +134,10 @@ def _training_only(inputs: Inputs) -> list[str]:
 # precision runs it as one entry into hal that torch's autograd records, instead of the composite and
 # its three steps: the same autograd graph for about a quarter of hal's host time. float32 calls with
 # autograd keep the decomposition (its cuDNN steps run their backward under the IEEE float32 guard).
-# Inside a torch.compile graph its ops join the graph (hal.dispatch.Dispatcher.traced_alternative).
+# Inside a torch.compile graph its ops join the graph in training (hal.dispatch.Dispatcher.
+# traced_alternative); it declines eval, so an eval call in a compiled graph stays one opaque
+# cudnn_fused node (folded weights, one cuDNN call) where before this kernel's three ops joined the
+# graph: hal+compile inference has not been measured since (2026-12-02).
 @kernel("fused_conv_bn_relu", name="torch", priority=35, dtypes=FLOATS,
         checks=_NATIVE_CHECKS + [eager.padding_in_proportion, _training_only], differentiable=not_float32)
 def fused_conv_bn_relu_torch(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
