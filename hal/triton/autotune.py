@@ -23,7 +23,7 @@ import statistics
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 import torch
 
@@ -138,6 +138,22 @@ def choose(tables: LaunchTables, device: torch.device, key: str, candidates: Seq
     cache.put(key, {"config": dataclasses.asdict(best), "ms": round(ms, 4), "candidates": len(timings)})
     log.info("hal: autotune %s -> %s (%.3f ms)", key, best, ms)
     return best
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """One of several kernels that can run the same call, as a choice timed and cached like a tile
+    configuration."""
+
+    name: str
+
+
+def fastest(tables: LaunchTables, device: torch.device, key: str, runs: Mapping[str, Callable[[], Any]], flops: float) -> str:
+    """The name of the fastest of ``runs`` (kernels launched on the same inputs) for problem ``key``,
+    timed once per device model and cached as :func:`choose` does; the first name where tuning does
+    not happen (graph capture, ``HAL_TRITON_AUTOTUNE=0``, small problems)."""
+    routes = tuple(Route(name) for name in runs)
+    return choose(tables, device, key, routes, lambda route: runs[route.name](), flops).name
 
 
 def _from_record(cls: type, record: dict[str, Any]) -> Any:

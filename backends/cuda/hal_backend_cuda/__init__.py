@@ -1,7 +1,7 @@
 """hal's NVIDIA backend: every op of hal on CUDA GPUs (compute capability 8.0 and newer).
 
 Vendor libraries through torch where they are the best tool (cuDNN convolution and its fused
-conv + bias + ReLU, cuBLAS/cuBLASLt GEMMs with epilogues, ``torch._int_mm``, the SDPA backends);
+conv + bias + ReLU, cuBLAS/cuBLASLt GEMMs with epilogues, ``torch._int_mm``, ``torch._grouped_mm``, the SDPA backends);
 the shared Triton kernels of :mod:`hal.triton` for the fusions (batch norm + ReLU, scale_shift_act,
 norms, softmax, grouped GEMM, multi-tensor AdamW, quantisation), registered by
 :func:`hal.triton.kernels.register` with this plugin's NVIDIA launch tables
@@ -39,4 +39,4 @@ from . import attention, conv, elementwise, gemm, losses, mixed_precision, norm,
 TRITON_KERNELS = register(plugin, TABLES, archs=SM80,
                           vendor=VendorLibs("cudnn", conv.conv, conv.conv_grads, "cublas", gemm.blas_linear, gemm.gemm_f32))
 
-from . import cpp_kernels, quant  # noqa: E402,F401  (build on the Triton int8 GEMM and the C++ kit)
+from . import cpp_kernels, grouped, quant  # noqa: E402,F401  (build on the Triton kernels and the C++ kit)

@@ -5,8 +5,6 @@ dequantize and fake_quantize are Triton's alone, registered by hal.triton.kernel
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from hal.plugin import Inputs
@@ -39,22 +37,12 @@ def int8_linear_cublaslt(x_q, w_q, x_scale, w_scale, bias, out_dtype):
     return out.view(*x_q.shape[:-1], w_q.shape[0])
 
 
-@dataclasses.dataclass(frozen=True)
-class Path:
-    """A choice between kernels, cached by the autotuner like a tile configuration."""
-
-    name: str
-
-
-_INT8_PATHS = (Path("cublaslt"), Path("triton"))
-
-
 @kernel("int8_linear", name="tuned", priority=40, checks=[triton_check, _int_mm_shapes])
 def int8_linear_tuned(x_q, w_q, x_scale, w_scale, bias, out_dtype):
     args = (x_q, w_q, x_scale, w_scale, bias, out_dtype)
-    paths = {"cublaslt": int8_linear_cublaslt, "triton": TRITON_KERNELS[("int8_linear", "triton")]}
+    triton = TRITON_KERNELS[("int8_linear", "triton")]
+    runs = {"cublaslt": lambda: int8_linear_cublaslt(*args), "triton": lambda: triton(*args)}
     m = x_q.numel() // x_q.shape[-1]
     k, n = x_q.shape[-1], w_q.shape[0]
     key = f"int8_linear_path/m{autotune.bucket(m)}/k{k}/n{n}/{out_dtype}"
-    path = autotune.choose(TABLES, x_q.device, key, _INT8_PATHS, lambda p: paths[p.name](*args), 2.0 * m * n * k)
-    return paths[path.name](*args)
+    return runs[autotune.fastest(TABLES, x_q.device, key, runs, 2.0 * m * n * k)]()

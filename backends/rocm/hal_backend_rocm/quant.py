@@ -5,8 +5,6 @@ and fake_quantize are Triton's, registered by hal.triton.kernels.)"""
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from hal.plugin import Inputs
@@ -39,22 +37,12 @@ def int8_linear_hipblaslt(x_q, w_q, x_scale, w_scale, bias, out_dtype):
     return out.view(*x_q.shape[:-1], w_q.shape[0])
 
 
-@dataclasses.dataclass(frozen=True)
-class Route:
-    """One of the int8_linear kernels, as a choice the autotuner times and caches like a tile."""
-
-    name: str
-
-
-ROUTES = (Route("hipblaslt"), Route("triton"))
-
-
 @kernel("int8_linear", name="tuned", priority=40, checks=[triton_check, _int_mm_limits], archs=TRITON_ARCHS)
 def int8_linear_tuned(x_q, w_q, x_scale, w_scale, bias, out_dtype):
     args = (x_q, w_q, x_scale, w_scale, bias, out_dtype)
-    runs = {"hipblaslt": int8_linear_hipblaslt, "triton": TRITON_KERNELS[("int8_linear", "triton")]}
+    triton = TRITON_KERNELS[("int8_linear", "triton")]
+    runs = {"hipblaslt": lambda: int8_linear_hipblaslt(*args), "triton": lambda: triton(*args)}
     k, n = int(x_q.shape[-1]), int(w_q.shape[0])
     m = x_q.numel() // k
     key = f"int8_linear_route/m{autotune.bucket(m)}/k{k}/n{n}/{out_dtype}"
-    route = autotune.choose(TABLES, x_q.device, key, ROUTES, lambda r: runs[r.name](*args), 2.0 * m * n * k)
-    return runs[route.name](*args)
+    return runs[autotune.fastest(TABLES, x_q.device, key, runs, 2.0 * m * n * k)]()
