@@ -43,21 +43,11 @@ def test_matches_float64_forward_and_backward(kernel: str) -> None:
                 hal.ops.grouped_gemm_backward(g, x, w, sizes)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
+    x, w, sizes, g = (t.cpu() for t in (x, w, sizes, g))  # the float64 reference runs on the CPU
     want, _ = reference("grouped_gemm", x, w, sizes)
-    assert_close("grouped_gemm", y, want, (x, w, sizes))
+    assert_close("grouped_gemm", y.cpu(), want, (x, w, sizes))
     (want_dx, want_dw), _ = reference("grouped_gemm_backward", g, x, w, sizes)
-    assert_close("grouped_gemm_backward", dx, want_dx, (g, x, w, sizes), what="grad_x")
-    assert_close("grouped_gemm_backward", dw, want_dw, (g, x, w, sizes), what="grad_weight")
+    assert_close("grouped_gemm_backward", dx.cpu(), want_dx, (g, x, w, sizes), what="grad_x")
+    assert_close("grouped_gemm_backward", dw.cpu(), want_dw, (g, x, w, sizes), what="grad_weight")
     assert dw[3].abs().max().item() == 0.0
 
-
-def test_tuned_choice_is_cached_per_shape_bucket() -> None:
-    from hal.triton import autotune
-    from hal_backend_cuda.launch import TABLES
-
-    gen = torch.Generator().manual_seed(fresh_seed())
-    x, w, sizes, _ = _moe(gen)
-    hal.ops.grouped_gemm(x, w, sizes)
-    hit = autotune.cache_for(TABLES, x.device).get("grouped_gemm_route/torch.bfloat16/m4096/g8/k1024/n2048")
-    assert hit is not None and hit["config"]["name"] in ("grouped_mm", "triton"), hit
-    print("chosen:", hit)
