@@ -16,6 +16,14 @@ same parameters:
 The projections are ``nn.Linear`` in every implementation (cuBLAS through torch). Under autocast the
 residual stream stays float32 (the embedding is not an autocast op), the projections run in
 bfloat16, and the loss's inputs are cast to bfloat16 as autocast casts ``F.linear``'s.
+
+The training step has one more hal variant, ``hal bf16 weights`` (and its graphed twin): hal's own
+mixed-precision recipe instead of autocast, the whole model in bfloat16 (weights, gradients, the
+residual stream, as Megatron-LM trains by default) with float32 master weights kept and updated by
+hal's fused AdamW. No weight is cast per step (autocast casts every float32 weight to bfloat16 in
+the forward and every gradient back to float32 in the backward), and gradients take half the memory.
+It is a different recipe, not the same model faster: its losses are compared with eager's, not
+required to match them.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .workload import NotApplicable, Step, Workload, compiled, data_generator
+from .workload import NotApplicable, Step, Variant, Workload, compiled, data_generator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +224,11 @@ class _LlamaWorkload(Workload):
         return torch.randint(0, c.vocab, (c.batch, c.seq + 1), generator=data_generator(seed)).to(device)
 
 
+#: the training step's variant on hal's own mixed-precision recipe (see the module's docstring)
+BF16_WEIGHTS = "hal bf16 weights"
+BF16_WEIGHTS_IMPL = "hal_bf16_weights"
+
+
 class LlamaTrain(_LlamaWorkload):
     """Training step: loss under autocast (bfloat16; float32 at size tiny), backward, AdamW (hal's
     for hal, torch's fused one for the others), gradients set to None."""
@@ -232,18 +245,24 @@ class LlamaTrain(_LlamaWorkload):
         amp = "bf16 autocast" if self.amp_dtype else "float32"
         return f"Llama-style decoder training step ({self._shape()}), {amp}, AdamW"
 
+    def extra_variants(self) -> list[Variant]:
+        return [Variant(BF16_WEIGHTS, BF16_WEIGHTS_IMPL), Variant(BF16_WEIGHTS + "+graph", BF16_WEIGHTS_IMPL, graph=True)]
+
     def make(self, impl: str, compile_mode: Optional[str], device: torch.device, seed: int) -> Step:
-        model = self._decoder(impl, device, seed)
-        if impl == "hal":
+        bf16_weights = impl == BF16_WEIGHTS_IMPL
+        model = self._decoder("hal" if bf16_weights else impl, device, seed)
+        if bf16_weights:
+            model.to(torch.bfloat16)
+        if impl == "hal" or bf16_weights:
             import hal
 
-            opt: torch.optim.Optimizer = hal.optim.AdamW(model.parameters(), lr=self.lr, eps=self.eps)
+            opt: torch.optim.Optimizer = hal.optim.AdamW(model.parameters(), lr=self.lr, eps=self.eps, master_weights=bf16_weights)
         else:
             opt = torch.optim.AdamW(model.parameters(), lr=self.lr, eps=self.eps, fused=True)
         tokens = self._tokens(seed, device)
         inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         forward = compiled(model, compile_mode)
-        amp = self.amp_dtype
+        amp = None if bf16_weights else self.amp_dtype
 
         def step() -> torch.Tensor:
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):

@@ -109,7 +109,7 @@ class Workload(abc.ABC):
         out.append(LIGER)
         if graphs:
             out += [EAGER_GRAPH] + ([COMPILE_GRAPH] if use_compile else []) + [HAL_GRAPH]
-        return out + self.extra_variants()
+        return out + [v for v in self.extra_variants() if graphs or not v.graph]
 
 
 def compiled(module: nn.Module, mode: Optional[str]) -> Callable[..., Any]:

@@ -69,6 +69,23 @@ def test_llama_training_steps_match_eager(seed: int) -> None:
     assert {"rms_norm_backward", "scaled_dot_product_attention", "linear_cross_entropy_backward"} <= ran, ran
 
 
+def test_llama_bf16_weights_variant_trains_with_float32_masters(seed: int) -> None:
+    """hal's own mixed-precision recipe: the model in bfloat16, float32 master weights in hal's AdamW;
+    its losses follow eager's float32 ones within bfloat16's rounding and the masters, not the
+    bfloat16 weights, carry the updates."""
+    w = LlamaTrain("tiny", eps=EPS)
+    want, _ = _trajectory(w, "torch", seed, 4)
+    step = w.make("hal_bf16_weights", None, CPU, seed)
+    got = [float(step()) for _ in range(4)]
+    assert all(p.dtype == torch.bfloat16 for p in step.model.parameters())
+    masters = [step.optimizer.state[p]["master_param"] for p in step.model.parameters()]
+    assert all(m.dtype == torch.float32 for m in masters)
+    for p, m in zip(step.model.parameters(), masters):
+        torch.testing.assert_close(p, m.to(torch.bfloat16), rtol=0, atol=0)  # the weights are the rounded masters
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=3e-2, atol=1e-2)
+    assert got[-1] < got[0]
+
+
 @pytest.mark.parametrize("impl", ["hal", "grouped_mm"])
 def test_moe_forward_backward_matches_eager(impl: str, seed: int) -> None:
     """The experts through hal's grouped GEMM (or torch's) against one product per expert: same
