@@ -46,8 +46,9 @@ def test_plugin_import_and_torch_kernels_import_no_numba(tmp_path: Path) -> None
         x = torch.randn(2, 3, 8, 8)
         hal.ops.conv2d(x, torch.randn(4, 3, 3, 3), padding=1)  # no numba kernel for conv2d
         print("numba" in sys.modules)
-        hal.ops.scale_shift_act(torch.randn(64), 2.0, 0.5, "relu")  # the numba kernel: imported now
-        print("numba" in sys.modules, hal.explain("scale_shift_act", torch.randn(64), 2.0, 0.5, "relu").kernel)
+        x, scale, shift = torch.randn(4, 64), torch.rand(64), torch.randn(64)
+        hal.ops.scale_shift_act(x, scale, shift, "relu")  # the numba kernel (a feature-wise bias): imported now
+        print("numba" in sys.modules, hal.explain("scale_shift_act", x, scale, shift, "relu").kernel)
         """,
         tmp_path,
     )
@@ -67,7 +68,7 @@ def test_cache_directory_from_the_environment(tmp_path: Path) -> None:
         import numba
         nb = _numba.family("elementwise")
         print(os.environ["NUMBA_CACHE_DIR"] == numba.config.CACHE_DIR)
-        print(nb.affine_segments._cache._cache_path)
+        print(nb.affine_rows._cache._cache_path)
         """,
         tmp_path,
         HAL_CPU_NUMBA_CACHE_DIR=str(cache),
