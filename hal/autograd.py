@@ -11,7 +11,9 @@ Each trainable op gets its own Function class, generated from its declaration li
 function (:func:`hal.dispatch.make_entry`): the forward saves exactly what the backward op takes and
 the backward calls it positionally, with no per-call loops over a generic description. In a
 profile or ``y.grad_fn`` the node is ``Hal<Op>Backward``. Its source is registered with
-``linecache``, so tracebacks show it.
+``linecache``, so tracebacks show it. The backward op is decided under the ``hal.use`` scope
+(and :func:`hal.graphs.device_bound`) the forward ran in, unless the backward's caller has its own:
+torch runs the backward of CUDA tensors on its device threads, which see no scope of the caller's.
 
 Why not ``torch.ops.hal.<op>`` with its registered autograd here as well: that path crosses torch's
 dispatcher three times in Python (custom op, autograd wrapper, kernel) and cost 40-50 µs per call
@@ -27,7 +29,7 @@ from typing import Any, Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from hal import dispatch, kept
+from hal import config, dispatch, kept
 from hal.gradients import OUT, gradients_of
 from hal.registry import Kind, OpDecl
 
@@ -80,12 +82,15 @@ def _node_source(decl: OpDecl) -> str:
     # which gradient slots received a tensor (a gradient for a number or None must come back None)
     checked = [(s, decl.index(s)) for s in decl.gradients if decl.params[decl.index(s)].kind not in _ALWAYS_TENSOR]
     flags = "".join(f"isinstance(a{i}, _Tensor), " for _, i in checked)
-    fwd += [f"    ctx.hal = ({''.join(v + ', ' for v in values)}), ({flags})", "    return out", ""]
+    # the hal.use / device_bound scope of the forward, for the backward op's decision: torch runs a
+    # CUDA graph's backward on its own device thread, where this thread's scope is not seen
+    fwd += [f"    ctx.hal = ({''.join(v + ', ' for v in values)}), ({flags}), _local.overrides if _scopes[0] else None",
+            "    return out", ""]
 
     bwd = ["def _backward(ctx, grad_out):"]
     if unpack:
         bwd.append(f"    {''.join(u + ', ' for u in unpack)}= ctx.saved_tensors")
-    bwd.append(f"    ({''.join(k + ', ' for k in keep)}), given = ctx.hal")
+    bwd.append(f"    ({''.join(k + ', ' for k in keep)}), given, scope = ctx.hal")
     for j in per_call:
         bwd.append(f"    v{j} = k{j} if s{j} is None else s{j}")
     batched = False
@@ -102,7 +107,10 @@ def _node_source(decl: OpDecl) -> str:
     if spec.masked:  # only the gradients autograd asks for (inputs of the node: run, a0, a1, ...)
         bwd.append("    needed = ctx.needs_input_grad")
         call += ", (" + "".join(f"needed[{1 + decl.index(s)}], " for s in decl.gradients) + ")"
-    bwd.append(f"    {'g0' if decl.single_gradient else 'r'} = _bwd({call})")
+    result = 'g0' if decl.single_gradient else 'r'
+    bwd += ["    if scope is not None and _local.overrides is None:  # the forward's scope, where the caller has none",
+            "        saved = _enter(scope)", "        try:", f"            {result} = _bwd({call})", "        finally:",
+            "            _leave(saved)", "    else:", f"        {result} = _bwd({call})"]
     grads = {}
     for g, slot in enumerate(decl.gradients):
         expr = "g0" if decl.single_gradient else f"r[{g}]"
@@ -121,7 +129,8 @@ def _node_class(decl: OpDecl) -> type:
     spec = gradients_of(decl)
     src = _node_source(decl)
     filename = f"<hal.autograd.{decl.name}>"
-    namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_bwd": spec.bwd.entry, "_kept": kept.STATE}
+    namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_bwd": spec.bwd.entry, "_kept": kept.STATE, "_local": config._local,
+                                 "_scopes": config.ACTIVE_SCOPES, "_enter": config.enter, "_leave": config.leave}
     exec(compile(src, filename, "exec"), namespace)
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     body = namespace["_backward"]

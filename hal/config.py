@@ -37,10 +37,14 @@ class Overrides:
     #: set by ``hal.explain`` while it follows a decomposition: ops record their decision and
     #: return results of the right shape without running (never set by ``hal.use``).
     explaining: bool = False
+    #: calls made for a step that will be replayed from a CUDA graph (:func:`hal.graphs.device_bound`):
+    #: kernels are ranked by their graph priority.
+    device_bound: bool = False
 
     @property
     def forces(self) -> bool:
-        """Whether the scope forces anything (a scope of ``hal.explain`` alone does not)."""
+        """Whether the scope forces anything (a scope of ``hal.explain`` or ``device_bound`` alone
+        does not)."""
         return bool(self.backend or self.kernels or self.kernel_any or self.strict is not None)
 
 
@@ -97,6 +101,8 @@ class Choice:
     #: consider only kernels made of torch's ops (a torch.compile graph's second decision, see
     #: :meth:`hal.dispatch.Dispatcher.traced_alternative`).
     traceable_only: bool = False
+    #: rank kernels by their graph priority (a step replayed from a CUDA graph).
+    device_bound: bool = False
 
 
 def env_flag(name: str, default: bool = False) -> bool:
@@ -137,7 +143,8 @@ def choice_for(op: str, overrides: Optional[Overrides]) -> Choice:
     if kernel is None and o.kernel_any is not None:
         kernel, source, required = o.kernel_any, "hal.use(kernel=...)", False
     strict = o.strict if o.strict is not None else env_flag("HAL_STRICT")
-    return Choice(backend, backend_source, kernel, source, required, strict, env_flag("HAL_TORCH_AUTOGRAD", True))
+    return Choice(backend, backend_source, kernel, source, required, strict, env_flag("HAL_TORCH_AUTOGRAD", True),
+                  device_bound=o.device_bound)
 
 
 def configure_logging() -> None:

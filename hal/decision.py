@@ -71,6 +71,8 @@ class Decision:
     fallback: Optional[str] = None
     forced: list[str] = dataclasses.field(default_factory=list)
     strict: bool = False
+    #: kernels ranked by their graph priority (a step replayed from a CUDA graph, hal.graphs)
+    device_bound: bool = False
     candidates: list[Candidate] = dataclasses.field(default_factory=list)
     #: the error a call with these inputs raises (no kernel, strict mode, missing backend).
     error: Optional[HalError] = None
@@ -129,6 +131,9 @@ class Decision:
             lines.append(f"{pad}forced: " + "; ".join(self.forced))
         if self.strict:
             lines.append(f"{pad}strict mode: fallbacks raise")
+        if self.device_bound:
+            lines.append(f"{pad}device-bound (hal.graphs.device_bound: a step replayed from a CUDA graph): kernels ranked by "
+                         "their graph priority")
         why = f" ({self.route_reason})" if self.route_reason else ""
         lines.append(f"{pad}route: {self.route}{why}")
         if self.backend is not None:

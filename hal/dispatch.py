@@ -624,6 +624,7 @@ class Dispatcher:
             inputs=_describe_inputs(decl, inputs),
             device=str(inputs.device) if inputs.array_type == "torch" else "cpu (numpy)",
             strict=choice.strict,
+            device_bound=choice.device_bound,
         )
         if choice.backend:
             decision.forced.append(f"backend {choice.backend} ({choice.backend_source})")
@@ -721,7 +722,7 @@ class Dispatcher:
         decision: Decision,
     ) -> Optional[Callable[..., Any]]:
         """Pick a kernel of one backend (or its composite) for the inputs; record every candidate."""
-        kernels = self.runtime().kernels(decl.name, state.name)
+        kernels = self.runtime().kernels(decl.name, state.name, choice.device_bound)
         names = [k.name for k in kernels]
         composite = decl.fallback_composite
         wants_composite = choice.kernel == "composite" and (composite is not None or choice.kernel_required)

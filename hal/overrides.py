@@ -67,6 +67,7 @@ def use(
         kernels=tuple(sorted(kernels.items())),
         kernel_any=kernel_any,
         strict=strict if strict is not None else outer.strict,
+        device_bound=outer.device_bound,
     )
     saved = config.enter(inner)
     try:

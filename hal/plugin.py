@@ -92,6 +92,13 @@ class KernelSpec:
     #: running the backward op: False, True, or a check of the inputs giving the reasons it may not
     #: (e.g. float32, where torch's backward would round to TF32). See :mod:`hal.decision`.
     differentiable: Union[bool, Callable[[Inputs], Reasons]] = False
+    #: the kernel's priority in steps replayed from a CUDA graph (:func:`hal.graphs.device_bound`),
+    #: where host time is not paid per call and only device time counts; None: ``priority``.
+    graph_priority: Optional[int] = None
+
+    def rank(self, device_bound: bool) -> int:
+        """The priority that orders this kernel among its op's kernels on its backend."""
+        return self.graph_priority if device_bound and self.graph_priority is not None else self.priority
 
     @property
     def qualname(self) -> str:
@@ -198,6 +205,7 @@ class Plugin:
         array_api: Optional[str] = None,
         fused: bool = True,
         differentiable: Union[bool, Callable[[Inputs], Reasons]] = False,
+        graph_priority: Optional[int] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register the decorated function as kernel ``name`` of ``op`` and return it unchanged.
 
@@ -210,6 +218,10 @@ class Plugin:
         with grad recording on and torch's autograd does the backward, instead of hal's node with
         the op's backward op. Meant for kernels that are torch's own op, where hal's node adds
         host time and nothing else.
+
+        ``graph_priority`` replaces ``priority`` in steps replayed from a CUDA graph
+        (:func:`hal.graphs.device_bound`): a kernel that costs more host time per launch but less
+        device time than the kernel ranked above it can rank first there.
         """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -240,6 +252,7 @@ class Plugin:
                     array_api=array_api,
                     fused=fused,
                     differentiable=differentiable,
+                    graph_priority=None if graph_priority is None else int(graph_priority),
                 )
             )
             return fn

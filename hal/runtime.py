@@ -180,8 +180,11 @@ class Runtime:
                     log.warning("hal: plugin %s registers kernel %s of %s twice; keeping the first", lp.name, k.qualname, k.op)
                     continue
                 bucket.append(k)
-        for bucket in self._kernels.values():
+        self._graph_order: dict[tuple[str, str], list[KernelSpec]] = {}
+        for key, bucket in self._kernels.items():
             bucket.sort(key=lambda k: -k.priority)
+            if any(k.graph_priority is not None for k in bucket):
+                self._graph_order[key] = sorted(bucket, key=lambda k: -k.rank(True))
 
     # --- construction -------------------------------------------------------------------------
 
@@ -229,8 +232,13 @@ class Runtime:
 
     # --- queries ------------------------------------------------------------------------------
 
-    def kernels(self, op: str, backend: str) -> list[KernelSpec]:
-        """Kernels of ``op`` on ``backend``, highest priority first."""
+    def kernels(self, op: str, backend: str, device_bound: bool = False) -> list[KernelSpec]:
+        """Kernels of ``op`` on ``backend``, highest priority first (``device_bound``: ordered by
+        their graph priority, for steps replayed from a CUDA graph)."""
+        if device_bound:
+            order = self._graph_order.get((op, backend))
+            if order is not None:
+                return order
         return self._kernels.get((op, backend), [])
 
     def backends_for(self, device_kind: str) -> list[BackendState]:
@@ -250,7 +258,8 @@ class Runtime:
         for (op, backend), bucket in sorted(self._kernels.items()):
             for k in bucket:
                 fn = getattr(k.fn, "__qualname__", type(k.fn).__name__)
-                parts.append(f"{op}/{backend}/{k.name}@{k.priority}:{getattr(k.fn, '__module__', '')}.{fn}")
+                graph = "" if k.graph_priority is None else f"/graph@{k.graph_priority}"
+                parts.append(f"{op}/{backend}/{k.name}@{k.priority}{graph}:{getattr(k.fn, '__module__', '')}.{fn}")
         self._signature = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
         return self._signature
 

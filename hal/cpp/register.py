@@ -10,7 +10,7 @@ falls back, counted, to the plugin's other kernels.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -63,12 +63,15 @@ def _unit_stride(inputs: Inputs, names: tuple[str, ...]) -> list[str]:
 
 
 def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None, priority: int = 15,
-             convolution: Optional[Convolution] = None, **kernel_options: Any) -> Kit:
+             convolution: Optional[Convolution] = None, graph_priorities: Optional[Mapping[str, int]] = None,
+             **kernel_options: Any) -> Kit:
     """Register the C++ kernels of batch_norm, batch_norm_backward, layer_norm_backward,
     rms_norm_backward and fused_adamw_ as kernel "cpp" of ``backend`` (default: the plugin's own)
     with ``priority``, and with a ``convolution`` those of fused_conv_bn_relu and its backward as
     "<convolution.name>_cpp" (the library's convolution, then the C++ batch norm + ReLU);
-    ``kernel_options`` go to :meth:`Plugin.kernel` (the architecture predicate, for one). Returns
+    ``graph_priorities`` ranks the kernels of the named ops in graph replays (``Plugin.kernel``'s
+    ``graph_priority``, measured per vendor); ``kernel_options`` go to :meth:`Plugin.kernel` (the
+    architecture predicate, for one). Returns
     the kit (its compiled modules and scratch buffers) the kernels launch through."""
     kit = Kit(runtime)
     available = runtime_check(runtime)
@@ -82,7 +85,8 @@ def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None,
         return check
 
     def kernel(op: str, check, dtypes=FLOATS, name: str = "cpp"):
-        return plugin.kernel(op, name=name, backend=backend, priority=priority, dtypes=dtypes, check=check, **kernel_options)
+        return plugin.kernel(op, name=name, backend=backend, priority=priority, dtypes=dtypes, check=check,
+                             graph_priority=(graph_priorities or {}).get(op), **kernel_options)
 
     @kernel("batch_norm", bn_check("running_mean", "running_var", "weight", "bias"))
     def batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):

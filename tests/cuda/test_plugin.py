@@ -146,3 +146,16 @@ def test_shipped_h200_choices_are_readable() -> None:
     cache = Cache(seed_dir / "unused.json", seed_dir / "autotune-nvidia-h200-sm90.json")
     hit = cache.get("grouped_gemm/torch.bfloat16/m16384/g128/k4096/n1408")
     assert hit is not None and set(hit["config"]) == {"block_m", "block_n", "block_k", "num_warps", "num_stages"}
+
+
+def test_graph_replays_rank_the_cpp_batch_norm_first_and_the_recorded_fused_kernel_last() -> None:
+    """In steps replayed from a CUDA graph (hal.graphs.device_bound) the C++ batch norm outranks
+    torch's, and fused_conv_bn_relu's torch kernel yields to the training decomposition."""
+    from hal.runtime import Runtime
+
+    rt = Runtime.from_plugins([plugin])
+    for op in ("batch_norm", "batch_norm_backward"):
+        assert rt.kernels(op, "cuda")[0].name == "native"
+        assert rt.kernels(op, "cuda", device_bound=True)[0].name == "cpp"
+    fused = [k.name for k in rt.kernels("fused_conv_bn_relu", "cuda", device_bound=True)]
+    assert fused[-1] == "torch" and rt.kernels("fused_conv_bn_relu", "cuda")[0].name == "torch"

@@ -20,16 +20,18 @@ Check = Callable[[Inputs], Optional[list[str]]]
 
 
 def kernel(op: str, *, name: str, priority: int, dtypes: Optional[Iterable[str]] = None, checks: Iterable[Check] = (),
-           archs: Archs = SM80, differentiable: Union[bool, Check] = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+           archs: Archs = SM80, differentiable: Union[bool, Check] = False,
+           graph_priority: Optional[int] = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a kernel of the cuda backend (sm_80 and newer unless ``archs`` says otherwise);
-    ``differentiable``: made of torch's differentiable ops (see :meth:`hal.plugin.Plugin.kernel`)."""
+    ``differentiable``: made of torch's differentiable ops, ``graph_priority``: its rank in graph
+    replays (see :meth:`hal.plugin.Plugin.kernel`)."""
     all_checks = list(checks)
 
     def check(inputs: Inputs) -> list[str]:
         return [r for c in all_checks for r in (c(inputs) or [])]
 
     return plugin.kernel(op, name=name, priority=priority, dtypes=dtypes, archs=archs, check=check if all_checks else None,
-                         differentiable=differentiable)
+                         differentiable=differentiable, graph_priority=graph_priority)
 
 
 def not_float32(inputs: Inputs) -> list[str]:

@@ -138,7 +138,10 @@ def _training_only(inputs: Inputs) -> list[str]:
 # traced_alternative); it declines eval, so an eval call in a compiled graph stays one opaque
 # cudnn_fused node (folded weights, one cuDNN call) where before this kernel's three ops joined the
 # graph: hal+compile inference has not been measured since (2026-12-02).
-@kernel("fused_conv_bn_relu", name="torch", priority=35, dtypes=FLOATS,
+# In a step replayed from a CUDA graph (hal.graphs) it ranks last: host time is not paid there, and
+# the decomposition with the C++ batch norm (hal_backend_cuda.cpp_kernels) made ResNet-50's graphed
+# training step 15.47 -> 13.66 ms on the H200 (benchmarks/graph_ab.py, 2026-12-02).
+@kernel("fused_conv_bn_relu", name="torch", priority=35, dtypes=FLOATS, graph_priority=1,
         checks=_NATIVE_CHECKS + [eager.padding_in_proportion, _training_only], differentiable=not_float32)
 def fused_conv_bn_relu_torch(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     with ieee_fp32(x.dtype):

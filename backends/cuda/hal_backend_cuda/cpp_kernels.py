@@ -3,9 +3,13 @@ rms_norm_backward and fused_adamw_ as kernel "cpp", and fused_conv_bn_relu with 
 "cudnn_cpp" (cuDNN convolution, then the C++ batch norm + ReLU), all registered by the kit
 (:func:`hal.cpp.register`) and compiled at run time by NVRTC through CuPy (:mod:`.cpp_runtime`).
 
-Priority 15, below the Triton kernels (20), until H200 measurements (benchmarks/cpp_h200.py) say
-otherwise; conformance forces every kernel in turn regardless. Without CuPy every kernel here
-rejects with the runtime's reason and the dispatcher takes the next one.
+Priority 15, below the Triton kernels (20) and torch's (25): their launches cost more host time
+than torch's. In steps replayed from a CUDA graph (hal.graphs), where only device time counts, the
+batch norm's forward and backward rank first (graph priority 30): in the decomposition of
+fused_conv_bn_relu they made ResNet-50's graphed training step 15.47 -> 13.66 ms on the H200
+(benchmarks/graph_ab.py, 2026-12-02; Triton's fused kernels with the convolution recomputed in the
+backward: 19.18 ms). Conformance forces every kernel in turn regardless. Without CuPy every kernel
+here rejects with the runtime's reason and the dispatcher takes the next one.
 """
 
 from __future__ import annotations
@@ -21,4 +25,8 @@ from .cpp_runtime import CupyRuntime
 PRIORITY = 15
 
 RUNTIME = CupyRuntime()
-KIT = hal.cpp.register(plugin, RUNTIME, priority=PRIORITY, archs=SM80, convolution=Convolution("cudnn", conv, conv_grads))
+#: measured first in graph replays (module docstring)
+GRAPH_PRIORITIES = {"batch_norm": 30, "batch_norm_backward": 30}
+
+KIT = hal.cpp.register(plugin, RUNTIME, priority=PRIORITY, archs=SM80, convolution=Convolution("cudnn", conv, conv_grads),
+                       graph_priorities=GRAPH_PRIORITIES)
