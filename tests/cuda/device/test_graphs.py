@@ -68,7 +68,9 @@ def test_graphed_resnet_training_matches_eager(amp) -> None:
     graphed, eager = hal.graphs.graphed(make_step(graphed_model)), make_step(eager_model)
     losses = []
     for x, y in _resnet_batches(seed, 6):
-        got, want = graphed(x, y), eager(x, y)
+        got = graphed(x, y)
+        with hal.graphs.device_bound():  # the kernels the graph runs (AdamW makes their rounding differences steps of +-lr)
+            want = eager(x, y)
         losses.append(got)
         torch.testing.assert_close(got, want, rtol=2e-3, atol=1e-4)
     assert len({float(v) for v in losses}) == len(losses)  # copied out: earlier results are not overwritten
@@ -105,7 +107,9 @@ def test_graphed_llama_training_with_torch_optimizer_matches_eager() -> None:
 
     graphed, eager = hal.graphs.graphed(make_step(models[0])), make_step(models[1])
     for t in tokens:
-        torch.testing.assert_close(graphed(t), eager(t), rtol=1e-3, atol=1e-4)
+        got = graphed(t)
+        with hal.graphs.device_bound():  # the kernels the graph runs
+            torch.testing.assert_close(got, eager(t), rtol=1e-3, atol=1e-4)
     assert graphed.captured() == 1
     for p, q in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
