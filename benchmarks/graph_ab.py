@@ -30,7 +30,7 @@ torch.cuda.reset_peak_memory_stats(dev)
 step = workload.make(opts.impl, None, dev, 0)
 if not opts.eager:
     step = models.with_graphs(step)
-losses = [float(step()) for _ in range(8)]
+losses = [float(step().float().sum()) for _ in range(8)]  # a training loss, or an inference output summed
 timing = Timer(dev)(step, warmup=0)
 forced = " ".join(f"{k.removeprefix('HAL_KERNEL_')}={v}" for k, v in sorted(os.environ.items()) if k.startswith("HAL_KERNEL_")) or "defaults"
 print(f"RESULT {opts.model} {opts.impl}{'' if opts.eager else '+graph'} [{forced}]: step {timing['median_us'] / 1e3:.2f} ms, "
