@@ -63,7 +63,7 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a, b)
 
 
-def _linear(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x2 @ weight.T + bias, through oneDNN for float32 as :func:`mm`."""
     if x2.dtype == torch.float32 and x2.numel() and weight.numel() and _onednn_float32():
         return torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
@@ -92,7 +92,7 @@ def linear_backward(grad_out, x, weight, bias, act, output_mask):
     if act == "none":
         gz = g2
     else:
-        z = _linear(x2, weight, bias)
+        z = linear_rows(x2, weight, bias)
         half = z.dtype in (torch.float16, torch.bfloat16)
         gz = act_backward(act, g2.float(), z.float()).to(z.dtype) if half else act_backward(act, g2, z)
     return eager.grads_of_rows(gz, x2, x, weight, output_mask, mm)
