@@ -961,7 +961,7 @@ class Dispatcher:
     def _follow(self, composite: Callable[..., Any], canon: tuple) -> list[Decision]:
         """The decisions of the ops a decomposition calls, in order (nothing runs)."""
         outer = config.current() or Overrides()
-        saved = config.enter(Overrides(outer.backend, outer.kernels, outer.kernel_any, outer.strict, explaining=True))
+        saved = config.enter(dataclasses.replace(outer, explaining=True))
         recorder: list[Decision] = []
         previous = getattr(self._explaining, "steps", None)
         self._explaining.steps = recorder
@@ -978,7 +978,7 @@ class Dispatcher:
 
         def run(*a: Any) -> Any:
             outer = config.current()
-            saved = config.enter(Overrides(outer.backend, outer.kernels, outer.kernel_any, outer.strict) if outer else None)
+            saved = config.enter(dataclasses.replace(outer, explaining=False) if outer else None)
             try:
                 decision = self.explain(decl, a)
                 inputs, _, _ = self.prepare(decl, a)

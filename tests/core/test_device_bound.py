@@ -94,3 +94,32 @@ def test_a_scope_of_the_backward_caller_wins_over_the_forwards(ranked: None, see
     with hal.use(kernel={"softmax_backward": "launch_cheap"}):
         y.backward(torch.randn_like(y))
     assert RAN == ["softmax:device_fast", "softmax_backward:launch_cheap"]
+
+
+def test_explain_follows_a_decomposition_with_the_ranking(install_plugins, seed: int) -> None:
+    """The steps of a training decomposition are explained as a device-bound call decides them."""
+    import hal_backend_cpu_ref
+
+    from hal.plugin import Plugin as _Plugin
+
+    p = _Plugin("ranked_bn", "0.1.0", summary="test: batch norm ranked differently for graph replays")
+    p.define_backend(priority=500, device_types=("cpu",))
+
+    def bn(name: str) -> Callable:
+        def batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):  # noqa: ANN001
+            return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+        return batch_norm
+
+    p.kernel("batch_norm", name="launch_cheap", priority=30, graph_priority=10)(bn("launch_cheap"))
+    p.kernel("batch_norm", name="device_fast", priority=20, graph_priority=40)(bn("device_fast"))
+    install_plugins([hal_backend_cpu_ref.plugin, p])
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    args = (x, w, None, torch.ones(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64),
+            torch.ones(4, dtype=torch.float64), 1, 1, 1, 1, 1e-5, 0.1, True)
+    with hal.graphs.device_bound():
+        d = hal.explain("fused_conv_bn_relu", *args)
+    steps = {s.op: s for s in d.steps}
+    assert d.route == "decomposition" and steps["batch_norm"].kernel == "device_fast", d
+    assert hal.explain("fused_conv_bn_relu", *args).steps[1].kernel == "launch_cheap"
