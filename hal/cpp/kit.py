@@ -105,7 +105,7 @@ SOURCES: dict[str, Source] = {
     "adamw": Source(
         "adamw.cu",
         ("HAL_P", "HAL_S"),
-        (_sig("adamw_step", "ptr ptr i64 ptr ptr f64 f64 f64 f64 f64 f64 f64 i32"),),
+        (_sig("adamw_step", "ptr ptr i64 ptr ptr ptr f64 f64 f64 f64 f64 f64 f64 f64 i32"),),
     ),
 }
 

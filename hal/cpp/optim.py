@@ -80,12 +80,13 @@ def fused_adamw(
     beta2: float,
     eps: float,
     weight_decay: float,
-    step: float,
+    step: Scalar,
     inv_scale: Optional[Scalar],
     found_inf: Optional[Scalar],
 ) -> None:
     """One AdamW step over contiguous tensors of one param dtype and one moment dtype, in place (see
-    hal.ops.fused_adamw_). inv_scale and found_inf are read as float32 (device values stay there)."""
+    hal.ops.fused_adamw_). step, inv_scale and found_inf are read as float32 (device values stay
+    there: a step count on the device is turned into the bias corrections by the kernel)."""
     if not params:
         return
     if found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0:
@@ -100,5 +101,9 @@ def fused_adamw(
     kernel = kit.module("adamw", device, HAL_P=C_TYPES[DTYPE_NAMES[params[0].dtype]],
                         HAL_S=C_TYPES[DTYPE_NAMES[exp_avgs[0].dtype]])["adamw_step"]
     flags = int(master_params is not None) | (int(aligned) << 1)
-    kernel((chunks,), THREADS, table, chunk_map, CHUNK, found, inv_t, inv_v, 1.0 - lr * weight_decay,
-           lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step), beta1, beta2, eps, flags, device=device)
+    if isinstance(step, torch.Tensor):
+        step_t, step_size, bc2_sqrt = _float32_tensor(step), 0.0, 0.0
+    else:
+        step_t, step_size, bc2_sqrt = None, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step)
+    kernel((chunks,), THREADS, table, chunk_map, CHUNK, found, inv_t, step_t, inv_v, lr, 1.0 - lr * weight_decay,
+           step_size, bc2_sqrt, beta1, beta2, eps, flags, device=device)

@@ -116,8 +116,6 @@ def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None,
         if not flat_runs(*(inputs[n] for n in ADAMW_LISTS if inputs[n] is not None)):
             reasons.append(f"{', '.join(ADAMW_LISTS)} hold tensors with gaps or overlaps, or differing in memory layout at one "
                            "index (the multi-tensor kernel walks each as one run of memory)")
-        if isinstance(inputs["step"], torch.Tensor):
-            reasons.append("step is a device tensor (this kernel takes the step count as a host number)")
         return reasons
 
     @kernel("fused_adamw_", adamw_check)

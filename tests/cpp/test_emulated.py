@@ -285,3 +285,17 @@ def test_adamw_step_matches_the_formula_in_float64(plugins, gen):
     m_ref, v_ref = b1 * 0.05 + (1 - b1) * gs, b2 * 0.02 + (1 - b2) * gs * gs
     p_ref = 0.7 * (1 - lr * wd) - lr / (1 - b1**step) * m_ref / (math.sqrt(v_ref) / math.sqrt(1 - b2**step) + eps)
     assert (m.item(), v.item()) == pytest.approx((m_ref, v_ref), rel=1e-14) and p.item() == pytest.approx(p_ref, rel=1e-14)
+
+
+def test_fused_adamw_takes_the_step_count_as_a_device_value(plugins, gen):
+    """hal.optim.AdamW keeps its step count in a 0-d float32 tensor (capturable): the kernel derives
+    the bias corrections from it and updates exactly as with the same count given as a number."""
+    kernels, _ = plugins[32]
+    state = _adam_state(gen, SHAPES, torch.bfloat16, torch.float32, True)
+    twin = [[t.clone() for t in group] for group in state]
+    before = [t.clone() for t in state[4]]
+    for step, (params, grads, m, v, w) in ((torch.tensor(5.0), state), (5.0, twin)):
+        kernels["fused_adamw_"](params, grads, m, v, 3e-3, 0.9, 0.999, 1e-8, 0.01, step, w, None, None)
+    for a, b in zip((t for group in state for t in group), (t for group in twin for t in group)):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(state[4], before) if a.numel())  # the masters moved

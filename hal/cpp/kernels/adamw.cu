@@ -7,8 +7,10 @@
 // (bf16/fp16 grads and params: one access; fp32 moments and masters: two). A list whose addresses
 // are not all 16-byte aligned takes the scalar path; the last partial vector of a tensor always does.
 //
-// Nothing is read back by the host: inv_scale and found_inf may be device values (float32). A
-// non-zero found_inf returns before any write (the step is skipped); grads are never written.
+// Nothing is read back by the host: inv_scale, found_inf and the step count may be device values
+// (float32; a captured optimizer's step count lives on the device, and each block then derives the
+// bias corrections from it in double precision). A non-zero found_inf returns before any write (the
+// step is skipped); grads are never written.
 #include "hal_cpp.cuh"
 
 #if !defined(HAL_P) || !defined(HAL_S)
@@ -35,9 +37,14 @@ template <class A> struct AdamW {
 
 template <class P, class S, class A>
 HAL_DEVICE void adamw_chunk(const i64* table, const int* chunk_map, i64 chunk, const float* found,
-                            const float* inv_ptr, double inv_val, double decay, double step_size, double bc2_sqrt,
-                            double beta1, double beta2, double eps, int flags) {
+                            const float* inv_ptr, const float* step_ptr, double inv_val, double lr, double decay,
+                            double step_size, double bc2_sqrt, double beta1, double beta2, double eps, int flags) {
   if (found != nullptr && *found != 0.0f) return;
+  if (step_ptr != nullptr) {  // lr / (1 - beta1^t) and sqrt(1 - beta2^t) from the device's step count
+    const double t = double(*step_ptr);
+    step_size = lr / (1.0 - pow(beta1, t));
+    bc2_sqrt = sqrt(1.0 - pow(beta2, t));
+  }
   const i64* row = table + i64(chunk_map[blockIdx.x]) * TABLE_FIELDS;
   P* __restrict__ p = reinterpret_cast<P*>(row[0]);
   const P* __restrict__ g = reinterpret_cast<const P*>(row[1]);
@@ -88,8 +95,8 @@ typedef hal::Acc<HAL_P>::type A;
 // address of the list is 16-byte aligned.
 extern "C" __global__ void __launch_bounds__(hal::ADAMW_THREADS)
 adamw_step(const hal::i64* table, const int* chunk_map, hal::i64 chunk, const float* found, const float* inv_ptr,
-           double inv_val, double decay, double step_size, double bc2_sqrt, double beta1, double beta2, double eps,
-           int flags) {
-  hal::adamw_chunk<P, S, A>(table, chunk_map, chunk, found, inv_ptr, inv_val, decay, step_size, bc2_sqrt, beta1,
-                            beta2, eps, flags);
+           const float* step_ptr, double inv_val, double lr, double decay, double step_size, double bc2_sqrt, double beta1,
+           double beta2, double eps, int flags) {
+  hal::adamw_chunk<P, S, A>(table, chunk_map, chunk, found, inv_ptr, step_ptr, inv_val, lr, decay, step_size, bc2_sqrt,
+                            beta1, beta2, eps, flags);
 }
