@@ -162,6 +162,12 @@ def _from_record(cls: type, record: dict[str, Any]) -> Any:
     return from_dict(record) if from_dict is not None else cls(**record)
 
 
+def grouped_key(what: str, x: torch.Tensor, weight: torch.Tensor) -> str:
+    """The problem key of a grouped GEMM (x (rows, K), weight (G, K, N)): rows bucketed, the rest exact."""
+    g, k, n = weight.shape
+    return f"{what}/{x.dtype}/m{bucket(x.shape[0])}/g{g}/k{k}/n{n}"
+
+
 def bucket(n: int) -> int:
     """Shape bucket of a size: the next power of two (one tuning serves neighbouring sizes)."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

@@ -201,17 +201,13 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
 
     # --- grouped_gemm (group sizes stay on the device: no synchronisation, capturable) ---------
 
-    def gg_key(what: str, x: torch.Tensor, weight: torch.Tensor) -> str:
-        g, k, n = weight.shape
-        return f"{what}/{x.dtype}/m{autotune.bucket(x.shape[0])}/g{g}/k{k}/n{n}"
-
     @kernel("grouped_gemm", "triton", 20)
     def grouped_gemm(x, weight, group_sizes):
         """On the GPU the group sizes are not read back: rows past sum(group_sizes) come out as
         zeros and groups past x's rows are cut (the op's contract asks for sum == rows)."""
         gg = family("grouped_gemm")
         flops = 2.0 * x.shape[0] * weight.shape[1] * weight.shape[2]
-        cfg = gemm_config(x, gg_key("grouped_gemm", x, weight), tables.gemm_candidates(x),
+        cfg = gemm_config(x, autotune.grouped_key("grouped_gemm", x, weight), tables.gemm_candidates(x),
                           lambda c: gg.grouped_gemm(x, weight, group_sizes, c), flops)
         return gg.grouped_gemm(x, weight, group_sizes, cfg)
 
@@ -221,9 +217,9 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
         flops = 2.0 * x.shape[0] * weight.shape[1] * weight.shape[2]
         sg, sk, sn = weight.stride()
         k = int(weight.shape[1])
-        cfg_x = gemm_config(x, gg_key("grouped_gemm_dx", x, weight), tables.gemm_candidates(x),
+        cfg_x = gemm_config(x, autotune.grouped_key("grouped_gemm_dx", x, weight), tables.gemm_candidates(x),
                             lambda c: gg.grouped_matmul(grad_out, weight, (sg, sn, sk), k, group_sizes, c), flops)
-        cfg_w = gemm_config(x, gg_key("grouped_gemm_dw", x, weight), tables.wgrad_candidates(x),
+        cfg_w = gemm_config(x, autotune.grouped_key("grouped_gemm_dw", x, weight), tables.wgrad_candidates(x),
                             lambda c: gg.grouped_gemm_backward(grad_out, x, weight, group_sizes, cfg_x, c), flops)
         return gg.grouped_gemm_backward(grad_out, x, weight, group_sizes, cfg_x, cfg_w)
 

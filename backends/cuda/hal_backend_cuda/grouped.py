@@ -46,11 +46,6 @@ def _backward(inputs: Inputs) -> list[str]:
                                + grouped_mm_layout("x", x.t()))
 
 
-def _key(what: str, x: torch.Tensor, weight: torch.Tensor) -> str:
-    g, k, n = weight.shape
-    return f"{what}/{x.dtype}/m{autotune.bucket(x.shape[0])}/g{g}/k{k}/n{n}"
-
-
 @kernel("grouped_gemm", name="grouped_mm", priority=15, dtypes=("bfloat16",), checks=[_forward], archs=CUTLASS_ARCHS)
 def grouped_gemm_cutlass(x, weight, group_sizes):
     return grouped_mm(x, weight, group_sizes)
@@ -69,7 +64,7 @@ def grouped_gemm_tuned(x, weight, group_sizes):
     triton = TRITON_KERNELS[("grouped_gemm", "triton")]
     runs = {"grouped_mm": lambda: grouped_mm(x, weight, group_sizes), "triton": lambda: triton(x, weight, group_sizes)}
     flops = 2.0 * x.shape[0] * weight.shape[1] * weight.shape[2]
-    return runs[autotune.fastest(TABLES, x.device, _key("grouped_gemm_route", x, weight), runs, flops)]()
+    return runs[autotune.fastest(TABLES, x.device, autotune.grouped_key("grouped_gemm_route", x, weight), runs, flops)]()
 
 
 @kernel("grouped_gemm_backward", name="tuned", priority=40, dtypes=("bfloat16",), checks=[triton_check, _backward],
@@ -80,4 +75,4 @@ def grouped_gemm_backward_tuned(grad_out, x, weight, group_sizes):
     args = (grad_out, x, weight, group_sizes)
     runs = {"grouped_mm": lambda: grouped_mm_backward(*args), "triton": lambda: triton(*args)}
     flops = 4.0 * x.shape[0] * weight.shape[1] * weight.shape[2]
-    return runs[autotune.fastest(TABLES, x.device, _key("grouped_gemm_backward_route", x, weight), runs, flops)]()
+    return runs[autotune.fastest(TABLES, x.device, autotune.grouped_key("grouped_gemm_backward_route", x, weight), runs, flops)]()
