@@ -153,3 +153,17 @@ def twins(cls: type, seed: int, dtype: torch.dtype = torch.float64, **kwargs: An
     torch_model = cls(TORCH, **kwargs).to(dtype)
     torch_model.load_state_dict(hal_model.state_dict())
     return hal_model, torch_model
+
+
+def randomize_batch_norms(model: nn.Module, mean_std: float = 0.2, bias_std: float = 0.5) -> nn.Module:
+    """Give every BatchNorm2d of ``model`` a state that is not the identity (running mean ~ N(0,
+    mean_std), running variance and weight in [0.5, 1.5], bias ~ N(0, bias_std)), drawn from torch's
+    generator: folds and batch statistics then have something to get wrong. Returns the model."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0.0, mean_std)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0.0, bias_std)
+    return model

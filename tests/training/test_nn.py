@@ -13,6 +13,7 @@ from torch import nn
 
 import hal
 import hal.nn
+from tests.training.models import randomize_batch_norms
 
 
 def _sequential(cin: int = 3, cout: int = 5, **conv: Any) -> nn.Sequential:
@@ -25,6 +26,17 @@ def _sequential(cin: int = 3, cout: int = 5, **conv: Any) -> nn.Sequential:
             seq[1].weight.uniform_(0.5, 1.5)
             seq[1].bias.normal_()
     return seq.double()
+
+
+def _same_result_and_gradients(seq: nn.Module, fused: nn.Module, want: torch.Tensor, got: torch.Tensor, label: str) -> None:
+    """The fused module's result equals the reference's, and after one backward of a fresh random
+    gradient through both, so do the gradients of their parameters (in order)."""
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    g = torch.randn_like(want)
+    want.backward(g)
+    got.backward(g)
+    for (name, p), q in zip(seq.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"{label} grad {n}: {m}")
 
 
 def test_state_dict_loads_both_ways(seed: int) -> None:
@@ -58,13 +70,7 @@ def test_train_and_eval_match_sequential(options: dict[str, Any], seed: int) -> 
         seq.train(training)
         fused.train(training)
         x = torch.randn(4, 3, 7, 7, dtype=torch.float64)
-        want, got = seq(x), fused(x)
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
-        g = torch.randn_like(want)
-        want.backward(g)
-        got.backward(g)
-        for (name, p), q in zip(seq.named_parameters(), fused.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"step {step} grad {n}: {m}")
+        _same_result_and_gradients(seq, fused, seq(x), fused(x), f"step {step}")
         for (name, a), b in zip(seq.state_dict().items(), fused.state_dict().values()):
             torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=lambda m, n=name: f"step {step} {n}: {m}")
 
@@ -111,15 +117,9 @@ def test_conv_bn_add_relu_module_matches_sequential_plus_residual(options: dict[
         shape = seq[0](x).shape
         r = torch.randn(shape, dtype=torch.float64, requires_grad=True)
         rr = r.detach().clone().requires_grad_(True)
-        want, got = F.relu(seq(xr) + rr), fused(x, r)
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
-        g = torch.randn_like(want)
-        want.backward(g)
-        got.backward(g)
+        _same_result_and_gradients(seq, fused, F.relu(seq(xr) + rr), fused(x, r), f"step {step}")
         torch.testing.assert_close(x.grad, xr.grad, rtol=1e-8, atol=1e-10)
         torch.testing.assert_close(r.grad, rr.grad, rtol=1e-8, atol=1e-10)
-        for (name, p), q in zip(seq.named_parameters(), fused.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"step {step} grad {n}: {m}")
         for (name, a), b in zip(seq.state_dict().items(), fused.state_dict().values()):
             torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=lambda m, n=name: f"step {step} {n}: {m}")
 
@@ -178,13 +178,7 @@ def test_conv_bn_module_folds_in_eval_and_matches_sequential(seed: int) -> None:
             b.mul_(1.5)
         torch.testing.assert_close(fused(x), seq(x), rtol=1e-9, atol=1e-10)  # the fold follows the update
 
-    want, got = seq(x), fused(x)
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
-    g = torch.randn_like(want)
-    want.backward(g)
-    got.backward(g)
-    for (name, p), q in zip(seq.named_parameters(), fused.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"eval grad {n}: {m}")
+    _same_result_and_gradients(seq, fused, seq(x), fused(x), "eval")
 
 
 def test_conv_bn_modules_under_bfloat16_autocast(seed: int) -> None:
@@ -288,14 +282,7 @@ def test_fuse_resnet_style_model(seed: int) -> None:
     """fuse finds stem, layer1/2 conv1->bn1->relu (self.relu reused), the tails conv2->bn2->add->relu,
     the downsample conv->bn and fc1->gelu; the fused model computes the same function in eval and
     takes the same training step (outputs, gradients, running stats)."""
-    model = ResNetish().double()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.normal_()
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.normal_()
+    model = randomize_batch_norms(ResNetish().double(), mean_std=1.0, bias_std=1.0)
     reference = copy.deepcopy(model)
     fused = hal.nn.fuse(model, inplace=True)  # shares model's parameters: compare by model's names
     kinds = {name: type(m).__name__ for name, m in fused.named_modules()}
@@ -390,14 +377,7 @@ class _Tails(nn.Module):
 
 
 def test_fuse_finds_residual_tails_written_every_way(seed: int) -> None:
-    model = _Tails().double()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.normal_(0, 0.2)
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.normal_(0, 0.5)
+    model = randomize_batch_norms(_Tails().double())
     reference = copy.deepcopy(model)
     fused = hal.nn.fuse(model, inplace=True)
     kinds = {name: type(m).__name__ for name, m in fused.named_children() if name.startswith("conv")}

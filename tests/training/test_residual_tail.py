@@ -17,6 +17,7 @@ from torch import nn
 import hal
 import hal.nn
 from hal.bench.models_resnet import ResNet
+from tests.training.models import randomize_batch_norms
 
 TOLERANCE = {torch.float64: dict(rtol=1e-10, atol=1e-11), torch.float32: dict(rtol=2e-4, atol=2e-5)}
 
@@ -135,15 +136,7 @@ def test_bad_residual_names_the_op_and_the_argument(seed: int) -> None:
 def _resnet(dtype: torch.dtype) -> nn.Module:
     """hal.bench's small ResNet (bottleneck blocks, downsample nn.Sequential(conv, bn)) with batch
     norms whose state is not the identity."""
-    model = ResNet((1, 2), width=4, classes=5).to(dtype)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.normal_(0.0, 0.2)
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.normal_(0.0, 0.5)
-    return model
+    return randomize_batch_norms(ResNet((1, 2), width=4, classes=5).to(dtype))
 
 
 def _counted_ops() -> dict[str, int]:
