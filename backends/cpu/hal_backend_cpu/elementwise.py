@@ -1,6 +1,7 @@
 """scale_shift_act and its backward: the forward in one numba pass for act none / relu over rows
-with a feature-wise scale and shift (float32 and float64), or torch's vectorised CPU kernels (every dtype and activation; half precision
-computed in float32 and rounded once; the backward as torch's activation-backward kernels).
+with a feature-wise scale and shift (float32 and float64), or torch's vectorised CPU kernels (every
+dtype and activation; half precision computed in float32 and rounded once; the backward as torch's
+activation-backward kernels).
 
 The transcendental activations stay with torch: numba calls libm's scalar exp / erf (there is no
 SVML in the numba wheels), and a vectorisable float32 exp/erfc written for these kernels measured
@@ -143,30 +144,27 @@ def _no_full_size_param(inputs: Inputs) -> list[str]:
     return []
 
 
-#: channel segments from this length on (NCHW planes) are left to torch's kernels (see _numba_pays)
+#: channel segments from this length on (NCHW planes) are left to torch's kernels (see _numba_layout)
 SHORT_SEGMENT = 64
 
 
-def _one_channel_run(inputs: Inputs) -> list[str]:
+def _numba_layout(inputs: Inputs) -> list[str]:
+    """The numba pass takes one channel run of parameters, and runs only the layout where it
+    measured faster than torch (2-core EPYC VM, float32, 2026-12-02): a feature-wise bias over rows
+    ((4096, 1024): 0.37 against 0.88 ms; (1024, 1024): a tie; (128, 1024): 0.036 against 0.016 ms,
+    the threads' start). torch's kernels were faster for per-channel planes ((8, 64, 56, 56): 0.59
+    against 0.41 ms) and for numbers (0.58 against 0.17 ms; (4096, 1024): 3.2 against 0.7 ms)."""
     split = channel_split(inputs["x"], inputs["scale"], inputs["shift"])
-    return [split] if isinstance(split, str) else []
-
-
-def _numba_pays(inputs: Inputs) -> list[str]:
-    """The numba pass only for the layout where it measured faster than torch's addcmul + in-place
-    ReLU (2-core EPYC VM, float32, 2026-12-02): a feature-wise bias over rows ((4096, 1024): 0.37
-    against 0.88 ms; (1024, 1024): a tie; (128, 1024): 0.036 against 0.016 ms, the threads' start).
-    torch's kernels were faster for per-channel planes ((8, 64, 56, 56): 0.59 against 0.41 ms) and
-    for numbers (0.58 against 0.17 ms; (4096, 1024): 3.2 against 0.7 ms)."""
-    _, c, i = channel_split(inputs["x"], inputs["scale"], inputs["shift"])
+    if isinstance(split, str):
+        return [split]
+    _, c, i = split
     if c == 1 or i >= SHORT_SEGMENT:
-        return ["numbers or per-channel planes: torch's addcmul and in-place ReLU are faster (the numba pass fuses "
-                "feature-wise rows)"]
+        return ["numbers or per-channel planes: torch's kernels are faster (the numba pass fuses feature-wise rows)"]
     return []
 
 
 @numba_kernel("scale_shift_act", priority=30,
-              checks=[_numba_act, _not_identity, _no_full_size_param, contiguous("x"), _one_channel_run, _numba_pays])
+              checks=[_numba_act, _not_identity, _no_full_size_param, contiguous("x"), _numba_layout])
 def scale_shift_act_numba(x, scale, shift, act):
     p, c, i = channel_split(x, scale, shift)  # i < SHORT_SEGMENT: each channel's value repeated over its i elements
     s, b = channel_vector(scale, c, x.dtype), channel_vector(shift, c, x.dtype)

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 from hal.eager import gemm as eager
 from hal.errors import InvalidArgumentError
-
 from hal.plugin import Inputs
 
 from ._common import FLOATS, kernel, onednn_dtype
@@ -55,19 +54,17 @@ def _onednn_float32() -> bool:
     return onednn_dtype_reason("float32") is None
 
 
-def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b for 2-D operands of any strides: oneDNN's inner product for float32 (see the module's
-    docstring), torch.mm otherwise."""
-    if a.dtype == torch.float32 and a.numel() and b.numel() and _onednn_float32():
-        return torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], "")
-    return torch.mm(a, b)
-
-
 def linear_rows(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x2 @ weight.T + bias, through oneDNN for float32 as :func:`mm`."""
+    """x2 @ weight.T + bias for 2-D operands of any strides: oneDNN's inner product for float32 (see
+    the module's docstring), F.linear otherwise."""
     if x2.dtype == torch.float32 and x2.numel() and weight.numel() and _onednn_float32():
         return torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
     return F.linear(x2, weight, bias)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for 2-D operands, as :func:`linear_rows` computes it."""
+    return linear_rows(a, b.t(), None)
 
 
 @kernel("linear", name="onednn", priority=30, dtypes=ONEDNN_DTYPES, checks=[onednn_dtype])
