@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -87,6 +87,43 @@ def flat_runs(*lists: Sequence[torch.Tensor]) -> bool:
     odd = [t for t, c, cl in zip(first, map(_IS_CONTIGUOUS, first), map(_IS_CHANNELS_LAST, first)) if not (c or cl)]
     return all(bool(torch.ops.aten.is_non_overlapping_and_dense(t)) for t in odd)
 
+
+
+def halves_of(a: torch.Tensor, b: torch.Tensor) -> Optional[torch.Tensor]:
+    """The tensor whose last dimension ``a`` and ``b`` split in two, when they are exactly its first
+    and second halves (``gate, up = t.chunk(2, -1)``: views of one base ``t``), else None. A kernel
+    given such a pair writes gradients into one buffer of ``t``'s shape, and hal's autograd node
+    passes that buffer on whole: no concatenation in the backward (:mod:`hal.autograd`)."""
+    base = a._base
+    if base is None or b._base is not base:
+        return None
+    half = a.shape[-1]
+    shape, stride = base.shape, base.stride()
+    if (a.shape != b.shape or base.dim() != a.dim() or shape[:-1] != a.shape[:-1] or shape[-1] != 2 * half
+            or a.stride() != stride or b.stride() != stride):
+        return None
+    start = base.storage_offset()
+    if a.storage_offset() != start or b.storage_offset() != start + half * stride[-1]:
+        return None
+    return base
+
+
+def row_geometry(t: torch.Tensor) -> Optional[tuple[int, int, int]]:
+    """``(rows, columns, row stride)`` of ``t`` seen as rows of its last dimension, when that
+    dimension is unit-stride and the leading ones merge into one row stride (a contiguous tensor,
+    one half of ``t.chunk(2, -1)``, a slice of rows), else None."""
+    if t.dim() == 0:
+        return 1, 1, 1
+    shape, strides = t.shape, t.stride()
+    cols = shape[-1]
+    if cols > 1 and strides[-1] != 1:
+        return None
+    if t.dim() == 1:
+        return 1, cols, cols
+    for i in range(t.dim() - 2):
+        if shape[i] > 1 and strides[i] != strides[i + 1] * shape[i + 1]:
+            return None
+    return math.prod(shape[:-1]), cols, strides[-2]
 
 def note_writes(tensors: Sequence[torch.Tensor]) -> None:
     """Count a write into each of ``tensors`` that bumps no version counter (running statistics,

@@ -24,12 +24,12 @@ on the host; one Function costs about what torch's own autograd node costs. Unde
 from __future__ import annotations
 
 import linecache
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from hal import config, dispatch, kept
+from hal import arrays, config, dispatch, kept
 from hal.gradients import OUT, gradients_of
 from hal.registry import Kind, OpDecl
 
@@ -39,10 +39,12 @@ _ALWAYS_TENSOR = (Kind.TENSOR,)
 _TENSOR_OR_NONE = (Kind.OPTIONAL_TENSOR,)
 
 
-def _node_source(decl: OpDecl) -> str:
+def _node_source(decl: OpDecl, halves: bool = False) -> str:
     """Source of the ``forward`` and ``_backward`` of ``decl``'s autograd node.
 
-    Forward arguments are the op's canonical arguments ``a0, a1, ...`` after the kernel runner.
+    Forward arguments are the op's canonical arguments ``a0, a1, ...`` after the kernel runner (with
+    ``halves``, after the tensor whose halves the op's ``halves`` parameters are: they come detached,
+    and that tensor's gradient is returned whole).
     Each value the backward op takes is saved as a tensor (``save_for_backward``: version-checked)
     or kept as a plain value; a number-or-tensor parameter is decided per call. A parameter the
     forward writes reaches the backward as None (when ``mutates_when`` holds), an unbatched input
@@ -52,7 +54,7 @@ def _node_source(decl: OpDecl) -> str:
     n = len(decl.params)
     args = ", ".join(f"a{i}" for i in range(n))
     when = f"a{decl.index(decl.mutates_when)}" if decl.mutates_when else "True"
-    fwd = [f"def forward(ctx, run, {args}):", "    armed = _kept.armed  # kernels keep for the backward op (hal.kept)",
+    fwd = [f"def forward(ctx, run, {'base, ' if halves else ''}{args}):", "    armed = _kept.armed  # kernels keep for the backward op (hal.kept)",
            "    _kept.armed = True", "    try:", f"        out = run({args})", "    finally:", "        _kept.armed = armed"]
     tensors, values = [], []  # expressions saved with save_for_backward / kept as plain values
     unpack, keep = [], []  # the names the backward gives them
@@ -106,7 +108,8 @@ def _node_source(decl: OpDecl) -> str:
     call = ", ".join(["grad_out"] + [f"v{j}" for j in range(len(spec.needs))])
     if spec.masked:  # only the gradients autograd asks for (inputs of the node: run, a0, a1, ...)
         bwd.append("    needed = ctx.needs_input_grad")
-        call += ", (" + "".join(f"needed[{1 + decl.index(s)}], " for s in decl.gradients) + ")"
+        slot = {s: (1 if halves and s in decl.halves else 1 + halves + decl.index(s)) for s in decl.gradients}  # type: ignore[operator]
+        call += ", (" + "".join(f"needed[{slot[s]}], " for s in decl.gradients) + ")"
     result = 'g0' if decl.single_gradient else 'r'
     bwd += ["    if scope is not None and _local.overrides is None:  # the forward's scope, where the caller has none",
             "        saved = _enter(scope)", "        try:", f"            {result} = _bwd({call})", "        finally:",
@@ -119,18 +122,40 @@ def _node_source(decl: OpDecl) -> str:
             expr = f"d{g}"
         flag = [k for k, (s, _) in enumerate(checked) if s == slot]
         grads[decl.index(slot)] = f"({expr} if given[{flag[0]}] else None)" if flag else expr
-    ret = ", ".join(["None"] + [grads.get(i, "None") for i in range(n)])
+    lead = ["None"]
+    if halves:  # the gradient of the base: the two halves' buffer, or their concatenation
+        lead.append(f"_join({', '.join(grads.pop(decl.index(s)) for s in decl.halves)})")  # type: ignore[union-attr]
+    ret = ", ".join(lead + [grads.get(i, "None") for i in range(n)])
     bwd += [f"    return ({ret},)", ""]
     return "\n".join(fwd + bwd)
 
 
-def _node_class(decl: OpDecl) -> type:
+def _join(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The gradient of the tensor whose halves had gradients ``a`` and ``b``: the buffer a kernel
+    wrote both into (no copy), else their concatenation (what torch's own chunk backward does)."""
+    whole = arrays.halves_of(a, b)
+    return whole if whole is not None else torch.cat((a, b), dim=-1)
+
+
+def _halves_base(a: Any, b: Any) -> Any:
+    """The tensor ``a`` and ``b`` are the halves of, when the node may differentiate it in their
+    place: nothing watches the halves themselves (a hook, ``retain_grad``) and it takes gradients."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.retains_grad or b.retains_grad:
+        return None
+    if a._backward_hooks or b._backward_hooks:
+        return None
+    base = arrays.halves_of(a, b)
+    return base if base is not None and base.requires_grad else None
+
+
+def _node_class(decl: OpDecl, halves: bool = False) -> type:
     """Build the autograd Function of one trainable op from its declaration."""
     spec = gradients_of(decl)
-    src = _node_source(decl)
-    filename = f"<hal.autograd.{decl.name}>"
+    src = _node_source(decl, halves)
+    filename = f"<hal.autograd.{decl.name}{'.halves' if halves else ''}>"
     namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_bwd": spec.bwd.entry, "_kept": kept.STATE, "_local": config._local,
-                                 "_scopes": config.ACTIVE_SCOPES, "_enter": config.enter, "_leave": config.leave}
+                                 "_scopes": config.ACTIVE_SCOPES, "_enter": config.enter, "_leave": config.leave,
+                                 "_join": _join}
     exec(compile(src, filename, "exec"), namespace)
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     body = namespace["_backward"]
@@ -142,7 +167,7 @@ def _node_class(decl: OpDecl) -> type:
 
     camel = "".join(part.capitalize() for part in decl.name.split("_"))
     cls = type(
-        f"Hal{camel}",
+        f"Hal{camel}{'Halves' if halves else ''}",
         (torch.autograd.Function,),
         {
             "forward": staticmethod(namespace["forward"]),
@@ -155,7 +180,7 @@ def _node_class(decl: OpDecl) -> type:
     return cls
 
 
-_NODES: dict[int, tuple[OpDecl, type]] = {}
+_NODES: dict[int, tuple[OpDecl, type, Optional[type]]] = {}
 #: ``Function.apply`` below its Python wrapper: that wrapper checks for functorch transforms and
 #: unwraps functorch tensors whose transform has exited (2.3 µs a call on the CI CPU, a third of an
 #: autograd call's host time). Without an active transform the check is done here; a dead wrapper
@@ -169,8 +194,8 @@ def autograd_runner(decl: OpDecl, run: Callable[..., Any]) -> Callable[..., Any]
     ``run`` (the chosen kernel's runner) as the forward of ``decl``'s autograd node."""
     hit = _NODES.get(id(decl))
     if hit is None or hit[0] is not decl:
-        hit = _NODES[id(decl)] = (decl, _node_class(decl))
-    cls = hit[1]
+        hit = _NODES[id(decl)] = (decl, _node_class(decl), _node_class(decl, halves=True) if decl.halves else None)
+    cls, halves_cls = hit[1], hit[2]
     fast, slow = _C_APPLY.__get__(None, cls), cls.apply
 
     def apply(*args: Any) -> Any:
@@ -178,7 +203,20 @@ def autograd_runner(decl: OpDecl, run: Callable[..., Any]) -> Callable[..., Any]
             return slow(run, *args)
         return fast(run, *args)
 
-    return apply
+    if halves_cls is None:
+        return apply
+    ia, ib = (decl.index(name) for name in decl.halves)  # type: ignore[union-attr]
+    fast_halves = _C_APPLY.__get__(None, halves_cls)
+
+    def apply_halves(*args: Any) -> Any:
+        base = None if _transforms_active() else _halves_base(args[ia], args[ib])
+        if base is None:
+            return apply(*args)
+        parts = list(args)  # the halves of a detached base (a detached view is no view of anything)
+        parts[ia], parts[ib] = base.detach().chunk(2, dim=-1)
+        return fast_halves(run, base, *parts)
+
+    return apply_halves
 
 
 dispatch.HOOKS.autograd = autograd_runner

@@ -134,6 +134,11 @@ class OpDecl:
     #: a rank at which the input named by ``unbatched[0]`` is unbatched: it gets a batch dimension
     #: before the kernel runs and the output loses it again (conv2d's CHW inputs).
     unbatched: Optional[tuple[str, int]] = None
+    #: two gradient parameters often passed as the halves of one tensor's last dimension
+    #: (``gate, up = h.chunk(2, -1)``): then the autograd node differentiates that tensor, and a
+    #: backward kernel that writes both gradients into one buffer of its shape spares the backward
+    #: a concatenation (:func:`hal.arrays.halves_of`, :mod:`hal.autograd`).
+    halves: Optional[tuple[str, str]] = None
     #: reduction length K of a call (canonical arguments by name), used to widen tolerances.
     reduction: Optional[Callable[[Named], int]] = None
     #: parameters whose values change from call to call (a learning rate, a step count): the decision
@@ -257,6 +262,7 @@ def declare(
     mutates_statistics: bool = False,
     dtype_from: Optional[str] = None,
     unbatched: Optional[tuple[str, int]] = None,
+    halves: Optional[tuple[str, str]] = None,
     reduction: Optional[Callable[[Named], int]] = None,
     volatile: Optional[Mapping[str, Callable[[str, str, Any], Any]]] = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -278,6 +284,9 @@ def declare(
         for m in [*mutates, *(volatile or {}), *grads, *([mutates_when] if mutates_when else [])]:
             if m not in names:
                 raise ValueError(f"op {name!r}: a field of its declaration names an unknown parameter {m!r}")
+        kinds = {p.name: p.kind for p in params}
+        if halves is not None and (len(set(halves)) != 2 or any(h not in grads or kinds[h] is not Kind.TENSOR for h in halves)):
+            raise ValueError(f"op {name!r}: halves names two tensor parameters the backward returns gradients for")
         if (backward is None) != (not grads):
             raise ValueError(f"op {name!r}: a trainable op names both its backward op and the gradients it returns")
         first_tensor = next((p.name for p in params if p.kind in (Kind.TENSOR, Kind.TENSOR_LIST)), "")
@@ -297,6 +306,7 @@ def declare(
             mutates_statistics=mutates_statistics,
             dtype_from=dtype_from or first_tensor,
             unbatched=unbatched,
+            halves=tuple(halves) if halves else None,
             reduction=reduction,
             volatile=dict(volatile or {}),
         )

@@ -102,7 +102,8 @@ def _check_swiglu(op: str, gate: Any, up: Any) -> tuple[int, ...]:
     return broadcast_shape(op, gate, up, "gate", "up")
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, backward="swiglu_backward", gradients=("gate", "up"))
+@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, backward="swiglu_backward", gradients=("gate", "up"),
+         halves=("gate", "up"))
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """The SwiGLU gate of a Llama MLP, ``F.silu(gate) * up`` (broadcasting as torch does), computed
     in float32 (float64 for float64) and rounded once."""

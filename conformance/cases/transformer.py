@@ -4,7 +4,8 @@ rotary_embedding: Llama's layout (B, H, T, D) with one (T, D/2) table, the Huggi
 (q as the (B, H, T, D) view of a (B, T, H, D) tensor, cos/sin per batch row as (B, 1, T, D/2)),
 interleaved pairs (GPT-J), float32 tables beside half-precision x, odd sizes, 2-D and 3-D x and an
 empty sequence. Angles are real rotary angles (position times frequency), so |cos|, |sin| <= 1.
-swiglu: Llama MLP widths, broadcasting, gates far into silu's tails (-30..30) and an empty batch.
+swiglu: Llama MLP widths, the halves of a packed gate-and-up projection, broadcasting, gates far
+into silu's tails (-30..30) and an empty batch.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ ROTARY = {
 
 
 def swiglu_args(d: Draw, gate: tuple[int, ...], up: tuple[int, ...], spread: float = 1.0, layout: str = "contiguous") -> Call:
+    """gate and up drawn apart in ``layout``, or with layout "halves" as the two halves of one tensor's
+    last dimension (``h.chunk(2, -1)``: a packed gate-and-up projection, rows of twice their stride)."""
+    if layout == "halves":
+        g, u = d.normal(*gate[:-1], 2 * gate[-1], std=spread).chunk(2, dim=-1)
+        return Call({"gate": g, "up": u})
     g = d.tensor(np.clip(spread * d.rng.standard_normal(gate), -30.0, 30.0), layout=layout)
     return Call({"gate": g, "up": d.normal(*up, layout=layout if up == gate else "contiguous")})
 
@@ -73,6 +79,7 @@ SWIGLU = {
     "vector_1d": (dict(gate=(1001,), up=(1001,)), False),
     "tails": (dict(gate=(4, 257), up=(4, 257), spread=12.0), False),
     "noncontig": (dict(gate=(5, 40), up=(5, 40), layout="noncontig"), False),
+    "packed_halves": (dict(gate=(3, 5, 48), up=(3, 5, 48), spread=3.0, layout="halves"), True),
     "broadcast_up": (dict(gate=(6, 9), up=(9,)), False),
     "broadcast_both": (dict(gate=(6, 1), up=(1, 9)), False),
     "empty_batch": (dict(gate=(0, 8), up=(0, 8)), False),

@@ -186,10 +186,12 @@ def _transformer() -> Iterator[Spec]:
         yield _spec("transformer", "rotary_kernel", "bf16, fp32 tables" + (", interleaved" if interleaved else ""),
                     x_ptr="*bf16", c_ptr="*fp32", s_ptr="*fp32", y_ptr="*bf16", **_ints("R", "T", "B", "HALF"), **strides,
                     sxd=1, syd=1, scd=1, ssd=1, INTERLEAVED=interleaved, NEGATE_SIN=interleaved, BLOCK_R=16, BLOCK_H=64, COMPUTE=F32)
-    yield _spec("transformer", "swiglu_kernel", "bf16", div16=("n",), g_ptr="*bf16", u_ptr="*bf16", y_ptr="*bf16", n="i32",
-                BLOCK=4096, COMPUTE=F32)
-    yield _spec("transformer", "swiglu_bwd_kernel", "fp16", div16=("n",), go_ptr="*fp16", g_ptr="*fp16", u_ptr="*fp16",
-                dg_ptr="*fp16", du_ptr="*fp16", n="i32", BLOCK=1024, COMPUTE=F32)
+    rows = ("R", "C", "col_blocks")
+    yield _spec("transformer", "swiglu_kernel", "bf16 rows", div16=("C", "sg", "su", "sy"), g_ptr="*bf16", u_ptr="*bf16",
+                y_ptr="*bf16", **_ints(*rows, "sg", "su", "sy"), BLOCK_R=2, BLOCK_C=2048, COMPUTE=F32)
+    yield _spec("transformer", "swiglu_bwd_kernel", "fp16 flat", div16=("C", "so", "sg", "su", "sdg", "sdu"), go_ptr="*fp16",
+                g_ptr="*fp16", u_ptr="*fp16", dg_ptr="*fp16", du_ptr="*fp16", **_ints(*rows, "so", "sg", "su", "sdg", "sdu"),
+                BLOCK_R=1, BLOCK_C=1024, COMPUTE=F32)
 
 
 def _loss() -> Iterator[Spec]:

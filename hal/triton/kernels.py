@@ -22,14 +22,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hal.arrays import dense_alike
 from hal.eager.gemm import grads_of_rows
 from hal.plugin import Archs, Plugin
 
 from . import autotune
 from .checks import Check, contiguous_vectors, flat_lists, triton_check
 from .config import GemmConfig
-from .layouts import rotary_geometry
+from .layouts import rotary_geometry, swiglu_geometry
 from .tables import INTERPRETER, LaunchTables, PerGeometry, interpreted
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -345,19 +344,20 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
     def rotary_embedding_backward(grad_out, cos, sin, interleaved):
         return family("transformer").rotary(grad_out, cos, sin, interleaved, True, **rotary_cfg(grad_out))
 
-    def same_dense_layout(*names: str) -> Check:
+    def swiglu_layout(*names: str) -> Check:
         def check(inputs: Any) -> list[str]:
-            if dense_alike(*(inputs[n] for n in names)):
+            if swiglu_geometry(*(inputs[n] for n in names)) is not None:
                 return []
-            return [f"{', '.join(names)} broadcast or differ in memory layout (the torch kernel runs them)"]
+            return [f"{', '.join(names)} broadcast, or are neither dense in one layout nor rows of their last dimension "
+                    "(the torch kernel runs them)"]
 
         return check
 
-    @kernel("swiglu", "triton", 20, checks=(same_dense_layout("gate", "up"),))
+    @kernel("swiglu", "triton", 20, checks=(swiglu_layout("gate", "up"),))
     def swiglu(gate, up):
         return family("transformer").swiglu(gate, up, **tables.elementwise(gate))
 
-    @kernel("swiglu_backward", "triton", 20, checks=(same_dense_layout("grad_out", "gate", "up"),))
+    @kernel("swiglu_backward", "triton", 20, checks=(swiglu_layout("grad_out", "gate", "up"),))
     def swiglu_backward(grad_out, gate, up):
         return family("transformer").swiglu_backward(grad_out, gate, up, **tables.elementwise(gate))
 

@@ -7,6 +7,8 @@ from typing import Optional
 
 import torch
 
+from hal.arrays import dense_alike, row_geometry
+
 
 def four_dims(shape: tuple[int, ...], strides: tuple[int, ...]) -> Optional[tuple[tuple[int, ...], tuple[int, ...]]]:
     """(A, B, T, last) sizes and strides of a tensor of rank >= 2; leading dimensions beyond two
@@ -46,3 +48,16 @@ def rotary_geometry(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Op
 def storage_view(t: torch.Tensor) -> torch.Tensor:
     """A dense tensor's elements as the flat run of memory they occupy (for a layout-blind walk)."""
     return t.as_strided((t.numel(),), (1,), t.storage_offset()) if not t.is_contiguous() else t.view(-1)
+
+
+def swiglu_geometry(*tensors: torch.Tensor) -> Optional[list[tuple[torch.Tensor, int, int, int]]]:
+    """Each tensor as ``(view, R, C, row stride)`` for the kernels: dense tensors of one layout as
+    one flat run each (R = 1); otherwise rows of the last dimension (:func:`hal.arrays.row_geometry`)
+    of one (R, C) for all. None when neither fits (the plugins' torch kernels run those)."""
+    if dense_alike(*tensors):
+        n = tensors[0].numel()
+        return [(storage_view(t), 1, n, n) for t in tensors]
+    geos = [row_geometry(t) for t in tensors]
+    if any(g is None for g in geos) or len({g[:2] for g in geos}) != 1:  # type: ignore[index]
+        return None
+    return [(t, *g) for t, g in zip(tensors, geos)]  # type: ignore[misc]

@@ -6,18 +6,24 @@ their broadcast (0 along the dimensions they do not have). Each program rotates 
 D/2 pairs; the backward is the same kernel with the sine negated (a rotation's adjoint). The result
 has x's memory layout.
 
-swiglu: gate and up of one shape and one dense layout, walked as flat memory; the result keeps
-that layout. Broadcasting inputs are left to the vendor plugins' torch kernels.
+swiglu: gate and up of one shape, either dense in one layout (walked as flat memory; the result
+keeps that layout) or rows of their last dimension, each with its own row stride: the two halves of
+a packed gate-and-up projection are read where they lie, and their gradients written as the two
+halves of one new tensor. Broadcasting inputs are left to the vendor plugins' torch kernels.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from hal.arrays import dense_alike, halves_of
+
 from ._launch import LaunchPlan, Plans, cdiv, compute_dtype, next_pow2
-from .layouts import four_dims, rotary_geometry, storage_view
+from .layouts import four_dims, rotary_geometry, storage_view, swiglu_geometry
 
 
 @triton.jit(do_not_specialize=["R", "T", "B", "sxa", "sxb", "sxt", "sya", "syb", "syt", "sca", "scb", "sct", "ssa", "ssb", "sst"])
@@ -90,43 +96,84 @@ def _silu_parts(g):
     return g * s, s * (1.0 + g * (1.0 - s))
 
 
-# n stays specialised: knowing 16 divides it lets Triton prove the mask constant over vectors and
-# issue 16-byte loads (without it every access is scalar); at most three variants compile
+# The SwiGLU kernels walk tiles of rows: each tensor is (R, C) rows of its last dimension with its own
+# row stride (R = 1 for a dense tensor walked as one flat run, channels_last included), so the two
+# halves of a packed gate-and-up projection (``h.chunk(2, -1)``) are read in place. C and the row
+# strides stay specialised: knowing 16 divides them lets Triton prove the mask constant over vectors
+# and issue 16-byte loads (without it every access is scalar).
 @triton.jit
-def swiglu_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+def _row_tile(R, C, col_blocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = (pid // col_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = (pid % col_blocks).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows < R)[:, None] & (cols < C)[None, :]
+    return rows.to(tl.int64)[:, None], cols[None, :], mask
+
+
+@triton.jit
+def swiglu_kernel(g_ptr, u_ptr, y_ptr, R, C, sg, su, sy, col_blocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                  COMPUTE: tl.constexpr):
+    r, c, mask = _row_tile(R, C, col_blocks, BLOCK_R, BLOCK_C)
+    g = tl.load(g_ptr + r * sg + c, mask=mask, other=0.0).to(COMPUTE)
+    u = tl.load(u_ptr + r * su + c, mask=mask, other=0.0).to(COMPUTE)
     silu, _ = _silu_parts(g)
-    tl.store(y_ptr + offs, (silu * u).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + r * sy + c, (silu * u).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def swiglu_bwd_kernel(go_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    go = tl.load(go_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+def swiglu_bwd_kernel(go_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, R, C, so, sg, su, sdg, sdu, col_blocks, BLOCK_R: tl.constexpr,
+                      BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
+    r, c, mask = _row_tile(R, C, col_blocks, BLOCK_R, BLOCK_C)
+    go = tl.load(go_ptr + r * so + c, mask=mask, other=0.0).to(COMPUTE)
+    g = tl.load(g_ptr + r * sg + c, mask=mask, other=0.0).to(COMPUTE)
+    u = tl.load(u_ptr + r * su + c, mask=mask, other=0.0).to(COMPUTE)
     silu, dsilu = _silu_parts(g)
-    tl.store(dg_ptr + offs, (go * u * dsilu).to(dg_ptr.dtype.element_ty), mask=mask)
-    tl.store(du_ptr + offs, (go * silu).to(du_ptr.dtype.element_ty), mask=mask)
+    tl.store(dg_ptr + r * sdg + c, (go * u * dsilu).to(dg_ptr.dtype.element_ty), mask=mask)
+    tl.store(du_ptr + r * sdu + c, (go * silu).to(du_ptr.dtype.element_ty), mask=mask)
+
+
+def _row_plan(kernel: Any, r: int, c: int, strides: tuple[int, ...], dtype: torch.dtype, block_elems: int,
+              num_warps: int) -> LaunchPlan:
+    """The launch over (r, c) in tiles of about ``block_elems``: the tile's columns a power of two
+    that divides c where one of at least 512 does (no masked tail in every row of a packed MoE
+    projection), its rows filling the rest."""
+    block_c = min(block_elems, next_pow2(c))
+    while block_c > 512 and c % block_c:
+        block_c //= 2
+    block_r = min(next_pow2(r), max(1, block_elems // block_c))
+    col_blocks = cdiv(c, block_c)
+    return LaunchPlan(kernel, (cdiv(r, block_r) * col_blocks,), (r, c, *strides, col_blocks), num_warps=num_warps,
+                      BLOCK_R=block_r, BLOCK_C=block_c, COMPUTE=compute_dtype(dtype))
+
+
+def _output(t: torch.Tensor) -> torch.Tensor:
+    """A result for input ``t``: dense inputs keep their layout, rows get a contiguous tensor."""
+    return torch.empty_like(t) if dense_alike(t) else torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, block_elems: int, num_warps: int) -> torch.Tensor:
-    y = torch.empty_like(gate)
-    n = gate.numel()
-    plan = _PLANS.get_or_build((2, n, gate.dtype, block_elems, num_warps), lambda: LaunchPlan(
-        swiglu_kernel, (cdiv(n, block_elems),), (n,), num_warps=num_warps, BLOCK=block_elems, COMPUTE=compute_dtype(gate.dtype)))
-    plan(storage_view(gate), storage_view(up), storage_view(y))
+    y = _output(gate)
+    geo = swiglu_geometry(gate, up, y)
+    assert geo is not None, "swiglu_geometry(gate, up) must be checked first"
+    (g, r, c, sg), (u, _, _, su), (yv, _, _, sy) = geo
+    key = (2, r, c, sg, su, sy, gate.dtype, block_elems, num_warps)
+    _PLANS.get_or_build(key, lambda: _row_plan(swiglu_kernel, r, c, (sg, su, sy), gate.dtype, block_elems, num_warps))(g, u, yv)
     return y
 
 
-def swiglu_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, *, block_elems: int, num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    dg, du = torch.empty_like(gate), torch.empty_like(up)
-    n = gate.numel()
-    plan = _PLANS.get_or_build((3, n, gate.dtype, block_elems, num_warps), lambda: LaunchPlan(
-        swiglu_bwd_kernel, (cdiv(n, block_elems),), (n,), num_warps=num_warps, BLOCK=block_elems, COMPUTE=compute_dtype(gate.dtype)))
-    plan(storage_view(grad_out), storage_view(gate), storage_view(up), storage_view(dg), storage_view(du))
+def swiglu_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, *, block_elems: int,
+                    num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_gate, grad_up); for the two halves of one tensor (:func:`hal.arrays.halves_of`) they
+    are the two halves of one new tensor of its shape, which hal's autograd node passes on whole."""
+    packed = halves_of(gate, up)
+    if packed is not None:
+        dg, du = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device).chunk(2, dim=-1)
+    else:
+        dg, du = _output(gate), _output(up)
+    geo = swiglu_geometry(grad_out, gate, up, dg, du)
+    assert geo is not None, "swiglu_geometry(grad_out, gate, up) must be checked first"
+    (go, r, c, so), (g, _, _, sg), (u, _, _, su), (dgv, _, _, sdg), (duv, _, _, sdu) = geo
+    key = (3, r, c, so, sg, su, sdg, sdu, gate.dtype, block_elems, num_warps)
+    _PLANS.get_or_build(key, lambda: _row_plan(swiglu_bwd_kernel, r, c, (so, sg, su, sdg, sdu), gate.dtype, block_elems,
+                                               num_warps))(go, g, u, dgv, duv)
     return dg, du

@@ -116,6 +116,31 @@ def test_residual_tail_is_one_cudnn_call_in_eval_and_torch_ops_otherwise() -> No
     assert chosen(torch.float64, training=False)[0] == "torch"
 
 
+def test_large_swiglu_inputs_go_to_the_triton_kernel_outside_compiled_graphs() -> None:
+    """From 2**25 elements torch's swiglu declines what the Triton kernel takes (the halves of a
+    packed MoE projection included); smaller inputs, broadcasting ones and a torch.compile trace's
+    fake tensors stay with torch's kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from hal.plugin import Inputs
+    from hal.registry import get_op
+
+    decl, torch_swiglu = get_op("swiglu"), _kernel("swiglu", "torch")
+
+    def reasons(gate: torch.Tensor, up: torch.Tensor) -> list[str]:
+        return torch_swiglu.not_supported_reasons(Inputs(decl, (gate, up), "cuda", torch.device("cuda", 0), "bfloat16", "torch", "sm_90"))
+
+    gate, up = torch.empty(8192, 28672, dtype=torch.bfloat16, device="meta").chunk(2, dim=-1)
+    assert reasons(gate, up) == ["117440512 elements (at least 2**25): the Triton kernel's one pass each way moves less "
+                                 "memory than torch's five kernels, which outweighs its host time"]
+    small = torch.empty(4096, 2816, dtype=torch.bfloat16, device="meta")
+    assert reasons(small, small) == []
+    assert reasons(gate, torch.empty(14336, dtype=torch.bfloat16, device="meta")) == []  # broadcasting: torch's
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.empty(8192, 14336, dtype=torch.bfloat16, device="meta"))
+        assert reasons(fake, fake) == []
+
+
 def test_importing_the_plugin_imports_no_triton() -> None:
     code = "import sys, hal_backend_cuda; print('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -157,5 +182,7 @@ def test_graph_replays_rank_the_cpp_batch_norm_first_and_the_recorded_fused_kern
     for op in ("batch_norm", "batch_norm_backward"):
         assert rt.kernels(op, "cuda")[0].name == "native"
         assert rt.kernels(op, "cuda", device_bound=True)[0].name == "cpp"
+    assert rt.kernels("fused_adamw_", "cuda")[0].name == "triton"
+    assert rt.kernels("fused_adamw_", "cuda", device_bound=True)[0].name == "cpp"
     fused = [k.name for k in rt.kernels("fused_conv_bn_relu", "cuda", device_bound=True)]
     assert fused[-1] == "torch" and rt.kernels("fused_conv_bn_relu", "cuda")[0].name == "torch"

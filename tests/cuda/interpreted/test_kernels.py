@@ -522,6 +522,27 @@ def test_swiglu_flat_and_channels_last(gen, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_rows_of_a_packed_projection(gen, dtype):
+    """gate and up as the two halves of one (B, T, 2F) tensor (strided rows, read in place) and as
+    rows of different strides; the backward of the halves writes one buffer of the packed shape."""
+    from hal.arrays import halves_of
+
+    for batch, rows, half in ((2, 5, 48), (1, 3, 40)):
+        h = randn(gen, batch, rows, 2 * half, dtype=dtype, scale=3.0)
+        gate, up = h.chunk(2, dim=-1)
+        check("swiglu", kern("swiglu", "triton"), (gate, up))
+        g = randn(gen, batch, rows, half, dtype=dtype)
+        check("swiglu_backward", kern("swiglu_backward", "triton"), (g, gate, up), outputs=2)
+        dg, du = kern("swiglu_backward", "triton")(g, gate, up)
+        whole = halves_of(dg, du)
+        assert whole is not None and whole.shape == h.shape and whole.is_contiguous()
+    wide = randn(gen, 6, 80, dtype=dtype)
+    gate, up = wide[:, 8:40], randn(gen, 6, 32, dtype=dtype)  # rows of stride 80 beside contiguous rows
+    check("swiglu", kern("swiglu", "triton"), (gate, up))
+    check("swiglu_backward", kern("swiglu_backward", "triton"), (randn(gen, 6, 32, dtype=dtype), gate, up), outputs=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_rows(gen, dtype, reduction):
     """Rows longer than a block (online log-sum-exp over several chunks), ignored rows (the default
