@@ -700,7 +700,8 @@ def _torch_adamw_peer(params: list[torch.Tensor], grads: list[torch.Tensor], dev
     def step() -> None:
         scaler.step(opt)
         scaler.update()
-        torch._foreach_copy_(params, masters)
+        with torch.no_grad():  # a copy from the masters (leaves) would make the parameters require grad
+            torch._foreach_copy_(params, masters)
 
     return step
 
