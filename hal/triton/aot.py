@@ -184,7 +184,7 @@ def _transformer() -> Iterator[Spec]:
     strides = _ints("sxa", "sxb", "sxt", "sya", "syb", "syt", "sca", "scb", "sct", "ssa", "ssb", "sst")
     for interleaved in (False, True):
         yield _spec("transformer", "rotary_kernel", "bf16, fp32 tables" + (", interleaved" if interleaved else ""),
-                    x_ptr="*bf16", c_ptr="*fp32", s_ptr="*fp32", y_ptr="*bf16", **_ints("R", "T", "B", "HALF"), **strides,
+                    div16=("HALF", *strides), x_ptr="*bf16", c_ptr="*fp32", s_ptr="*fp32", y_ptr="*bf16", **_ints("R", "T", "B", "HALF"), **strides,
                     sxd=1, syd=1, scd=1, ssd=1, INTERLEAVED=interleaved, NEGATE_SIN=interleaved, BLOCK_R=16, BLOCK_H=64, COMPUTE=F32)
     rows = ("R", "C", "col_blocks")
     yield _spec("transformer", "swiglu_kernel", "bf16 rows", div16=("C", "sg", "su", "sy"), g_ptr="*bf16", u_ptr="*bf16",

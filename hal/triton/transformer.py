@@ -26,7 +26,10 @@ from ._launch import LaunchPlan, Plans, cdiv, compute_dtype, next_pow2
 from .layouts import four_dims, rotary_geometry, storage_view, swiglu_geometry
 
 
-@triton.jit(do_not_specialize=["R", "T", "B", "sxa", "sxb", "sxt", "sya", "syb", "syt", "sca", "scb", "sct", "ssa", "ssb", "sst"])
+# The strides stay specialised: knowing 16 divides a row's stride lets Triton prove each row's start
+# aligned and issue 16-byte accesses (unspecialised, every access is scalar); the sizes R, T and B
+# are not (they only index rows)
+@triton.jit(do_not_specialize=["R", "T", "B"])
 def rotary_kernel(
     x_ptr, c_ptr, s_ptr, y_ptr, R, T, B, HALF,
     sxa, sxb, sxt, sxd, sya, syb, syt, syd, sca, scb, sct, scd, ssa, ssb, sst, ssd,

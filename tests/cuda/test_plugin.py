@@ -4,6 +4,7 @@ kernels registered without importing Triton."""
 from __future__ import annotations
 
 import importlib.metadata
+from typing import Optional
 import subprocess
 import sys
 
@@ -139,6 +140,43 @@ def test_large_swiglu_inputs_go_to_the_triton_kernel_outside_compiled_graphs() -
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(torch.empty(8192, 14336, dtype=torch.bfloat16, device="meta"))
         assert reasons(fake, fake) == []
+
+
+def test_eval_fused_convolutions_give_compiled_graphs_torchs_ops() -> None:
+    """In eval both fused convolution ops run cuDNN's fused call eagerly; inside a torch.compile
+    trace (fake tensors) the first kernel made of torch's ops is ``graph``, in the inputs' half
+    precision, which declines real tensors with its reason."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from hal.dispatch import DISPATCHER
+    from hal.plugin import Inputs
+    from hal.registry import get_op
+
+    def first_traceable(op: str, fake: bool) -> tuple[Optional[str], dict[str, list[str]]]:
+        decl = get_op(op)
+        x, w = torch.randn(2, 8, 6, 6).bfloat16(), torch.randn(8, 8, 3, 3).bfloat16()
+        vec = [torch.rand(8).bfloat16() + 0.5 for _ in range(4)]
+        residual = [torch.randn(2, 8, 6, 6).bfloat16()] if op == "fused_conv_bn_add_relu" else []
+        args = [x, w, None, *vec, *residual, 1, 1, 1, 1, 1e-5, 0.1, False]
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            if fake:
+                args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+            canonical, _, _ = DISPATCHER.prepare(decl, args)
+            inputs = Inputs(decl, canonical.args, "cuda", torch.device("cuda", 0), canonical.dtype, "torch", "sm_90")
+            declined: dict[str, list[str]] = {}
+            for k in sorted((k for k in plugin.kernels if k.op == op), key=lambda k: -k.priority):
+                reasons = k.not_supported_reasons(inputs)
+                if not reasons and not k.torch_autograd_reasons(inputs):
+                    return k.name, declined
+                declined[k.name] = reasons
+        return None, declined
+
+    for op in ("fused_conv_bn_relu", "fused_conv_bn_add_relu"):
+        assert first_traceable(op, fake=True)[0] == "graph"
+        name, declined = first_traceable(op, fake=False)  # eagerly: cudnn_fused, an opaque kernel
+        assert name is None and declined["graph"] == [
+            "runs only inside torch.compile graphs, where Inductor computes the batch norm, the residual add and the ReLU in "
+            "float32 and rounds once (eagerly cudnn_fused or torch's float32 ops do)"]
 
 
 def test_importing_the_plugin_imports_no_triton() -> None:

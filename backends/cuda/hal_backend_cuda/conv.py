@@ -28,7 +28,7 @@ from hal.eager import conv as eager
 from hal.eager.fold import FoldCache
 from hal.plugin import Inputs
 
-from ._common import FLOATS, NOT_F64, ieee_fp32, kernel, not_float32
+from ._common import FLOATS, HALF, NOT_F64, ieee_fp32, kernel, not_float32, traced
 
 Pair = tuple[int, int]
 Pads = tuple[int, int, int, int]
@@ -135,9 +135,7 @@ def _training_only(inputs: Inputs) -> list[str]:
 # its three steps: the same autograd graph for about a quarter of hal's host time. float32 calls with
 # autograd keep the decomposition (its cuDNN steps run their backward under the IEEE float32 guard).
 # Inside a torch.compile graph its ops join the graph in training (hal.dispatch.Dispatcher.
-# traced_alternative); it declines eval, so an eval call in a compiled graph stays one opaque
-# cudnn_fused node (folded weights, one cuDNN call) where before this kernel's three ops joined the
-# graph: hal+compile inference has not been measured since (2026-12-02).
+# traced_alternative); it declines eval, which the ``graph`` kernel below serves in compiled graphs.
 # In a step replayed from a CUDA graph (hal.graphs) it ranks last: host time is not paid there, and
 # the decomposition with the C++ batch norm (hal_backend_cuda.cpp_kernels) made ResNet-50's graphed
 # training step 15.47 -> 13.66 ms on the H200 (benchmarks/graph_ab.py, 2026-12-02).
@@ -153,6 +151,41 @@ def fused_conv_bn_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, runn
     w, b = FOLDED.get(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
     with ieee_fp32(x.dtype):
         return torch.cudnn_convolution_relu(x, w, b, stride, (padding[0], padding[2]), dilation, groups)
+
+
+# --- kernels for compiled graphs only -------------------------------------------------------------
+#
+# In eval both fused ops run cuDNN's fused call on folded weights (``cudnn_fused``), which a
+# torch.compile graph can only hold as an opaque node: a Python call per run, and no fusion with its
+# neighbours. ResNet-50 inference, whose compiled graph held 49 such nodes, ran at 0.51x (float16)
+# and 0.37x (bfloat16) of torch.compile alone with hal+compile, with 6.1 and 11.0 ms of host time a
+# step against compile's 2.1 and 3.5 ms (hal bench --models on the H200, 2026-12-02, 194ccdc;
+# these kernels came after that run and are not measured there yet). In a trace
+# these kernels give the graph torch's convolution, batch norm, residual add and ReLU in the inputs'
+# half precision, as the compiled model without hal has them; Inductor fuses the batch norm, the add
+# and the ReLU into one pass computed in float32 and rounded once. Eagerly they decline: there torch's
+# ops would round between the steps (the float32 ``torch`` kernels exist for that).
+
+
+def _compiled_graphs_only(inputs: Inputs) -> list[str]:
+    return [] if traced(inputs["x"]) else ["runs only inside torch.compile graphs, where Inductor computes the batch norm, the "
+                                           "residual add and the ReLU in float32 and rounds once (eagerly cudnn_fused or torch's "
+                                           "float32 ops do)"]
+
+
+_GRAPH_CHECKS = _NATIVE_CHECKS + [eager.padding_in_proportion, _compiled_graphs_only]
+
+
+@kernel("fused_conv_bn_relu", name="graph", priority=2, dtypes=HALF, checks=_GRAPH_CHECKS, differentiable=True)
+def fused_conv_bn_relu_graph(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
+    return eager.fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training)
+
+
+@kernel("fused_conv_bn_add_relu", name="graph", priority=2, dtypes=HALF, checks=_GRAPH_CHECKS, differentiable=True)
+def fused_conv_bn_add_relu_graph(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation,
+                                 groups, eps, momentum, training):
+    return eager.fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding,
+                                        dilation, groups, eps, momentum, training)
 
 
 # --- fused_conv_bn_add_relu ------------------------------------------------------------------------

@@ -22,13 +22,11 @@ the step 11.14 -> 10.86 ms and its peak memory 4.30 -> 4.13 GiB (benchmarks/grap
 
 from __future__ import annotations
 
-from torch._subclasses.fake_tensor import FakeTensor
-
 from hal.eager import transformer as eager
 from hal.plugin import Inputs
 from hal.triton.layouts import swiglu_geometry
 
-from ._common import FLOATS, kernel
+from ._common import FLOATS, kernel, traced
 
 for _op in ("rotary_embedding_backward", "swiglu_backward"):
     kernel(_op, name="torch", priority=10, dtypes=FLOATS)(getattr(eager, _op))
@@ -43,7 +41,7 @@ def _small_or_beyond_triton(inputs: Inputs) -> list[str]:
     """Declines what the Triton kernel takes from TRITON_FROM elements on, except inside a
     torch.compile trace (fake tensors), where Inductor fuses torch's ops into its own one pass."""
     gate, up = inputs["gate"], inputs["up"]
-    if gate.numel() >= TRITON_FROM and not isinstance(gate, FakeTensor) and swiglu_geometry(gate, up) is not None:
+    if gate.numel() >= TRITON_FROM and not traced(gate) and swiglu_geometry(gate, up) is not None:
         return [f"{gate.numel()} elements (at least 2**25): the Triton kernel's one pass each way moves less memory "
                 "than torch's five kernels, which outweighs its host time"]
     return []
