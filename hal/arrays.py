@@ -88,7 +88,6 @@ def flat_runs(*lists: Sequence[torch.Tensor]) -> bool:
     return all(bool(torch.ops.aten.is_non_overlapping_and_dense(t)) for t in odd)
 
 
-
 def halves_of(a: torch.Tensor, b: torch.Tensor) -> Optional[torch.Tensor]:
     """The tensor whose last dimension ``a`` and ``b`` split in two, when they are exactly its first
     and second halves (``gate, up = t.chunk(2, -1)``: views of one base ``t``), else None. A kernel
@@ -124,6 +123,7 @@ def row_geometry(t: torch.Tensor) -> Optional[tuple[int, int, int]]:
         if shape[i] > 1 and strides[i] != strides[i + 1] * shape[i + 1]:
             return None
     return math.prod(shape[:-1]), cols, strides[-2]
+
 
 def note_writes(tensors: Sequence[torch.Tensor]) -> None:
     """Count a write into each of ``tensors`` that bumps no version counter (running statistics,

@@ -11,7 +11,9 @@ Each trainable op gets its own Function class, generated from its declaration li
 function (:func:`hal.dispatch.make_entry`): the forward saves exactly what the backward op takes and
 the backward calls it positionally, with no per-call loops over a generic description. In a
 profile or ``y.grad_fn`` the node is ``Hal<Op>Backward``. Its source is registered with
-``linecache``, so tracebacks show it. The backward op is decided under the ``hal.use`` scope
+``linecache``, so tracebacks show it. An op declaring ``halves`` (swiglu's gate and up) gets a second
+node for calls whose two tensors are the halves of one (``h.chunk(2, -1)``): it differentiates that
+tensor, so a backward kernel's single buffer of both gradients reaches it with no concatenation. The backward op is decided under the ``hal.use`` scope
 (and :func:`hal.graphs.device_bound`) the forward ran in, unless the backward's caller has its own:
 torch runs the backward of CUDA tensors on its device threads, which see no scope of the caller's.
 
