@@ -10,7 +10,9 @@ host). The count and the reductions never synchronise with the host.
 linear_cross_entropy runs blocks of rows: the block's logits come from the vendor's GEMM in float32
 (``gemm_f32``), the row kernels above turn them into losses or logit gradients, and the backward
 multiplies those gradients back through the weight (grad_x, and grad_weight accumulated in float32).
-At most ``block_elements`` logits exist at a time.
+At most ``block_elements`` logits exist at a time. A training forward (a mean or a sum under hal's
+autograd node) computes the gradients from the logits it has at hand and keeps them for the backward,
+which then only scales them by grad_out: the logits' GEMM runs once a step instead of twice.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Callable, Optional
 import torch
 import triton
 import triton.language as tl
+
+from hal.kept import KeptForBackward, armed, param_state
 
 from ._launch import compute_dtype, launch
 
@@ -165,37 +169,77 @@ def _block_logits(gemm_f32: Gemm, x: torch.Tensor, weight: torch.Tensor, bias: O
     return z.add_(bias) if bias is not None else z
 
 
+#: the gradients a training forward computes beside its loss, for the backward of the same call
+_KEPT = KeptForBackward()
+
+
+class _Grads:
+    """Gradient buffers of linear_cross_entropy, filled block by block: grad_x in x's dtype,
+    grad_weight and grad_bias accumulated in float32 (float64 for float64)."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor) -> None:
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        self.x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        self.weight = torch.zeros(weight.shape, dtype=acc, device=x.device)
+        self.bias = torch.zeros(int(weight.shape[0]), dtype=acc, device=x.device)
+
+    def add_block(self, i: int, z: torch.Tensor, dz: torch.Tensor, xb: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                  grad_out: torch.Tensor, count: Optional[torch.Tensor], ignore_index: int, eps: float, reduction: str, gemm_f32: Gemm,
+                  **cfg: int) -> None:
+        """The block of rows from ``i`` (logits ``z``): its logit gradients (into ``dz``, x's
+        dtype), grad_x = dz @ W, grad_W += dz^T x, grad_b += sum(dz)."""
+        rows = int(xb.shape[0])
+        g = grad_out[i : i + rows] if reduction == "none" else grad_out
+        d = logit_grads(z, target[i : i + rows], g, count, ignore_index, eps, reduction, dz[:rows], **cfg)
+        torch.mm(d, weight, out=self.x[i : i + rows])
+        self.weight += gemm_f32(d.t(), xb)
+        self.bias += d.sum(0, dtype=self.bias.dtype)
+
+
+def _kept_state(weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int, eps: float, reduction: str) -> tuple:
+    return (param_state(weight, target, bias), ignore_index, eps, reduction)
+
+
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int,
                          eps: float, reduction: str, gemm_f32: Gemm, block_elements: int, **cfg: int) -> torch.Tensor:
+    """The loss; in a training forward (hal's autograd node, a mean or sum) also the gradients for
+    a grad_out of one, from the same logits, kept for the backward op (:mod:`hal.kept`): three
+    GEMMs for the step instead of four (the backward need not compute the logits again)."""
     n, v = int(x.shape[0]), int(weight.shape[0])
     step = _rows_per_block(n, v, block_elements)
     rows = torch.empty(n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
+    grads = _Grads(x, weight) if armed() and reduction != "none" else None
+    if grads is not None:
+        one = torch.ones((), dtype=rows.dtype, device=x.device)
+        count = counted_rows(target, ignore_index) if reduction == "mean" else None
+        dz = torch.empty((step, v), dtype=x.dtype, device=x.device)
     for i in range(0, n, step):
-        z = _block_logits(gemm_f32, x[i : i + step], weight, bias)
+        xb = x[i : i + step]
+        z = _block_logits(gemm_f32, xb, weight, bias)
         rows[i : i + step] = row_losses(z, target[i : i + step], ignore_index, eps, **cfg)
+        if grads is not None:
+            grads.add_block(i, z, dz, xb, weight, target, one, count, ignore_index, eps, reduction, gemm_f32, **cfg)
+    if grads is not None:
+        _KEPT.keep(x, _kept_state(weight, target, bias, ignore_index, eps, reduction), grads)
     return reduce_losses(rows, target, ignore_index, reduction)
 
 
 def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
                                   ignore_index: int, eps: float, reduction: str, gemm_f32: Gemm, block_elements: int,
                                   **cfg: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per block of rows: the logits again, their gradient (in x's dtype), grad_x = dz @ W, and
-    grad_W += dz^T x, grad_b += sum(dz) in float32."""
+    """The forward's kept gradients scaled by grad_out, where it kept them; otherwise, per block of
+    rows, the logits again, their gradient (in x's dtype), grad_x = dz @ W, and grad_W += dz^T x,
+    grad_b += sum(dz) in float32."""
+    kept = _KEPT.take(x, _kept_state(weight, target, bias, ignore_index, eps, reduction)) if reduction != "none" else None
+    if kept is not None:
+        g = grad_out.reshape(())
+        return kept.x.mul_(g), (kept.weight * g).to(x.dtype), (kept.bias * g).to(x.dtype)
     n, v = int(x.shape[0]), int(weight.shape[0])
     step = _rows_per_block(n, v, block_elements)
     count = counted_rows(target, ignore_index) if reduction == "mean" else None
-    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    grad_w = torch.zeros(weight.shape, dtype=acc, device=x.device)
-    grad_b = torch.zeros(v, dtype=acc, device=x.device)
-    dz = torch.empty((step, v), dtype=x.dtype, device=x.device)
+    grads, dz = _Grads(x, weight), torch.empty((step, v), dtype=x.dtype, device=x.device)
     for i in range(0, n, step):
         xb = x[i : i + step]
-        rows = int(xb.shape[0])
         z = _block_logits(gemm_f32, xb, weight, bias)
-        g = grad_out[i : i + step] if reduction == "none" else grad_out
-        d = logit_grads(z, target[i : i + step], g, count, ignore_index, eps, reduction, dz[:rows], **cfg)
-        torch.mm(d, weight, out=grad_x[i : i + step])
-        grad_w += gemm_f32(d.t(), xb)
-        grad_b += d.sum(0, dtype=acc)
-    return grad_x, grad_w.to(x.dtype), grad_b.to(x.dtype)
+        grads.add_block(i, z, dz, xb, weight, target, grad_out, count, ignore_index, eps, reduction, gemm_f32, **cfg)
+    return grads.x, grads.weight.to(x.dtype), grads.bias.to(x.dtype)

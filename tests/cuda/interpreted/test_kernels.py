@@ -577,6 +577,37 @@ def test_linear_cross_entropy_in_blocks(gen, dtype, reduction):
         check("linear_cross_entropy_backward", kern("linear_cross_entropy_backward", "cublas_triton"), (g, *args), outputs=3)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_linear_cross_entropy_training_forward_keeps_its_gradients(gen, dtype, reduction):
+    """Armed as hal's autograd node arms it, the forward also computes the gradients (for a grad_out
+    of one) from the logits it has and keeps them; the backward only scales them by grad_out. Both
+    match the backward that computes the logits again, which a second backward (nothing kept any
+    more) runs."""
+    from hal import kept
+    from hal.triton import loss
+
+    x, w, b = randn(gen, 11, 24, dtype=dtype), randn(gen, 40, 24, dtype=dtype, scale=0.2), randn(gen, 40, dtype=dtype)
+    t = torch.randint(0, 40, (11,), generator=gen)
+    t[4] = -100
+    args = (x, w, t, b, -100, 0.05, reduction)
+    forward, backward = kern("linear_cross_entropy", "cublas_triton"), kern("linear_cross_entropy_backward", "cublas_triton")
+    g = randn(gen, scale=3.0)
+    previous = kept.arm(True)
+    try:
+        got_loss = forward(*args)
+    finally:
+        kept.arm(previous)
+    assert x in loss._KEPT
+    torch.testing.assert_close(got_loss, forward(*args))
+    got = backward(g, *args)
+    assert x not in loss._KEPT
+    want = backward(g, *args)  # nothing kept: the logits again
+    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2 * float(want[0].abs().max())}
+    for got_t, want_t in zip(got, want):
+        torch.testing.assert_close(got_t, want_t, **tol)
+
+
 @pytest.mark.parametrize("q_shape,k_shape,v_shape", [((2, 3, 5, 8), (1, 3, 7, 8), (2, 1, 7, 6)), ((2, 3, 5, 8), (3, 7, 8), (7, 8))])
 def test_sdpa_math_kernel_broadcasts_batch_dimensions(gen, q_shape, k_shape, v_shape):
     """q, k and v whose batch dimensions broadcast (shared key/value heads): the result has the
