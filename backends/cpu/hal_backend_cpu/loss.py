@@ -1,15 +1,19 @@
 """cross_entropy on torch's CPU kernels (F.cross_entropy on float32 logits), and the LM head with
-its loss in blocks of rows: at most BLOCK_ELEMENTS logits exist at a time, the backward recomputes
-each block's logits and turns them into gradients without an autograd graph. The float32 GEMMs go
+its loss in blocks of rows: at most BLOCK_ELEMENTS logits exist at a time. A training forward (hal's
+autograd node) also turns each block's logits into gradients and keeps them for the backward;
+otherwise the backward recomputes each block's logits. No autograd graph either way. The float32 GEMMs go
 through oneDNN (hal_backend_cpu.gemm.mm: MKL's sgemm ran 2.2x slower on the AMD EPYC VM)."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from hal.eager import loss as eager
 from hal.errors import InvalidArgumentError
+from hal.kept import KeptForBackward, armed, param_state
 
 from ._common import FLOATS, kernel
 from ._device import onednn_dtype_reason
@@ -80,32 +84,82 @@ def _logits(x, weight, bias, rows):
     return linear_rows(x[rows].to(acc), weight.to(acc), None if bias is None else bias.to(acc))
 
 
+class _Grads:
+    """linear_cross_entropy's gradients for per-row scales of the loss (``_row_scale``), block by
+    block from the block's logits: grad_x in the GEMMs' dtype (x's in half precision, as autograd of
+    autocast's F.linear), grad_weight and grad_bias accumulated in float32 (float64 for float64)."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, counted: torch.Tensor, label_smoothing: float) -> None:
+        acc = _acc(x)
+        self.gemm = x.dtype if _half_gemm(x) else acc
+        self.w = weight.to(self.gemm)
+        self.scale, self.counted, self.label_smoothing = scale, counted, label_smoothing
+        self.x = torch.empty(x.shape, dtype=self.gemm)
+        self.weight = torch.zeros(weight.shape, dtype=acc)
+        self.bias = torch.zeros(weight.shape[0], dtype=acc)
+
+    def add_block(self, r: slice, z: torch.Tensor, x: torch.Tensor, target: torch.Tensor) -> None:
+        d = _logit_grad(z, target[r], self.counted[r], self.scale[r], self.label_smoothing)
+        self.bias += d.sum(0)
+        d = d.to(self.gemm)
+        self.x[r] = mm(d, self.w)
+        self.weight += mm(d.t(), x[r].to(self.gemm))
+
+    def result(self, x: torch.Tensor, grad_out: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gradients in x's dtype, scaled by ``grad_out`` (one value) when the row scales were
+        for a grad_out of one."""
+        gx, gw, gb = self.x, self.weight, self.bias
+        if grad_out is not None:
+            g = grad_out.reshape(()).to(gw.dtype)
+            gx, gw, gb = gx.mul_(g), gw.mul_(g), gb.mul_(g)
+        return gx.to(x.dtype), gw.to(x.dtype), gb.to(x.dtype)
+
+
+#: the gradients a training forward computes beside its loss, for the backward of the same call
+_KEPT = KeptForBackward()
+
+
+def _kept_state(weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int, label_smoothing: float,
+                reduction: str) -> tuple:
+    return (param_state(weight, target, bias), ignore_index, label_smoothing, reduction)
+
+
 @kernel("linear_cross_entropy", name="blocked", priority=20, dtypes=FLOATS)
 def linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing, reduction):
+    """The loss; in a training forward (hal's autograd node, a mean or sum) also the gradients for
+    a grad_out of one from the same logits, kept for the backward op (hal.kept): the logits' GEMM
+    runs once a step instead of twice."""
     _check_targets("linear_cross_entropy", target, ignore_index, weight.shape[0])
-    losses = torch.cat([F.cross_entropy(_logits(x, weight, bias, r), target[r].long(), ignore_index=ignore_index,
-                                        label_smoothing=label_smoothing, reduction="none") for r in _blocks(x.shape[0], weight.shape[0])])
+    counted = target != ignore_index
+    grads = None
+    if armed() and reduction != "none":
+        grads = _Grads(x, weight, _row_scale(torch.ones((), dtype=_acc(x)), counted, reduction), counted, label_smoothing)
+    losses = []
+    for r in _blocks(x.shape[0], weight.shape[0]):
+        z = _logits(x, weight, bias, r)
+        losses.append(F.cross_entropy(z, target[r].long(), ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="none"))
+        if grads is not None:
+            grads.add_block(r, z, x, target)
+    if grads is not None:
+        _KEPT.keep(x, _kept_state(weight, target, bias, ignore_index, label_smoothing, reduction), grads)
+    losses = torch.cat(losses)
     if reduction == "none":
         return losses
     total = losses.sum()
-    return total if reduction == "sum" else total / (target != ignore_index).sum()
+    return total if reduction == "sum" else total / counted.sum()
 
 
 @kernel("linear_cross_entropy_backward", name="blocked", priority=20, dtypes=FLOATS)
 def linear_cross_entropy_backward(grad_out, x, weight, target, bias, ignore_index, label_smoothing, reduction):
+    """The forward's kept gradients scaled by grad_out where it kept them; otherwise each block's
+    logits again, turned into gradients."""
     _check_targets("linear_cross_entropy_backward", target, ignore_index, weight.shape[0])
-    acc = _acc(x)
+    if reduction != "none":
+        kept = _KEPT.take(x, _kept_state(weight, target, bias, ignore_index, label_smoothing, reduction))
+        if kept is not None:
+            return kept.result(x, grad_out)
     counted = target != ignore_index
-    scale = _row_scale(grad_out, counted, reduction)
-    gemm = x.dtype if _half_gemm(x) else acc  # the logits' gradient rounded to x's dtype, GEMMs in it (as autograd of autocast's F.linear)
-    w = weight.to(gemm)
-    grad_x = torch.empty(x.shape, dtype=gemm)
-    grad_w = torch.zeros(weight.shape, dtype=acc)
-    grad_b = torch.zeros(weight.shape[0], dtype=acc)
+    grads = _Grads(x, weight, _row_scale(grad_out, counted, reduction), counted, label_smoothing)
     for r in _blocks(x.shape[0], weight.shape[0]):
-        d = _logit_grad(_logits(x, weight, bias, r), target[r], counted[r], scale[r], label_smoothing)
-        grad_b += d.sum(0)
-        d = d.to(gemm)
-        grad_x[r] = mm(d, w)
-        grad_w += mm(d.t(), x[r].to(gemm))
-    return grad_x.to(x.dtype), grad_w.to(x.dtype), grad_b.to(x.dtype)
+        grads.add_block(r, _logits(x, weight, bias, r), x, target)
+    return grads.result(x)
