@@ -196,6 +196,13 @@ class _Grads:
         self.bias += d.sum(0, dtype=self.bias.dtype)
 
 
+def _training_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], reduction: str) -> bool:
+    """The forward of hal's autograd node for a mean or a sum, with an input that takes gradients.
+    Not an opaque torch.compile node's (inside a compiled graph no input requires grad): whether a
+    backward comes, and with the same tensors, is not known there."""
+    return armed() and reduction != "none" and any(t is not None and t.requires_grad for t in (x, weight, bias))
+
+
 def _kept_state(weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int, eps: float, reduction: str) -> tuple:
     return (param_state(weight, target, bias), ignore_index, eps, reduction)
 
@@ -208,7 +215,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     n, v = int(x.shape[0]), int(weight.shape[0])
     step = _rows_per_block(n, v, block_elements)
     rows = torch.empty(n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
-    grads = _Grads(x, weight) if armed() and reduction != "none" else None
+    grads = _Grads(x, weight) if _training_forward(x, weight, bias, reduction) else None
     if grads is not None:
         one = torch.ones((), dtype=rows.dtype, device=x.device)
         count = counted_rows(target, ignore_index) if reduction == "mean" else None

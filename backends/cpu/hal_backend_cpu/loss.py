@@ -132,7 +132,7 @@ def linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing,
     _check_targets("linear_cross_entropy", target, ignore_index, weight.shape[0])
     counted = target != ignore_index
     grads = None
-    if armed() and reduction != "none":
+    if armed() and reduction != "none" and any(t is not None and t.requires_grad for t in (x, weight, bias)):  # hal's node, not a compiled graph's
         grads = _Grads(x, weight, _row_scale(torch.ones((), dtype=_acc(x)), counted, reduction), counted, label_smoothing)
     losses = []
     for r in _blocks(x.shape[0], weight.shape[0]):
