@@ -51,14 +51,14 @@ case "$mode" in
     ;;
   final)  # the committed results: GPU tests (SKIP_GPU_TESTS=1 leaves them out), conformance (full: about 200 s; CONF_OPS=a,b for the ops a change touched),
     # the whole-model table (hal bench --models), then [HOST_EXTRAS=1] issue 10's optimizer host-time rows
-    [ -z "${SKIP_GPU_TESTS:-}" ] && step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
+    [ -z "${SKIP_GPU_TESTS:-}" ] && step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device
     OMP_NUM_THREADS=2 step conformance "${CONF_LIMIT:-230}" python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     step models "${MODELS_LIMIT:-300}" python3 -m hal bench --models ${MODELS:-} --no-max-autotune --out "$out/models"
     [ -n "${HOST_EXTRAS:-}" ] && step optimizer 45 python3 benchmarks/optimizer_host.py --device cuda --steps 60 --rounds 6
     for f in conformance/report.md conformance/report.json models/models.json models/models.md; do [ -f "$out/$f" ] && cp "$out/$f" "$OUT/$(dirname $f)-$(basename $f)"; done
     ;;
   explore)  # what to fix next: GPU tests, conformance, the C++ kernels on the device, where model steps spend time
-    step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device
+    step gpu-tests 80 python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device
     OMP_NUM_THREADS=2 step conformance 180 python3 -m hal conformance --backend cuda --jobs 8 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     [ -z "${SKIP_CPP:-}" ] && HAL_CPP_CACHE_DIR="$out/cpp-cache" step cpp 90 python3 benchmarks/cpp_h200.py "$out/cpp"
     step optimizer 30 python3 benchmarks/optimizer_host.py --steps 30
@@ -68,7 +68,7 @@ case "$mode" in
   bench)  # Liger's peers checked against float64 first, then hal bench (bench.json rewritten after
     # every case), then the table and the roofline drawn again from bench.json: a bench cut short by
     # its limit still leaves its table and picture
-    step liger-check "${CHECK_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rs tests/bench/test_liger_device.py
+    step liger-check "${CHECK_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/bench/test_liger_device.py
     step bench "${BENCH_LIMIT:-420}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
     step render 60 python3 -m hal bench --render "$out/bench/bench.json" --out "$out/bench"
     for f in bench.json bench.md bench.png; do [ -f "$out/bench/$f" ] && cp "$out/bench/$f" "$OUT/"; done
@@ -87,7 +87,7 @@ for r in rows:
 PY
     ;;
   host)  # where the host time of a training layer goes, then the same models under each setting of AB_ENVS
-    [ -n "${GPU_TESTS:-}" ] && step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -rs $GPU_TESTS
+    [ -n "${GPU_TESTS:-}" ] && step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -rfEs $GPU_TESTS
     [ -n "${CONF_OPS:-}" ] && OMP_NUM_THREADS=2 step conformance 120 python3 -m hal conformance --backend cuda --jobs 8 --ops "$CONF_OPS" --report-dir "$out/conformance"
     step host-training 60 python3 benchmarks/host_training.py
     if [ -n "${HOST_EXTRAS:-}" ]; then  # issue 10's host-time rows: the optimizer step, the dispatch overhead table
@@ -103,7 +103,8 @@ PY
     done
     tar czf "$OUT/run.tgz" -C "$out" .
     ;;
-  cmd)  # one command after the install: CMD="python3 benchmarks/x.py ..." [CMD_LIMIT=seconds]
+  cmd)  # one command after the install: CMD="python3 benchmarks/x.py ..." [CMD_LIMIT=seconds]; $OUT/run.tgz is this
+    # script's archive, rewritten after the step: a command keeps its own logs under other names
     step cmd "${CMD_LIMIT:-120}" bash -c "$CMD"
     ;;
   *) echo "unknown mode $mode (check, verify, final, bench, host, explore, cmd)"; exit 2 ;;

@@ -34,7 +34,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, progress to the ter
   echo "== $name: rc=$rc in $(( $(date +%s) - t0 )) s"
   tar czf "$OUT/run.tgz" -C "$out" --exclude=autotune --exclude=inductor .
 }
-step gpu-tests "${TESTS_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rs tests/cuda/device/test_model_steps.py
+step gpu-tests "${TESTS_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device/test_model_steps.py
 step models "${MODELS_LIMIT:-270}" python3 -m hal bench --models ${MODELS:-} ${VARIANTS:+--variants "$VARIANTS"} --no-max-autotune --out "$out/models"
 step max-autotune "${AUTOTUNE_LIMIT:-75}" python3 -m hal bench --models resnet50_infer_fp16,resnet50_infer_bf16,llama_prefill \
   --variants "hal,compile max-autotune" --out "$out/models-max-autotune"
