@@ -52,6 +52,15 @@ class Inputs:
     def named(self) -> dict[str, Any]:
         return self.op.bind(self.args)
 
+    @property
+    def traced(self) -> bool:
+        """Whether torch.compile is tracing the call (AOTAutograd decides on fake tensors): there
+        Inductor compiles a kernel made of torch's ops together with its neighbours, so a check may
+        accept or decline differently than for an eager call."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return any(isinstance(a, FakeTensor) for a in self.args)
+
 
 @dataclasses.dataclass(frozen=True)
 class Archs:

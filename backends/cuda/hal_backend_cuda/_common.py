@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from hal.plugin import Archs, Inputs
 
@@ -17,11 +16,6 @@ HALF = ("float16", "bfloat16")
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 NOT_F64 = ("float16", "bfloat16", "float32")
 
-
-def traced(t: Any) -> bool:
-    """Whether ``t`` is a tensor of a torch.compile trace (AOTAutograd runs hal's decisions on fake
-    tensors): there Inductor compiles a kernel made of torch's ops with its neighbours."""
-    return isinstance(t, FakeTensor)
 
 Check = Callable[[Inputs], Optional[list[str]]]
 

@@ -28,7 +28,7 @@ from hal.eager import conv as eager
 from hal.eager.fold import FoldCache
 from hal.plugin import Inputs
 
-from ._common import FLOATS, HALF, NOT_F64, ieee_fp32, kernel, not_float32, traced
+from ._common import FLOATS, HALF, NOT_F64, ieee_fp32, kernel, not_float32
 
 Pair = tuple[int, int]
 Pads = tuple[int, int, int, int]
@@ -168,7 +168,7 @@ def fused_conv_bn_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, runn
 
 
 def _compiled_graphs_only(inputs: Inputs) -> list[str]:
-    return [] if traced(inputs["x"]) else ["runs only inside torch.compile graphs, where Inductor computes the batch norm, the "
+    return [] if inputs.traced else ["runs only inside torch.compile graphs, where Inductor computes the batch norm, the "
                                            "residual add and the ReLU in float32 and rounds once (eagerly cudnn_fused or torch's "
                                            "float32 ops do)"]
 

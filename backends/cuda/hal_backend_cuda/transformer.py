@@ -26,7 +26,7 @@ from hal.eager import transformer as eager
 from hal.plugin import Inputs
 from hal.triton.layouts import swiglu_geometry
 
-from ._common import FLOATS, kernel, traced
+from ._common import FLOATS, kernel
 
 for _op in ("rotary_embedding_backward", "swiglu_backward"):
     kernel(_op, name="torch", priority=10, dtypes=FLOATS)(getattr(eager, _op))
@@ -41,7 +41,7 @@ def _small_or_beyond_triton(inputs: Inputs) -> list[str]:
     """Declines what the Triton kernel takes from TRITON_FROM elements on, except inside a
     torch.compile trace (fake tensors), where Inductor fuses torch's ops into its own one pass."""
     gate, up = inputs["gate"], inputs["up"]
-    if gate.numel() >= TRITON_FROM and not traced(gate) and swiglu_geometry(gate, up) is not None:
+    if gate.numel() >= TRITON_FROM and not inputs.traced and swiglu_geometry(gate, up) is not None:
         return [f"{gate.numel()} elements (at least 2**25): the Triton kernel's one pass each way moves less memory "
                 "than torch's five kernels, which outweighs its host time"]
     return []
