@@ -48,6 +48,14 @@ def armed() -> bool:
     return STATE.armed
 
 
+def backward_follows(*inputs: Any) -> bool:
+    """Whether a forward kernel running now may do work for its backward op: it runs for hal's eager
+    autograd node (:func:`armed`) and one of ``inputs`` (tensors or None) takes gradients. An opaque
+    torch.compile node arms every call, yet inside a compiled graph no input requires grad, and
+    whether a backward comes there with the same tensors is not known."""
+    return STATE.armed and any(t is not None and t.requires_grad for t in inputs)
+
+
 def param_state(*params: Optional[torch.Tensor]) -> tuple:
     """The identity and version of each parameter (None stays None): state that changes whenever a
     parameter is replaced or updated in place."""

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.kept import KeptForBackward, armed, param_state
+from hal.kept import KeptForBackward, backward_follows, param_state
 
 from ._launch import compute_dtype, launch
 
@@ -125,11 +125,15 @@ def counted_rows(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
     return (target != ignore_index).sum(dtype=torch.float32)
 
 
-def reduce_losses(rows: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+def reduce_losses(rows: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+                  count: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The rows' losses reduced; a mean divides by ``count`` (counted_rows), counted here if not given."""
     if reduction == "none":
         return rows
     total = rows.sum()
-    return total if reduction == "sum" else total / counted_rows(target, ignore_index).to(total.dtype)
+    if reduction == "sum":
+        return total
+    return total / (count if count is not None else counted_rows(target, ignore_index)).to(total.dtype)
 
 
 def logit_grads(z: torch.Tensor, target: torch.Tensor, grad_out: torch.Tensor, count: Optional[torch.Tensor], ignore_index: int, eps: float,
@@ -195,12 +199,14 @@ class _Grads:
         self.weight += gemm_f32(d.t(), xb)
         self.bias += d.sum(0, dtype=self.bias.dtype)
 
-
-def _training_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], reduction: str) -> bool:
-    """The forward of hal's autograd node for a mean or a sum, with an input that takes gradients.
-    Not an opaque torch.compile node's (inside a compiled graph no input requires grad): whether a
-    backward comes, and with the same tensors, is not known there."""
-    return armed() and reduction != "none" and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    def result(self, x: torch.Tensor, grad_out: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gradients in x's dtype, scaled by ``grad_out`` (one value) when they were computed
+        for a grad_out of one."""
+        gx, gw, gb = self.x, self.weight, self.bias
+        if grad_out is not None:
+            g = grad_out.reshape(())
+            gx, gw, gb = gx.mul_(g), gw.mul_(g), gb.mul_(g)
+        return gx, gw.to(x.dtype), gb.to(x.dtype)
 
 
 def _kept_state(weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int, eps: float, reduction: str) -> tuple:
@@ -215,10 +221,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     n, v = int(x.shape[0]), int(weight.shape[0])
     step = _rows_per_block(n, v, block_elements)
     rows = torch.empty(n, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
-    grads = _Grads(x, weight) if _training_forward(x, weight, bias, reduction) else None
+    count = counted_rows(target, ignore_index) if reduction == "mean" else None
+    grads = _Grads(x, weight) if reduction != "none" and backward_follows(x, weight, bias) else None
     if grads is not None:
         one = torch.ones((), dtype=rows.dtype, device=x.device)
-        count = counted_rows(target, ignore_index) if reduction == "mean" else None
         dz = torch.empty((step, v), dtype=x.dtype, device=x.device)
     for i in range(0, n, step):
         xb = x[i : i + step]
@@ -228,7 +234,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
             grads.add_block(i, z, dz, xb, weight, target, one, count, ignore_index, eps, reduction, gemm_f32, **cfg)
     if grads is not None:
         _KEPT.keep(x, _kept_state(weight, target, bias, ignore_index, eps, reduction), grads)
-    return reduce_losses(rows, target, ignore_index, reduction)
+    return reduce_losses(rows, target, ignore_index, reduction, count)
 
 
 def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
@@ -239,8 +245,7 @@ def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weigh
     grad_b += sum(dz) in float32."""
     kept = _KEPT.take(x, _kept_state(weight, target, bias, ignore_index, eps, reduction)) if reduction != "none" else None
     if kept is not None:
-        g = grad_out.reshape(())
-        return kept.x.mul_(g), (kept.weight * g).to(x.dtype), (kept.bias * g).to(x.dtype)
+        return kept.result(x, grad_out)
     n, v = int(x.shape[0]), int(weight.shape[0])
     step = _rows_per_block(n, v, block_elements)
     count = counted_rows(target, ignore_index) if reduction == "mean" else None
@@ -249,4 +254,4 @@ def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weigh
         xb = x[i : i + step]
         z = _block_logits(gemm_f32, xb, weight, bias)
         grads.add_block(i, z, dz, xb, weight, target, grad_out, count, ignore_index, eps, reduction, gemm_f32, **cfg)
-    return grads.x, grads.weight.to(x.dtype), grads.bias.to(x.dtype)
+    return grads.result(x)

@@ -81,3 +81,15 @@ def test_nothing_is_kept_outside_hals_autograd_node(armed):
     kept_module.arm(True)
     kept.keep(x, "s", "stats")
     assert x in kept
+
+
+def test_a_backward_follows_hals_node_on_inputs_that_take_gradients(armed):
+    """Work for the backward (linear_cross_entropy's gradients in its forward) only where hal's node
+    runs the forward and an input requires grad: an opaque compiled node arms every call, on inputs
+    that do not."""
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    kept_module.arm(True)
+    assert kept_module.backward_follows(x, w, None)
+    assert not kept_module.backward_follows(x, None, w.detach())
+    kept_module.arm(False)
+    assert not kept_module.backward_follows(x, w)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from hal.eager import loss as eager
 from hal.errors import InvalidArgumentError
-from hal.kept import KeptForBackward, armed, param_state
+from hal.kept import KeptForBackward, backward_follows, param_state
 
 from ._common import FLOATS, kernel
 from ._device import onednn_dtype_reason
@@ -132,7 +132,7 @@ def linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing,
     _check_targets("linear_cross_entropy", target, ignore_index, weight.shape[0])
     counted = target != ignore_index
     grads = None
-    if armed() and reduction != "none" and any(t is not None and t.requires_grad for t in (x, weight, bias)):  # hal's node, not a compiled graph's
+    if reduction != "none" and backward_follows(x, weight, bias):
         grads = _Grads(x, weight, _row_scale(torch.ones((), dtype=_acc(x)), counted, reduction), counted, label_smoothing)
     losses = []
     for r in _blocks(x.shape[0], weight.shape[0]):
