@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.kept import KeptForBackward, backward_follows, param_state
+from hal.eager.loss import kept_gradients_state
+from hal.kept import KeptForBackward, backward_follows
 
 from ._launch import compute_dtype, launch
 
@@ -209,10 +210,6 @@ class _Grads:
         return gx, gw.to(x.dtype), gb.to(x.dtype)
 
 
-def _kept_state(weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int, eps: float, reduction: str) -> tuple:
-    return (param_state(weight, target, bias), ignore_index, eps, reduction)
-
-
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int,
                          eps: float, reduction: str, gemm_f32: Gemm, block_elements: int, **cfg: int) -> torch.Tensor:
     """The loss; in a training forward (hal's autograd node, a mean or sum) also the gradients for
@@ -233,7 +230,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         if grads is not None:
             grads.add_block(i, z, dz, xb, weight, target, one, count, ignore_index, eps, reduction, gemm_f32, **cfg)
     if grads is not None:
-        _KEPT.keep(x, _kept_state(weight, target, bias, ignore_index, eps, reduction), grads)
+        _KEPT.keep(x, kept_gradients_state(weight, target, bias, ignore_index, eps, reduction), grads)
     return reduce_losses(rows, target, ignore_index, reduction, count)
 
 
@@ -243,7 +240,7 @@ def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weigh
     """The forward's kept gradients scaled by grad_out, where it kept them; otherwise, per block of
     rows, the logits again, their gradient (in x's dtype), grad_x = dz @ W, and grad_W += dz^T x,
     grad_b += sum(dz) in float32."""
-    kept = _KEPT.take(x, _kept_state(weight, target, bias, ignore_index, eps, reduction)) if reduction != "none" else None
+    kept = _KEPT.take(x, kept_gradients_state(weight, target, bias, ignore_index, eps, reduction)) if reduction != "none" else None
     if kept is not None:
         return kept.result(x, grad_out)
     n, v = int(x.shape[0]), int(weight.shape[0])

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from hal.eager import loss as eager
 from hal.errors import InvalidArgumentError
-from hal.kept import KeptForBackward, backward_follows, param_state
+from hal.kept import KeptForBackward, backward_follows
 
 from ._common import FLOATS, kernel
 from ._device import onednn_dtype_reason
@@ -119,11 +119,6 @@ class _Grads:
 _KEPT = KeptForBackward()
 
 
-def _kept_state(weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int, label_smoothing: float,
-                reduction: str) -> tuple:
-    return (param_state(weight, target, bias), ignore_index, label_smoothing, reduction)
-
-
 @kernel("linear_cross_entropy", name="blocked", priority=20, dtypes=FLOATS)
 def linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing, reduction):
     """The loss; in a training forward (hal's autograd node, a mean or sum) also the gradients for
@@ -141,7 +136,7 @@ def linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing,
         if grads is not None:
             grads.add_block(r, z, x, target)
     if grads is not None:
-        _KEPT.keep(x, _kept_state(weight, target, bias, ignore_index, label_smoothing, reduction), grads)
+        _KEPT.keep(x, eager.kept_gradients_state(weight, target, bias, ignore_index, label_smoothing, reduction), grads)
     losses = torch.cat(losses)
     if reduction == "none":
         return losses
@@ -155,7 +150,7 @@ def linear_cross_entropy_backward(grad_out, x, weight, target, bias, ignore_inde
     logits again, turned into gradients."""
     _check_targets("linear_cross_entropy_backward", target, ignore_index, weight.shape[0])
     if reduction != "none":
-        kept = _KEPT.take(x, _kept_state(weight, target, bias, ignore_index, label_smoothing, reduction))
+        kept = _KEPT.take(x, eager.kept_gradients_state(weight, target, bias, ignore_index, label_smoothing, reduction))
         if kept is not None:
             return kept.result(x, grad_out)
     counted = target != ignore_index
