@@ -22,6 +22,22 @@ from hal.version import API_VERSION
 Reasons = Union[None, str, Sequence[str]]
 
 
+def traced(args: Sequence[Any]) -> bool:
+    """Whether ``args`` are being traced by torch.compile rather than computed: Dynamo shows a call
+    fake tensors, AOTAutograd, which builds the graph Inductor compiles, shows it functional
+    tensors wrapping fake ones. Real tensors answer at the cost of one isinstance test each."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    for a in args:
+        if isinstance(a, FakeTensor):
+            return True
+        if isinstance(a, FunctionalTensor):  # eager torch.func.functionalize wraps real tensors
+            return isinstance(torch._from_functional_tensor(a.elem), FakeTensor)
+    return False
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceInfo:
     """One device a backend can run on."""
@@ -54,12 +70,10 @@ class Inputs:
 
     @property
     def traced(self) -> bool:
-        """Whether torch.compile is tracing the call (AOTAutograd decides on fake tensors): there
-        Inductor compiles a kernel made of torch's ops together with its neighbours, so a check may
-        accept or decline differently than for an eager call."""
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        return any(isinstance(a, FakeTensor) for a in self.args)
+        """Whether torch.compile is tracing the call (see :func:`traced`): there Inductor compiles a
+        kernel made of torch's ops together with its neighbours, so a check may accept or decline
+        differently than for an eager call."""
+        return traced(self.args)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -84,6 +84,18 @@ def test_float32_model_matches_pytorch(seed: int) -> None:
         torch.testing.assert_close(got_g[name], g, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"grad of {n}: {m}")
 
 
+def _as_accurate_as_eager(got: torch.Tensor, eager: torch.Tensor, reference: torch.Tensor, what: str) -> None:
+    """A compiled float32 result is as accurate as eager's: its largest error against the float64
+    reference is at most twice eager's, plus one part in a million of the reference's scale. The
+    two sum in different orders (AOTAutograd's graph against eager's calls), and where terms cancel
+    one element can differ by far more than float32's relative tolerance (3e-6 absolute, 2e-4
+    relative, in a weight gradient, seen at one seed), while a wrong graph errs by the gradient's
+    own scale."""
+    err = (got.double() - reference).abs().max().item()
+    allowed = 2 * (eager.double() - reference).abs().max().item() + 1e-6 * reference.abs().max().item()
+    assert err <= allowed, f"{what}: error {err:.3g} against float64, eager's allows {allowed:.3g}"
+
+
 @pytest.mark.parametrize("cls", [SmallCNN, TransformerBlock, LlamaBlock], ids=["cnn", "transformer", "llama"])
 def test_compiles_fullgraph_without_graph_breaks(cls: type, seed: int) -> None:
     """Dynamo sees every hal op as one torch.ops.hal node (explain: one graph, no break); the graph
@@ -105,10 +117,13 @@ def test_compiles_fullgraph_without_graph_breaks(cls: type, seed: int) -> None:
     got_y, got_g, got_gx = _forward_backward(compiled_model, x, grad, compiled)
     print(f"compile + first step: {time.perf_counter() - t0:.1f} s")
     want_y, want_g, want_gx = _forward_backward(eager, x, grad)
-    torch.testing.assert_close(got_y, want_y, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got_gx, want_gx, rtol=1e-5, atol=1e-6)
+    reference, _ = twins(cls, seed, torch.float64)
+    reference.train()
+    ref_y, ref_g, ref_gx = _forward_backward(reference, x.double(), grad.double())
+    _as_accurate_as_eager(got_y, want_y, ref_y, "output")
+    _as_accurate_as_eager(got_gx, want_gx, ref_gx, "grad of the input")
     for name, g in want_g.items():
-        torch.testing.assert_close(got_g[name], g, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"grad of {n}: {m}")
+        _as_accurate_as_eager(got_g[name], g, ref_g[name], f"grad of {name}")
     for a, b in zip(compiled_model.buffers(), eager.buffers()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
