@@ -49,10 +49,14 @@ def armed() -> bool:
 
 
 def backward_follows(*inputs: Any) -> bool:
-    """Whether a forward kernel running now may do work for its backward op: it runs for hal's eager
-    autograd node (:func:`armed`) and one of ``inputs`` (tensors or None) takes gradients. An opaque
-    torch.compile node arms every call, yet inside a compiled graph no input requires grad, and
-    whether a backward comes there with the same tensors is not known."""
+    """Whether a forward kernel running now may do work for its backward op: it runs armed
+    (:func:`armed`: hal's autograd node, or an opaque torch.compile node) and one of ``inputs``
+    (tensors or None) takes gradients. Inside a compiled graph only a tensor the graph passes
+    through unchanged, a parameter, still requires grad; a compiled backward then calls the backward
+    op with the same tensor and takes what was kept (seen on the CPU with linear_cross_entropy). The
+    graph's own intermediates never do (under autocast the weight is the graph's cast), so there
+    nothing is done ahead. A compiled graph run under no_grad with such a parameter does the work
+    for nothing: its entries go when their tensor dies."""
     return STATE.armed and any(t is not None and t.requires_grad for t in inputs)
 
 

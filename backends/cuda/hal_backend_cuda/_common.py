@@ -16,7 +16,6 @@ HALF = ("float16", "bfloat16")
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 NOT_F64 = ("float16", "bfloat16", "float32")
 
-
 Check = Callable[[Inputs], Optional[list[str]]]
 
 

