@@ -605,8 +605,8 @@ def test_linear_cross_entropy_training_forward_keeps_its_gradients(gen, dtype, r
         got = backward(g, *args)
         assert x not in loss._KEPT
         want = backward(g, *args)  # nothing kept: the logits again
-    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2 * float(want[0].abs().max())}
-    for got_t, want_t in zip(got, want):
+    for got_t, want_t in zip(got, want):  # in bfloat16 each gradient to its own scale (grad_W's is larger than grad_x's)
+        tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2 * float(want_t.abs().max())}
         torch.testing.assert_close(got_t, want_t, **tol)
 
 
