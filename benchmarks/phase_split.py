@@ -38,10 +38,11 @@ def make_variant(workload: LlamaTrain, impl: str, optimizer: str, mode: str | No
     tokens = workload._tokens(0, device)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     forward = compiled(model, mode)
+    amp = workload.amp_dtype
 
     def step() -> dict[str, float]:
         t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):  # as LlamaTrain's step
             loss = forward(inputs, targets)
         t1 = time.perf_counter()
         loss.backward()
