@@ -84,15 +84,20 @@ def test_float32_model_matches_pytorch(seed: int) -> None:
         torch.testing.assert_close(got_g[name], g, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"grad of {n}: {m}")
 
 
-def _as_accurate_as_eager(got: torch.Tensor, eager: torch.Tensor, reference: torch.Tensor, what: str) -> None:
+def _as_accurate_as_eager(got: torch.Tensor, eager: torch.Tensor, reference: torch.Tensor, scale: float,
+                          what: str) -> None:
     """A compiled float32 result is as accurate as eager's: its largest error against the float64
-    reference is at most twice eager's, plus one part in a million of the reference's scale. The
-    two sum in different orders (AOTAutograd's graph against eager's calls), and where terms cancel
-    one element can differ by far more than float32's relative tolerance (3e-6 absolute, 2e-4
-    relative, in a weight gradient, seen at one seed), while a wrong graph errs by the gradient's
-    own scale."""
+    reference is at most twice eager's, plus one part in a million of `scale`. The two sum in
+    different orders (AOTAutograd's graph against eager's calls), and where terms cancel one element
+    can differ by far more than float32's relative tolerance (3e-6 absolute, 2e-4 relative, in a
+    weight gradient, seen at one seed), while a wrong graph errs by the gradient's own scale.
+
+    `scale` is the magnitude of the terms the result sums, not the result's own: a convolution bias
+    ahead of a batch norm has a gradient that is zero in exact arithmetic (1.7e-16 in float64), so
+    its float32 values are rounding noise of the upstream gradients (1.8e-7 compiled against 7.5e-8
+    eager, seen at one seed). Gradients take the largest reference gradient of the model."""
     err = (got.double() - reference).abs().max().item()
-    allowed = 2 * (eager.double() - reference).abs().max().item() + 1e-6 * reference.abs().max().item()
+    allowed = 2 * (eager.double() - reference).abs().max().item() + 1e-6 * scale
     assert err <= allowed, f"{what}: error {err:.3g} against float64, eager's allows {allowed:.3g}"
 
 
@@ -120,10 +125,11 @@ def test_compiles_fullgraph_without_graph_breaks(cls: type, seed: int) -> None:
     reference, _ = twins(cls, seed, torch.float64)
     reference.train()
     ref_y, ref_g, ref_gx = _forward_backward(reference, x.double(), grad.double())
-    _as_accurate_as_eager(got_y, want_y, ref_y, "output")
-    _as_accurate_as_eager(got_gx, want_gx, ref_gx, "grad of the input")
+    _as_accurate_as_eager(got_y, want_y, ref_y, ref_y.abs().max().item(), "output")
+    grad_scale = max(g.abs().max().item() for g in [ref_gx, *ref_g.values()])
+    _as_accurate_as_eager(got_gx, want_gx, ref_gx, grad_scale, "grad of the input")
     for name, g in want_g.items():
-        _as_accurate_as_eager(got_g[name], g, ref_g[name], f"grad of {name}")
+        _as_accurate_as_eager(got_g[name], g, ref_g[name], grad_scale, f"grad of {name}")
     for a, b in zip(compiled_model.buffers(), eager.buffers()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
