@@ -37,7 +37,7 @@ import torch
 
 import hal
 from hal.arrays import dtype_name, is_array, torch_dtype
-from hal.dispatch import DISPATCHER
+from hal.dispatch import DISPATCHER, prepare
 from hal.errors import BackendUnavailableError, HalError, UnsupportedError
 from hal.registry import OpDecl, get_op
 from hal.types import ARRAY_KINDS
@@ -166,7 +166,8 @@ def _snapshot(decl: OpDecl, args: dict[str, Any]) -> list[tuple[str, torch.Tenso
 def canonical_call(decl: OpDecl, args: Sequence[Any]) -> tuple[tuple, list[tuple[int, Any]], Optional[int]]:
     """What the dispatcher hands kernels for ``args`` (validated): canonical arguments (a batched x
     for unbatched inputs), the static substitutions the checker made, and the unbatched slot."""
-    inputs, subs, unbatched = DISPATCHER.prepare(decl, list(args))
+    prepared = prepare(decl, list(args))
+    inputs, subs, unbatched = prepared.inputs, list(prepared.subs), prepared.unbatched
     return inputs.args, subs, unbatched
 
 

@@ -11,7 +11,7 @@ with ``hal.amp.DynamicLossScaler`` and ``hal.optim.AdamW`` (``--master-weights``
 themselves are half precision and AdamW keeps float32 masters). The data are images whose class is
 the quadrant holding a bright blob, plus noise. At the end it evaluates on fresh images (eval mode:
 the fused kernels run; in training the fused ops take their training decomposition, see
-hal.torch_library), then prints which kernel the dispatcher chose for every op it ran
+hal.integration.library), then prints which kernel the dispatcher chose for every op it ran
 (``hal.stats()``) and the loss scaler's history.
 """
 

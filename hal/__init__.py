@@ -20,12 +20,22 @@ from hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, 
 from hal.plugin import DeviceInfo
 from hal.version import API_VERSION, __version__
 
-from hal.dispatch import explain, list_ops, reset_stats, stats  # noqa: E402  (the dispatcher builds hal.ops.*)
-from hal.overrides import use  # noqa: E402
-from hal import autograd as _autograd, torch_library as _torch_library  # noqa: E402,F401  (the torch integration plugs into the route)
-from hal import ops  # noqa: E402  (declares every op: must follow the dispatcher and the torch integration)
+from hal import integration as _integration  # noqa: F401  (plugs autograd and torch.compile into a call's path)
+from hal import ops
+from hal.dispatch import DISPATCHER, EXPLAINERS, OPS, explain_call, list_ops, reset_stats, stats
+from hal.overrides import use
 
 configure_logging()
+
+
+def explain(op_name: str, *args: Any, **kwargs: Any) -> Any:
+    """The decision for ``op_name`` called with these arguments, nothing run: the route, the backend
+    and kernel, every candidate with the reasons it was passed over, the measured times where
+    several could run the call, and the decisions of a decomposition's steps or of the backward.
+    Works for the collectives of :mod:`hal.dist` too."""
+    if isinstance(op_name, str) and op_name not in OPS and op_name not in EXPLAINERS:
+        import hal.dist  # noqa: F401  (registers the collectives' explainers: all_reduce, ...)
+    return explain_call(DISPATCHER, op_name, *args, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +70,6 @@ class BackendRecord:
 
 def backends() -> list[BackendRecord]:
     """Every installed backend with its availability, devices, and any plugin load error."""
-    from hal.dispatch import DISPATCHER
-
     rt = DISPATCHER.runtime()
     out = []
     for lp in rt.plugins:
@@ -96,10 +104,12 @@ def _notes(state: Any) -> tuple[str, ...]:
         return (f"its notes could not be read ({type(exc).__name__}: {exc})",)
 
 
-_LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance", "graphs"}
+_LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance", "graphs", "tuning"}
 
 
 def __getattr__(name: str) -> Any:
+    if name == "tune":  # hal.tune(step, *args): hal.tuning.tune
+        return importlib.import_module("hal.tuning.runner").tune
     if name in _LAZY:
         return importlib.import_module(f"hal.{name}")
     raise AttributeError(f"module 'hal' has no attribute {name!r}")
@@ -113,6 +123,7 @@ __all__ = [
     "backends",
     "list_ops",
     "use",
+    "tune",
     "stats",
     "reset_stats",
     "HalError",

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import torch
 
 import hal
-from hal import dispatch
+from hal import dispatch, tracing
 from hal.arrays import grouped
 
 
@@ -343,7 +343,7 @@ def _unscale(plans: dict[Any, dispatch.Held], key: tuple[Any, torch.dtype], grad
     """hal.ops.amp_unscale_ of one (device, dtype) group through the plan kept for that group: held
     while the gradients have the same shapes and strides (their dtype and device are the group's),
     instead of the cache key over every tensor (about 0.1 ms per 161 tensors on the CPU VM)."""
-    if dispatch.is_compiling():
+    if tracing.is_compiling():
         return hal.ops.amp_unscale_(grads, inv_scale)
     held = plans.get(key)
     if held is None:

@@ -92,7 +92,7 @@ def halves_of(a: torch.Tensor, b: torch.Tensor) -> Optional[torch.Tensor]:
     """The tensor whose last dimension ``a`` and ``b`` split in two, when they are exactly its first
     and second halves (``gate, up = t.chunk(2, -1)``: views of one base ``t``), else None. A kernel
     given such a pair writes gradients into one buffer of ``t``'s shape, and hal's autograd node
-    passes that buffer on whole: no concatenation in the backward (:mod:`hal.autograd`)."""
+    passes that buffer on whole: no concatenation in the backward (:mod:`hal.integration.autograd`)."""
     base = a._base
     if base is None or b._base is not base:
         return None

@@ -40,6 +40,11 @@ class Overrides:
     #: calls made for a step that will be replayed from a CUDA graph (:func:`hal.graphs.device_bound`):
     #: kernels are ranked by their graph priority.
     device_bound: bool = False
+    #: HAL_TUNE's setting for the scope ("off", "cached", "on"; None: the environment's), as
+    #: :func:`hal.tuning.tune` sets it.
+    tune: Optional[str] = None
+    #: calls made while :mod:`hal.dispatch.measure` times routes: nothing counts in ``hal.stats()``.
+    measuring: bool = False
 
     @property
     def forces(self) -> bool:
@@ -103,6 +108,10 @@ class Choice:
     traceable_only: bool = False
     #: rank kernels by their graph priority (a step replayed from a CUDA graph).
     device_bound: bool = False
+    #: HAL_TUNE: "on" (measure where nothing is cached), "cached" or "off" (priority alone).
+    tune: str = "on"
+    #: the call is made while routes are timed (not counted).
+    measuring: bool = False
 
 
 def env_flag(name: str, default: bool = False) -> bool:
@@ -144,7 +153,19 @@ def choice_for(op: str, overrides: Optional[Overrides]) -> Choice:
         kernel, source, required = o.kernel_any, "hal.use(kernel=...)", False
     strict = o.strict if o.strict is not None else env_flag("HAL_STRICT")
     return Choice(backend, backend_source, kernel, source, required, strict, env_flag("HAL_TORCH_AUTOGRAD", True),
-                  device_bound=o.device_bound)
+                  device_bound=o.device_bound, tune=o.tune or tune_mode(), measuring=o.measuring)
+
+
+TUNE_MODES = ("on", "cached", "off")
+
+
+def tune_mode() -> str:
+    """HAL_TUNE: "on" (the default), "cached" or "off"; anything else is an error."""
+    raw = os.environ.get("HAL_TUNE", "")
+    value = raw.strip().lower() or "on"
+    if value not in TUNE_MODES:
+        raise InvalidArgumentError("hal", "HAL_TUNE", "one of on, cached, off (or unset: on)", repr(raw))
+    return value
 
 
 def configure_logging() -> None:

@@ -3,8 +3,8 @@
 The backward op of ``op`` takes ``grad_out`` followed by parameters named like the forward's (and
 ``out`` for the forward's result); it returns the gradients of the forward parameters listed in
 ``op``'s declaration (``gradients``), in that order. Every user of the mapping goes through this
-module: the eager autograd node (:mod:`hal.autograd`), the ``torch.ops.hal`` autograd formula used
-under torch.compile (:mod:`hal.torch_library`), and ``hal.explain`` (the backward's decision).
+module: the eager autograd node (:mod:`hal.integration.autograd`), the ``torch.ops.hal`` autograd formula used
+under torch.compile (:mod:`hal.integration.library`), and ``hal.explain`` (the backward's decision).
 
 A backward op may end with a parameter ``output_mask``: a tuple of bools, one per gradient in the
 order of ``gradients``, saying which to compute (the others come back None). The eager autograd

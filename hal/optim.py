@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 
 import hal
-from hal import dispatch
+from hal import dispatch, tracing
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -185,7 +185,7 @@ class _Launch:
         new gradient) and the kind of found_inf are what is checked; everything else is this
         launch's own tensors (see still_valid). The cache key of a call over ResNet-50's 161 tensors
         (four lists) cost about 0.4 ms per step on the CPU VM, these two passes 0.06 ms."""
-        if dispatch.is_compiling():  # under torch.compile: the op's graph node, as any hal.ops call
+        if tracing.is_compiling():  # under torch.compile: the op's graph node, as any hal.ops call
             hal.ops.fused_adamw_(
                 self.params, grads, self.exp_avgs, self.exp_avg_sqs, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                 weight_decay=weight_decay, step=self.step, master_params=self.masters, found_inf=found_inf,

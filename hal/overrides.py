@@ -9,12 +9,22 @@ the op has one), ``strict`` a bool. Anything else is a :class:`hal.InvalidArgume
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Iterator, Mapping, Optional, Union
 
 from hal import config
 from hal.config import Overrides
-from hal.dispatch import kernel_names
+from hal.dispatch import FORCEABLE, OPS
+from hal.dispatch import kernel_names as _kernel_names
 from hal.errors import InvalidArgumentError
+
+
+def kernel_names(op: str) -> set[str]:
+    """What may be forced for ``op``: its kernels on every installed backend (and "composite"), or
+    for a collective of hal.dist its algorithms (hal.dist registers them when first imported)."""
+    if op not in OPS and op not in FORCEABLE:
+        import hal.dist  # noqa: F401  (registers the collectives' algorithms)
+    return _kernel_names(op)
 
 
 def _check_kernels(kernel: Mapping[str, str]) -> dict[str, str]:
@@ -62,12 +72,13 @@ def use(
         kernel_any = kernel
     elif kernel is not None:
         kernels.update(_check_kernels(kernel))
-    inner = Overrides(
+    inner = dataclasses.replace(
+        outer,
         backend=backend if backend is not None else outer.backend,
         kernels=tuple(sorted(kernels.items())),
         kernel_any=kernel_any,
         strict=strict if strict is not None else outer.strict,
-        device_bound=outer.device_bound,
+        explaining=False,
     )
     saved = config.enter(inner)
     try:

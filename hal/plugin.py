@@ -13,29 +13,15 @@ A plugin may also add kernels to a backend defined by another plugin (``backend=
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from hal.errors import PluginError
 from hal.registry import OpDecl, check_kernel_signature, get_op
+from hal.tracing import traced
 from hal.version import API_VERSION
 
 Reasons = Union[None, str, Sequence[str]]
-
-
-def traced(args: Sequence[Any]) -> bool:
-    """Whether ``args`` are being traced by torch.compile rather than computed: Dynamo shows a call
-    fake tensors, AOTAutograd, which builds the graph Inductor compiles, shows it functional
-    tensors wrapping fake ones. Real tensors answer at the cost of one isinstance test each."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.functional_tensor import FunctionalTensor
-
-    for a in args:
-        if isinstance(a, FakeTensor):
-            return True
-        if isinstance(a, FunctionalTensor):  # eager torch.func.functionalize wraps real tensors
-            return isinstance(torch._from_functional_tensor(a.elem), FakeTensor)
-    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +99,7 @@ class KernelSpec:
     #: whether the kernel is made of torch's differentiable ops, so that on the autograd route torch's
     #: autograd may record them (its own C++ nodes, its own saved state) instead of hal's node
     #: running the backward op: False, True, or a check of the inputs giving the reasons it may not
-    #: (e.g. float32, where torch's backward would round to TF32). See :mod:`hal.decision`.
+    #: (e.g. float32, where torch's backward would round to TF32). See :mod:`hal.dispatch.route`.
     differentiable: Union[bool, Callable[[Inputs], Reasons]] = False
     #: the kernel's priority in steps replayed from a CUDA graph (:func:`hal.graphs.device_bound`),
     #: where host time is not paid per call and only device time counts; None: ``priority``.
@@ -174,6 +160,9 @@ class BackendInfo:
     #: sentences about a usable backend working in part (an optional library missing, say), shown
     #: by ``hal info``; asked only when someone looks (it may import that library).
     notes: Callable[[], list[str]] = list
+    #: a directory of measured kernel choices shipped with the plugin, one ``<device slug>.json``
+    #: per device model (:mod:`hal.tuning.cache`'s format): they seed that device's tune cache.
+    tuning_seeds: Optional[Path] = None
 
 
 class Plugin:
@@ -197,9 +186,12 @@ class Plugin:
         arch: Optional[Callable[[Any], Optional[str]]] = None,
         array_api: str = "torch",
         notes: Callable[[], list[str]] = list,
+        tuning_seeds: Optional[Union[str, Path]] = None,
     ) -> BackendInfo:
         """Define the backend named after this plugin. ``notes`` returns what works only in part
-        (``hal info`` prints it under the backend): e.g. an optional library missing."""
+        (``hal info`` prints it under the backend): e.g. an optional library missing.
+        ``tuning_seeds`` is a directory of kernel choices measured on known devices (``hal tune
+        --export``), which seed the dispatcher's measured choice on those devices."""
         if array_api not in ("numpy", "torch"):
             raise PluginError(f"plugin {self.name}: array_api must be 'numpy' or 'torch', not {array_api!r}")
         self.backend = BackendInfo(
@@ -212,6 +204,7 @@ class Plugin:
             arch=arch,
             array_api=array_api,
             notes=notes,
+            tuning_seeds=Path(tuning_seeds) if tuning_seeds is not None else None,
         )
         return self.backend
 

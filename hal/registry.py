@@ -137,7 +137,7 @@ class OpDecl:
     #: two gradient parameters often passed as the halves of one tensor's last dimension
     #: (``gate, up = h.chunk(2, -1)``): then the autograd node differentiates that tensor, and a
     #: backward kernel that writes both gradients into one buffer of its shape spares the backward
-    #: a concatenation (:func:`hal.arrays.halves_of`, :mod:`hal.autograd`).
+    #: a concatenation (:func:`hal.arrays.halves_of`, :mod:`hal.integration.autograd`).
     halves: Optional[tuple[str, str]] = None
     #: reduction length K of a call (canonical arguments by name), used to widen tolerances.
     reduction: Optional[Callable[[Named], int]] = None

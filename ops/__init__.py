@@ -4,6 +4,8 @@ Each name is the public, dispatching function of an op; ``hal.ops.<name>.op`` is
 Backward ops (``<op>_backward``) are ops too. Only declarations live here: no kernel code.
 """
 
+from hal import dispatch as _dispatch  # noqa: F401  (builds each declared op's public function)
+
 # Declaration order is the order of API.md (and of `hal info` and the conformance reports).
 from .conv import batch_norm, batch_norm_backward, conv2d, conv2d_backward, fused_conv_bn_relu, fused_conv_bn_relu_backward  # isort: skip
 from .conv import fused_conv_bn_add_relu, fused_conv_bn_add_relu_backward  # isort: skip

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from hal import arrays
 from hal.arrays import describe
-from hal.decision import Decision
+from hal.dispatch.decision import Decision
 from hal.dist import checks, engine, groups, select, settings
 from hal.dist.algorithms import REDUCE_OPS, Call
 from hal.errors import InvalidArgumentError

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from hal import config
 from hal.arrays import describe
-from hal.decision import Candidate, Decision
+from hal.dispatch.decision import Candidate, Decision
 from hal.dist import settings
 from hal.dist.algorithms import REGISTRY, Algorithm, Call
 from hal.dist.cost import CostModel, cost_model
@@ -120,26 +120,19 @@ def decision(call: Call, requested: str) -> Decision:
         inputs.append(f"op: {call.op}")
     params = ", ".join(f"{f.name}={getattr(model, f.name)}" for f in dataclasses.fields(model))
     inputs.append(f"cost model ({call.gi.engine}): {params}")
-    dec = Decision(op=call.collective, inputs=inputs, device=str(call.tensor.device), backend=call.gi.engine)
-    if forced is not None:
-        dec.forced.append(f"algorithm {forced} ({source})")
     assessed = _assess(call, model, forced)
+    error: Optional[HalError] = None
     try:
         chosen: Optional[Algorithm] = _pick(call, assessed, forced, source)
     except HalError as exc:
-        chosen, dec.error, dec.backend = None, exc, None
+        chosen, error = None, exc
+    candidates = []
     for a in assessed:
         note = [] if a.seconds is None else [f"est. {_seconds(a.seconds)}"]
         if a.algorithm.lossy:
             note.append("lossy")
-        dec.candidates.append(
-            Candidate(
-                backend=call.gi.engine,
-                kernel=a.algorithm.name,
-                reasons=a.reasons,
-                chosen=chosen is a.algorithm,
-                note=", ".join(note),
-            )
-        )
-    dec.kernel = chosen.name if chosen is not None else None
-    return dec
+        candidates.append(Candidate(backend=call.gi.engine, kernel=a.algorithm.name, reasons=a.reasons,
+                                    chosen=chosen is a.algorithm, note=", ".join(note)))
+    return Decision(op=call.collective, inputs=inputs, device=str(call.tensor.device),
+                    backend=call.gi.engine if error is None else None, kernel=chosen.name if chosen is not None else None,
+                    forced=[f"algorithm {forced} ({source})"] if forced is not None else [], candidates=candidates, error=error)

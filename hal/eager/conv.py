@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from hal.kept import KeptForBackward
+from hal.integration.kept import KeptForBackward
 from hal.plugin import Inputs
 
 from .elementwise import detached, filled_leaf, leaf, masked_grads
@@ -146,7 +146,7 @@ def kept_batch_norm(
 ) -> torch.Tensor:
     """torch's own batch norm (``torch.native_batch_norm``: torch's kernels, as an eager model runs
     them); in training its batch statistics are kept for :func:`kept_batch_norm_backward` of the
-    same x (hal.kept), unless torch's autograd recorded the call (its node saves them itself)."""
+    same x (hal.integration.kept), unless torch's autograd recorded the call (its node saves them itself)."""
     if not training:
         return batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)
     out, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)

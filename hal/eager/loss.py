@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from hal.kept import param_state
+from hal.integration.kept import param_state
 
 from .elementwise import filled_leaf, leaf
 
@@ -32,7 +32,7 @@ def cross_entropy_backward(grad_out: torch.Tensor, logits: torch.Tensor, target:
 
 def kept_gradients_state(weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int,
                          label_smoothing: float, reduction: str) -> tuple:
-    """What gradients a linear_cross_entropy forward keeps for its backward (:mod:`hal.kept`, keyed
+    """What gradients a linear_cross_entropy forward keeps for its backward (:mod:`hal.integration.kept`, keyed
     by x) depend on besides x: the backends that keep them (the Triton kit, the CPU backend) key
     their entries on it."""
     return (param_state(weight, target, bias), ignore_index, label_smoothing, reduction)

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.kept import KeptForBackward, param_state
+from hal.integration.kept import KeptForBackward, param_state
 
 from ._launch import LaunchPlan, Plans, cdiv, compute_dtype, split_f64, torch_compute_dtype
 from .config import BNConfig
@@ -374,7 +374,7 @@ def _or(t: Optional[torch.Tensor], default: torch.Tensor) -> torch.Tensor:
     return t if t is not None else default
 
 
-#: the training forward's per-channel buffer, kept for the backward of the same x (hal.kept): rows
+#: the training forward's per-channel buffer, kept for the backward of the same x (hal.integration.kept): rows
 #: 2-3 (mean, 1/std) depend on x and eps alone; a backward with the ReLU also reads the affine pair of
 #: rows 0-1, so it needs the same weight, bias and convolution bias too.
 _KEPT = KeptForBackward()

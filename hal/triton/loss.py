@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from hal.eager.loss import kept_gradients_state
-from hal.kept import KeptForBackward, backward_follows
+from hal.integration.kept import KeptForBackward, backward_follows
 
 from ._launch import compute_dtype, launch
 
@@ -213,7 +213,7 @@ class _Grads:
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int,
                          eps: float, reduction: str, gemm_f32: Gemm, block_elements: int, **cfg: int) -> torch.Tensor:
     """The loss; in a training forward (hal's autograd node, a mean or sum) also the gradients for
-    a grad_out of one, from the same logits, kept for the backward op (:mod:`hal.kept`): three
+    a grad_out of one, from the same logits, kept for the backward op (:mod:`hal.integration.kept`): three
     GEMMs for the step instead of four (the backward need not compute the logits again)."""
     n, v = int(x.shape[0]), int(weight.shape[0])
     step = _rows_per_block(n, v, block_elements)

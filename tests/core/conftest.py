@@ -15,7 +15,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     import os
 
     for name in list(os.environ):
-        if name.startswith("HAL_"):
+        if name.startswith("HAL_") and name not in ("HAL_TUNE", "HAL_TUNE_CACHE"):  # see the root conftest.py
             monkeypatch.delenv(name)
     dispatch.reset()
     yield monkeypatch

@@ -1,4 +1,4 @@
-"""hal.kept: a forward's values reach the backward of the same unchanged input only."""
+"""hal.integration.kept: a forward's values reach the backward of the same unchanged input only."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import weakref
 import pytest
 import torch
 
-from hal import kept as kept_module
-from hal.kept import KeptForBackward, param_state
+from hal.integration import kept as kept_module
+from hal.integration.kept import KeptForBackward, param_state
 
 
 @pytest.fixture(autouse=True)

@@ -86,7 +86,7 @@ def test_residual_tail_is_one_cudnn_call_in_eval_and_torch_ops_otherwise() -> No
     """fused_conv_bn_add_relu on an H200 (sm_90): eval with symmetric padding is cudnn_fused
     (torch.cudnn_convolution_add_relu on folded weights); training, asymmetric padding and float64
     are torch's ops, and each refusal is a sentence."""
-    from hal.dispatch import DISPATCHER
+    from hal.dispatch import prepare
     from hal.plugin import Inputs
     from hal.registry import get_op
 
@@ -97,7 +97,7 @@ def test_residual_tail_is_one_cudnn_call_in_eval_and_torch_ops_otherwise() -> No
         vec = [torch.rand(16).to(dtype) + 0.5 for _ in range(4)]
         out = 6 if padding == 1 else 5
         args = [x, w, None, *vec, torch.randn(2, 16, out, out).to(dtype), 1, padding, 1, 1, 1e-5, 0.1, training]
-        canonical, _, _ = DISPATCHER.prepare(decl, args)
+        canonical = prepare(decl, args).inputs
         inputs = Inputs(decl, canonical.args, "cuda", torch.device("cuda", 0), canonical.dtype, "torch", "sm_90")
         passed: dict[str, list[str]] = {}
         for k in sorted((k for k in plugin.kernels if k.op == decl.name), key=lambda k: -k.priority):
@@ -148,7 +148,7 @@ def test_eval_fused_convolutions_give_compiled_graphs_torchs_ops() -> None:
     precision, which declines real tensors with its reason."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from hal.dispatch import DISPATCHER
+    from hal.dispatch import prepare
     from hal.plugin import Inputs
     from hal.registry import get_op
 
@@ -161,7 +161,7 @@ def test_eval_fused_convolutions_give_compiled_graphs_torchs_ops() -> None:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             if fake:
                 args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-            canonical, _, _ = DISPATCHER.prepare(decl, args)
+            canonical = prepare(decl, args).inputs
             inputs = Inputs(decl, canonical.args, "cuda", torch.device("cuda", 0), canonical.dtype, "torch", "sm_90")
             declined: dict[str, list[str]] = {}
             for k in sorted((k for k in plugin.kernels if k.op == op), key=lambda k: -k.priority):

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import hal
 from hal.arrays import dtype_name, from_numpy, to_numpy
-from hal.dispatch import DISPATCHER
+from hal.dispatch import prepare
 from hal.eager import eager
 from hal.registry import OpDecl, get_op
 from hal.types import ARRAY_KINDS
@@ -86,13 +86,15 @@ def _flat(out: Any) -> list[Any]:
 def _rule_call(decl: OpDecl, rule: Callable[..., Any], args: list[Any]) -> Any:
     """The rule on canonical arguments, as the dispatcher would call it (a batch dimension added
     to an unbatched input and removed from the result)."""
-    inputs, _, unbatched = DISPATCHER.prepare(decl, args)
+    prepared = prepare(decl, args)
+    inputs, unbatched = prepared.inputs, prepared.unbatched
     out = rule(decl.bind(inputs.args))
     return out[0] if unbatched is not None else out
 
 
 def _torch_reference(decl: OpDecl, args: list[Any]) -> Any:
-    inputs, _, unbatched = DISPATCHER.prepare(decl, args)
+    prepared = prepare(decl, args)
+    inputs, unbatched = prepared.inputs, prepared.unbatched
     out = eager(decl.name)(*inputs.args)
     return out[0] if unbatched is not None else out
 

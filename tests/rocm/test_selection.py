@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from hal.dispatch import DISPATCHER
+from hal.dispatch import prepare
 from hal.plugin import Inputs, KernelSpec
 from hal.registry import get_op
 from hal_backend_rocm import plugin
@@ -25,7 +25,7 @@ ROCM = torch.device("cuda", 0)  # how torch names a ROCm device
 def _inputs(op: str, arch: str, *args: Any, **kwargs: Any) -> Inputs:
     decl = get_op(op)
     full = [kwargs[p.name] if p.name in kwargs else args[i] if i < len(args) else p.default for i, p in enumerate(decl.params)]
-    canonical, _, _ = DISPATCHER.prepare(decl, full)
+    canonical = prepare(decl, full).inputs
     return Inputs(decl, canonical.args, "rocm", ROCM, canonical.dtype, "torch", arch)
 
 

@@ -11,7 +11,7 @@ from hal.conformance.cases import all_cases, draw_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hal
-from hal import torch_library
+from hal.integration import library as torch_library
 from hal.gradients import MASK
 from hal.eager import eager
 from hal.registry import OPS, OpDecl

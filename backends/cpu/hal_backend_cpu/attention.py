@@ -1,6 +1,6 @@
 """softmax and scaled_dot_product_attention on torch's CPU kernels: native softmax and its
 backward, the fused flash-attention CPU kernels behind F.scaled_dot_product_attention (forward and
-backward, the forward's output and log-sum-exp kept for the backward: hal.kept), and an attention
+backward, the forward's output and log-sum-exp kept for the backward: hal.integration.kept), and an attention
 backward written as GEMMs for the rest (no autograd graph: kernels also run inside torch.ops.hal
 calls, where autograd is off)."""
 
@@ -11,7 +11,7 @@ import math
 import torch
 
 from hal.eager import attention as eager
-from hal.kept import KeptForBackward, param_state
+from hal.integration.kept import KeptForBackward, param_state
 from hal.plugin import Inputs
 
 from ._common import FLOATS, kernel
@@ -19,7 +19,7 @@ from ._common import FLOATS, kernel
 kernel("softmax", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.softmax)
 kernel("softmax_backward", name="torch", priority=20, dtypes=FLOATS)(eager.softmax_backward)
 #: (output, its version, logsumexp) of flash forwards that autograd will differentiate, for the
-#: backward of the same q, k and v (hal.kept; few and bounded: one per attention layer in flight)
+#: backward of the same q, k and v (hal.integration.kept; few and bounded: one per attention layer in flight)
 KEPT = KeptForBackward(size=64)
 _FLASH_DTYPES = (torch.float32, torch.float64)
 _flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from hal.eager import loss as eager
 from hal.errors import InvalidArgumentError
-from hal.kept import KeptForBackward, backward_follows
+from hal.integration.kept import KeptForBackward, backward_follows
 
 from ._common import FLOATS, kernel
 from ._device import onednn_dtype_reason
@@ -122,7 +122,7 @@ _KEPT = KeptForBackward()
 @kernel("linear_cross_entropy", name="blocked", priority=20, dtypes=FLOATS)
 def linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing, reduction):
     """The loss; in a training forward (hal's autograd node, a mean or sum) also the gradients for
-    a grad_out of one from the same logits, kept for the backward op (hal.kept): the logits' GEMM
+    a grad_out of one from the same logits, kept for the backward op (hal.integration.kept): the logits' GEMM
     runs once a step instead of twice."""
     _check_targets("linear_cross_entropy", target, ignore_index, weight.shape[0])
     counted = target != ignore_index

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from hal.eager import norm as eager
-from hal.kept import KeptForBackward, armed
+from hal.integration.kept import KeptForBackward, armed
 
 from . import _numba
 from ._common import FLOATS, contiguous, kernel, numba_kernel, numel
@@ -47,7 +47,7 @@ def rms_norm_backward_numba(grad_out, x, normalized_shape, weight, eps):
 
 kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.rms_norm)
 
-#: (mean, 1/std) of float32 and float64 layer-norm forwards, for the backward of the same x (hal.kept)
+#: (mean, 1/std) of float32 and float64 layer-norm forwards, for the backward of the same x (hal.integration.kept)
 KEPT = KeptForBackward()
 _KEEPS = (torch.float32, torch.float64)
 

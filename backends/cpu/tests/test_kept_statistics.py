@@ -64,7 +64,7 @@ def test_layer_norm_keeps_its_statistics_and_gradients_match_torch(rng, hal_node
         out.backward(g)
         assert leaves[0] not in LN_KEPT
         hal.ops.layer_norm(x, 32, w, b)
-        assert x not in LN_KEPT  # no autograd: no backward op to come, nothing kept (hal.kept.arm)
+        assert x not in LN_KEPT  # no autograd: no backward op to come, nothing kept (hal.integration.kept.arm)
         x.mul_(0.5).add_(4.0)
         changed = hal.ops.layer_norm_backward(g, x, 32, w)
     for xs, got in ((leaves[0].detach(), [v.grad for v in leaves]), (x, changed)):

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from hal.dispatch import DISPATCHER
+from hal.dispatch import prepare
 from hal.plugin import Plugin
 from hal.registry import get_op
 from hal.triton.kernels import int32_dequant, register
@@ -136,7 +136,7 @@ def _canonical(op: str, *args: Any, **kwargs: Any) -> tuple:
     """The canonical arguments a kernel of ``op`` receives for this call (validated by the op)."""
     decl = get_op(op)
     full = [kwargs[p.name] if p.name in kwargs else args[i] if i < len(args) else p.default for i, p in enumerate(decl.params)]
-    inputs, _, _ = DISPATCHER.prepare(decl, full)
+    inputs = prepare(decl, full).inputs
     return inputs.args
 
 

@@ -165,7 +165,7 @@ def test_batch_norm_backward_leaves_running_statistics_alone(gen):
 @pytest.fixture
 def in_hals_node():
     """Kernels called as the forward of hal's autograd node calls them: keeping for the backward op."""
-    from hal import kept
+    from hal.integration import kept
 
     previous = kept.arm(True)
     yield
@@ -584,7 +584,7 @@ def test_linear_cross_entropy_training_forward_keeps_its_gradients(gen, dtype, r
     of one) from the logits it has and keeps them; the backward only scales them by grad_out. Both
     match the backward that computes the logits again, which a second backward (nothing kept any
     more) runs."""
-    from hal import kept
+    from hal.integration import kept
     from hal.triton import loss
 
     x, w, b = randn(gen, 11, 24, dtype=dtype), randn(gen, 40, 24, dtype=dtype, scale=0.2), randn(gen, 40, dtype=dtype)

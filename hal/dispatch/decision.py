@@ -1,16 +1,20 @@
-"""The answer to "what runs for this call, and why": what `hal.explain` returns.
+"""The answer to "what runs for this call, and why": what ``hal.explain`` returns.
 
-A call takes one of three routes:
+A :class:`Decision` is made once, by :mod:`hal.dispatch.explain`, from the call's
+:class:`~hal.dispatch.route.Route` and :class:`~hal.dispatch.select.Selection` (and by
+:mod:`hal.dist` for collectives). Its ``route`` names the route as the public contract does:
 
 - ``kernel``: the chosen kernel runs directly (no autograd is needed);
-- ``autograd``: the chosen kernel runs as the forward of an autograd node whose backward runs the
+- ``autograd``: the chosen kernel runs as the forward of hal's autograd node whose backward runs the
   op's backward op (its own decision is :attr:`Decision.backward`); or, where the kernel is made of
-  torch's differentiable ops (a kernel registered ``differentiable``, such as torch's own batch norm
-  or ReLU), it runs with grad recording on and torch's autograd records its backward
-  (:attr:`Decision.autograd_by` is ``"torch"``, no backward op runs);
+  torch's differentiable ops, it runs with grad recording on and torch's autograd records its
+  backward (:attr:`Decision.autograd_by` is ``"torch"``, no backward op runs);
 - ``decomposition``: the op runs as other ops (:attr:`Decision.steps`, each with its own decision),
   either because no kernel can run the inputs (a fallback) or because a call needing autograd is
   better served by ops that each save what their backward needs (the op's training decomposition).
+
+Where several routes could serve the call, :attr:`Decision.measurement` says how they were timed
+and which won (:mod:`hal.dispatch.measure`), and each candidate shows its time.
 
 Under ``torch.compile`` the dispatcher decides as AOTAutograd traces the graph: a kernel made of
 torch's ops (:attr:`Decision.traceable`) joins the graph as those ops, which Inductor compiles with
@@ -23,39 +27,14 @@ names when the compiled code runs, and whose backward runs the backward op's ker
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 from hal.errors import HalError
 
-FALLBACK_WORDS = {
-    "composite": "the op's composite decomposition",
-    "backend": "a lower-priority backend",
-    "host": "a CPU backend, copying data through the host",
-}
+from .select import FALLBACK_WORDS, Candidate
 
+#: the route reasons of the public contract (``hal.explain``'s ``route``).
 ROUTES = ("kernel", "autograd", "decomposition")
-
-#: the route reason of an autograd call whose kernel torch's autograd records.
-TORCH_RECORDS = "inputs require grad: the kernel is torch's differentiable ops, so torch's autograd records their backward (no hal node)"
-
-
-#: why a kernel is passed over when a torch.compile graph looks for one made of torch's ops.
-UNTRACEABLE = "under torch.compile: not made of torch's ops (it would be an opaque node)"
-
-
-@dataclasses.dataclass
-class Candidate:
-    """One kernel (or composite, or backend) that was considered."""
-
-    backend: str
-    kernel: str
-    reasons: list[str]
-    chosen: bool = False
-    note: str = ""  # "host fallback", "forced", ...
-
-    @property
-    def supported(self) -> bool:
-        return not self.reasons
 
 
 @dataclasses.dataclass
@@ -93,8 +72,13 @@ class Decision:
     traceable: bool = False
     #: the decision inside a torch.compile graph where it differs (the kernel is not traceable and
     #: one made of torch's ops can run the inputs; see
-    #: :meth:`hal.dispatch.Dispatcher.traced_alternative`).
+    #: :func:`hal.integration.compile.traced_alternative`).
     compiled: Optional["Decision"] = None
+    #: how the route was chosen by measured time among the routes that could serve the call
+    #: (a :class:`hal.dispatch.measure.Measurement`), or None where priority alone chose.
+    measurement: Optional[Any] = None
+    #: why nothing was measured although several routes could serve the call ("" otherwise).
+    tuning: str = ""
 
     @property
     def chosen(self) -> Optional[Candidate]:
@@ -136,6 +120,11 @@ class Decision:
                          "their graph priority")
         why = f" ({self.route_reason})" if self.route_reason else ""
         lines.append(f"{pad}route: {self.route}{why}")
+        if self.measurement is not None:
+            m = self.measurement
+            lines.append(f"{pad}chosen {m.describe()}: " + ", ".join(f"{label} {_us(t)}" for label, t in m.times_us))
+        elif self.tuning:
+            lines.append(f"{pad}measured choice: {self.tuning}")
         if self.backend is not None:
             how = f"  (fallback to {FALLBACK_WORDS[self.fallback]})" if self.fallback else ""
             lines.append(f"{pad}chosen: {self.backend}/{self.kernel}{how}")
@@ -146,7 +135,8 @@ class Decision:
         for c in self.candidates:
             mark = "->" if c.chosen else ("ok" if c.supported else "no")
             note = f" [{c.note}]" if c.note else ""
-            lines.append(f"{pad}  {mark} {c.backend}/{c.kernel}{note}")
+            timed = f"  {_us(c.time_us)}" if c.time_us is not None else ""
+            lines.append(f"{pad}  {mark} {c.backend}/{c.kernel}{note}{timed}")
             for r in c.reasons:
                 lines.append(f"{pad}       - {r}")
         for i, step in enumerate(self.steps):
@@ -163,3 +153,7 @@ class Decision:
             lines.append(f"{pad}backward ({'of the torch.ops.hal node, where a compiled call stays one' if self.autograd_by == 'torch' else 'run by autograd'}):")
             lines += self.backward._lines(pad + "    ")
         return lines
+
+
+def _us(t: float) -> str:
+    return "raised" if t == float("inf") else f"{t:.1f} us"

@@ -4,32 +4,21 @@ Why: a model that calls ``hal.ops.*`` must compile (``torch.compile`` with ``ful
 compile well. Dynamo cannot trace into the dispatcher and its NumPy kernels, so under compile a
 ``hal.ops.<name>`` call becomes one ``torch.ops.hal.<name>_decide`` node. That operator is
 ``CompositeImplicitAutograd``: AOTAutograd runs its body on fake tensors while it traces the graph,
-and there the dispatcher decides (:func:`hal.dispatch.traced_kernel`). A kernel made of torch's ops
+and there the dispatcher decides (:func:`hal.integration.compile.traced_kernel`). A kernel made of torch's ops
 (registered ``differentiable``) runs, so its ops join the graph: Inductor fuses them with the code
 around them and AOTAutograd derives their backward, as for a model without hal; a decomposition
 (the training decomposition of a call needing autograd) runs its ops, each decided in turn. Any
 other call becomes the opaque ``torch.ops.hal.<name>`` node. Its fake kernel is the op's fake rule
 (``@op.fake`` in its declaration); its autograd formula calls the backward op, itself a
 ``torch.ops.hal`` node, with the arguments :mod:`hal.gradients` reads off the declarations. When the
-compiled code runs, a node runs the op's kernel route (:func:`hal.dispatch.direct`). Eager calls
-never come here: they take the dispatcher's direct path or :mod:`hal.autograd`.
+compiled code runs, a node runs the op's kernel route (:func:`hal.integration.compile.direct`). Eager calls
+never come here: they take the dispatcher's direct path or :mod:`hal.integration.autograd`.
 
 Operators are registered as ops are declared (:func:`hal.registry.on_declare`), so an op declared
 in any module, after ``import hal``, is a torch operator at once; a forward's autograd formula is
 attached as soon as both it and its backward op exist.
 
-How a hal signature becomes a torch schema (each parameter keeps its name):
-
-- arrays: ``Tensor``, ``Tensor?``, ``Tensor[]``, ``Tensor[]?``; a parameter in ``decl.mutates`` gets
-  an alias annotation (``Tensor(a!)``);
-- a number-or-array (``ScalarOrTensor``) takes two slots, ``Tensor? <name>`` and
-  ``Scalar? <name>_number``: exactly one is set, so ints stay ints and tensors stay tensors;
-- static options: ``int``, ``float``, ``bool``, ``str`` (``?`` when optional); an int-or-pair
-  (``IntPair``) travels as ``int[]`` (an int v as ``[v, v]``), a shape as ``int[]`` (an int v as
-  ``[v]``), a conv padding as ``int[] padding, str? padding_mode`` ("same"/"valid" in the mode).
-  These forms are equivalent for the op's checker, which runs on the decoded values;
-- a backward op's ``output_mask`` takes no slot: the operator computes every gradient (its schema
-  returns tensors, never None), so a mask given under torch.compile is not honoured.
+How a hal signature becomes a torch schema (each parameter keeps its name): :mod:`hal.integration.schema`.
 
 Trainable ops that mutate (batch norm's running statistics, written when ``mutates_when`` holds)
 cannot carry an autograd formula themselves (torch requires functional operators for that), so each
@@ -48,13 +37,9 @@ ops (``hal.nn`` modules cast their inputs under autocast).
 
 from __future__ import annotations
 
-import dataclasses
-import operator
-import re
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-import numpy as np
 import torch
 
 try:  # the size hint of a symbolic int; older torch versions name it hint_int
@@ -62,183 +47,16 @@ try:  # the size hint of a symbolic int; older torch versions name it hint_int
 except ImportError:  # pragma: no cover - depends on the torch version
     from torch.fx.experimental.symbolic_shapes import hint_int as optimization_hint
 
-from hal import config, dispatch, kept
-from hal.gradients import MASK, OUT, gradients_of
-from hal.registry import OPS, OpDecl, Param, on_declare
-from hal.types import IntPair, Kind, Padding, ShapeLike
+from hal import config
+from hal.dispatch import HOOKS, needs_autograd
+from hal.gradients import OUT, gradients_of
+from hal.registry import OPS, OpDecl, on_declare
+
+from . import kept
+from .compile import direct, traced_kernel
+from .schema import Codec, TorchOp, codec, returns
 
 NAMESPACE = "hal"
-
-
-# --- from hal parameters to schema slots ------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Codec:
-    """How one hal parameter travels through a torch schema: its slots and the two conversions."""
-
-    param: Param
-    form: str  # "array", "number_or_array", "plain", "pair", "shape", "padding", "mask"
-    slots: tuple[str, ...]  # schema text of each slot ("Tensor? scale", "Scalar? scale_number")
-
-    @property
-    def width(self) -> int:
-        return len(self.slots)
-
-    def encode(self, value: Any, out: list) -> None:
-        """Append the slot values of ``value``."""
-        form = self.form
-        if form == "array" or form == "plain":
-            out.append(value)
-        elif form == "mask":
-            pass
-        elif form == "number_or_array":
-            if isinstance(value, torch.Tensor) or value is None:
-                out.append(value)
-                out.append(None)
-            else:
-                out.append(None)
-                out.append(value.item() if isinstance(value, np.generic) else value)
-        elif form == "pair":
-            out.append([value, value] if isinstance(value, int) else list(value))
-        elif form == "shape":
-            out.append([value] if isinstance(value, int) else list(value))
-        else:  # padding
-            if isinstance(value, str):
-                out.append([])
-                out.append(value)
-            else:
-                out.append([value, value] if isinstance(value, int) else list(value))
-                out.append(None)
-
-    def decode(self, slots: Sequence[Any]) -> Any:
-        """The hal value of this parameter's slot values."""
-        form = self.form
-        if form == "array" or form == "plain":
-            return slots[0]
-        if form == "number_or_array":
-            return slots[0] if slots[0] is not None else slots[1]
-        if form == "padding" and slots[1] is not None:
-            return slots[1]
-        if form == "mask":
-            return self.param.default
-        return tuple(slots[0])
-
-
-_PLAIN_STATIC = {
-    int: "int",
-    float: "float",
-    bool: "bool",
-    str: "str",
-    Optional[int]: "int?",
-    Optional[float]: "float?",
-    Optional[str]: "str?",
-}
-_SHAPED_STATIC = {IntPair: "pair", ShapeLike: "shape", Padding: "padding"}
-
-
-def _codec(decl: OpDecl, p: Param, alias: Optional[str]) -> Codec:
-    mut = f"({alias}!)" if alias else ""
-    if p.name == MASK:  # no slot: every gradient is computed (the schema returns tensors, not None)
-        return Codec(p, "mask", ())
-    k = p.kind
-    if k is Kind.TENSOR:
-        return Codec(p, "array", (f"Tensor{mut} {p.name}",))
-    if k is Kind.OPTIONAL_TENSOR:
-        return Codec(p, "array", (f"Tensor{mut}? {p.name}",))
-    if k is Kind.TENSOR_LIST:
-        return Codec(p, "array", (f"Tensor{mut}[] {p.name}",))
-    if k is Kind.OPTIONAL_TENSOR_LIST:
-        return Codec(p, "array", (f"Tensor{mut}[]? {p.name}",))
-    if k in (Kind.SCALAR_OR_TENSOR, Kind.OPTIONAL_SCALAR_OR_TENSOR):
-        return Codec(p, "number_or_array", (f"Tensor? {p.name}", f"Scalar? {p.name}_number"))
-    if p.annotation in _PLAIN_STATIC:
-        return Codec(p, "plain", (f"{_PLAIN_STATIC[p.annotation]} {p.name}",))
-    form = _SHAPED_STATIC.get(p.annotation)
-    if form == "padding":
-        return Codec(p, form, (f"int[] {p.name}", f"str? {p.name}_mode"))
-    if form is not None:
-        return Codec(p, form, (f"int[] {p.name}",))
-    raise TypeError(
-        f"hal.torch_library has no torch schema encoding for parameter {p.name!r} of op {decl.name} "
-        f"(annotation {p.annotation!r}); use one of the types of hal.types for static options"
-    )
-
-
-def _returns(decl: OpDecl) -> str:
-    """The schema's return type of an op."""
-    if decl.forward is not None:  # a backward op: one gradient per differentiable forward input
-        fwd = OPS[decl.forward] if decl.forward in OPS else None
-        if fwd is None:
-            raise TypeError(f"backward op {decl.name} is declared before its forward op {decl.forward}")
-        return "Tensor" if fwd.single_gradient else "(" + ", ".join(["Tensor"] * len(fwd.gradients)) + ")"
-    ret = getattr(decl.entry, "__annotations__", {}).get("return")
-    return "()" if ret in (None, "None") else "Tensor"
-
-
-# --- one registered operator ------------------------------------------------------------------
-
-
-@dataclasses.dataclass(eq=False)
-class TorchOp:
-    """A hal op registered as a torch operator: its schema, codecs and the OpOverload to call."""
-
-    decl: OpDecl
-    codecs: tuple[Codec, ...]
-    #: the overload called for this op (the functional twin's, for mutating trainable ops).
-    overload: Any = None
-    #: the mutating operator ``torch.ops.hal.<name>`` of an op with a functional twin.
-    mutating: Any = None
-    #: ``torch.ops.hal.<name>_decide``: the node a traced call becomes (see :func:`_define_decide`).
-    decide: Any = None
-    #: the qualified name autograd is registered on (None: not trainable), and whether it is.
-    autograd_name: Optional[str] = None
-    has_autograd: bool = False
-    #: slot index of each parameter's first slot, by name.
-    offsets: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: per parameter, a function of the slots giving its hal value (decode's hot path: one call each)
-    readers: tuple[Callable[[Sequence[Any]], Any], ...] = ()
-
-    def __post_init__(self) -> None:
-        at = 0
-        readers = []
-        for c in self.codecs:
-            self.offsets[c.param.name] = at
-            if c.form in ("array", "plain"):
-                readers.append(operator.itemgetter(at))
-            else:
-                readers.append(lambda slots, c=c, a=at, b=at + c.width: c.decode(slots[a:b]))
-            at += c.width
-        self.readers = tuple(readers)
-
-    @property
-    def opaque(self) -> Any:
-        """The operator a call that stays one opaque node calls (the mutating one for twin ops)."""
-        return self.mutating or self.overload
-
-    @property
-    def slot_names(self) -> list[str]:
-        return [s.split()[-1] for c in self.codecs for s in c.slots]
-
-    def schema_args(self, functional: bool = False) -> str:
-        """The schema's arguments; ``functional``: without alias annotations (the twin's)."""
-        slots = [s for c in self.codecs for s in c.slots]
-        if functional:
-            slots = [re.sub(r"\([a-z]!\)", "", s) for s in slots]
-        return ", ".join(slots)
-
-    def encode(self, args: Sequence[Any]) -> list:
-        out: list = []
-        for c, a in zip(self.codecs, args):
-            c.encode(a, out)
-        return out
-
-    def decode(self, slots: Sequence[Any]) -> tuple:
-        return tuple([read(slots) for read in self.readers])
-
-    def slot(self, slots: Sequence[Any], name: str) -> Any:
-        """The first slot value of parameter ``name`` (its tensor slot for a number-or-array)."""
-        return slots[self.offsets[name]]
 
 
 _LIB: Optional[torch.library.Library] = None
@@ -385,25 +203,25 @@ def _define_decide(top: TorchOp) -> None:
     name = f"{decl.name}_decide"
 
     def decide_impl(*slots: Any) -> Any:
-        run = None if _symbolic(slots) else dispatch.traced_kernel(decl, top.decode(slots))
+        run = None if _symbolic(slots) else traced_kernel(decl, top.decode(slots))
         if run is None:
             return top.opaque(*slots)
         return run()
 
-    _library().define(f"{name}({top.schema_args()}) -> {_returns(decl)}")
+    _library().define(f"{name}({top.schema_args()}) -> {returns(decl)}")
     _library().impl(name, decide_impl, "CompositeImplicitAutograd")
     top.decide = getattr(getattr(torch.ops, NAMESPACE), name).default
 
 
 def _direct(decl: OpDecl, args: tuple) -> Any:
     """The kernel route of an opaque node's call. A trainable op's forward keeps for its backward op
-    (hal.kept): a compiled graph's backward calls that op, and which calls have one to come is not
+    (hal.integration.kept): a compiled graph's backward calls that op, and which calls have one to come is not
     known where the node runs."""
     if not decl.trainable:
-        return dispatch.direct(decl, args)
+        return direct(decl, args)
     previous = kept.arm(True)
     try:
-        return dispatch.direct(decl, args)
+        return direct(decl, args)
     finally:
         kept.arm(previous)
 
@@ -413,9 +231,9 @@ def _define_kernel(decl: OpDecl) -> TorchOp:
     (trainable ops) autograd; a mutating trainable op's functional twin."""
     lib = _library()
     letters = {name: "abcdefgh"[i] for i, name in enumerate(decl.mutates)}
-    top = TorchOp(decl, tuple(_codec(decl, p, letters.get(p.name)) for p in decl.params))
+    top = TorchOp(decl, tuple(codec(decl, p, letters.get(p.name)) for p in decl.params))
     packet = getattr(torch.ops, NAMESPACE)
-    lib.define(f"{decl.name}({top.schema_args()}) -> {_returns(decl)}")
+    lib.define(f"{decl.name}({top.schema_args()}) -> {returns(decl)}")
 
     if not (decl.trainable and decl.mutates):
 
@@ -537,7 +355,7 @@ def traced_call(decl: OpDecl, args: tuple) -> Any:
     top = TORCH_OPS[decl.name]
     if not _SCOPES[0]:
         return top.decide(*top.encode(args))
-    if decl.trainable and dispatch.needs_autograd(args):
+    if decl.trainable and needs_autograd(args):
         named = canonical(decl, args)
         composite = decl.training_composite(named)
         if composite is not None:
@@ -546,6 +364,6 @@ def traced_call(decl: OpDecl, args: tuple) -> Any:
 
 
 on_declare(_on_declare)
-dispatch.HOOKS.traced = traced_call
+HOOKS.traced = traced_call
 
 __all__ = ["TORCH_OPS", "TorchOp", "Codec", "canonical", "traced_call", "OUT"]

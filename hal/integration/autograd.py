@@ -8,7 +8,7 @@ backward needs is read off the declarations (:mod:`hal.gradients`). Saved tensor
 does in torch; a second derivative raises too (backward ops have no autograd formula).
 
 Each trainable op gets its own Function class, generated from its declaration like the op's entry
-function (:func:`hal.dispatch.make_entry`): the forward saves exactly what the backward op takes and
+function (:func:`hal.dispatch.entry.make_entry`): the forward saves exactly what the backward op takes and
 the backward calls it positionally, with no per-call loops over a generic description. In a
 profile or ``y.grad_fn`` the node is ``Hal<Op>Backward``. Its source is registered with
 ``linecache``, so tracebacks show it. An op declaring ``halves`` (swiglu's gate and up) gets a second
@@ -20,7 +20,7 @@ torch runs the backward of CUDA tensors on its device threads, which see no scop
 Why not ``torch.ops.hal.<op>`` with its registered autograd here as well: that path crosses torch's
 dispatcher three times in Python (custom op, autograd wrapper, kernel) and cost 40-50 µs per call
 on the host; one Function costs about what torch's own autograd node costs. Under torch.compile the
-``torch.ops.hal`` operators are used (:mod:`hal.torch_library`), with the same mapping.
+``torch.ops.hal`` operators are used (:mod:`hal.integration.library`), with the same mapping.
 """
 
 from __future__ import annotations
@@ -31,9 +31,12 @@ from typing import Any, Callable, Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from hal import arrays, config, dispatch, kept
+from hal import arrays, config
+from hal.dispatch import HOOKS
 from hal.gradients import OUT, gradients_of
 from hal.registry import Kind, OpDecl
+
+from . import kept
 
 #: parameter kinds whose value is always a tensor: saved without a type test.
 _ALWAYS_TENSOR = (Kind.TENSOR,)
@@ -56,7 +59,7 @@ def _node_source(decl: OpDecl, halves: bool = False) -> str:
     n = len(decl.params)
     args = ", ".join(f"a{i}" for i in range(n))
     when = f"a{decl.index(decl.mutates_when)}" if decl.mutates_when else "True"
-    fwd = [f"def forward(ctx, run, {'base, ' if halves else ''}{args}):", "    armed = _kept.armed  # kernels keep for the backward op (hal.kept)",
+    fwd = [f"def forward(ctx, run, {'base, ' if halves else ''}{args}):", "    armed = _kept.armed  # kernels keep for the backward op (hal.integration.kept)",
            "    _kept.armed = True", "    try:", f"        out = run({args})", "    finally:", "        _kept.armed = armed"]
     tensors, values = [], []  # expressions saved with save_for_backward / kept as plain values
     unpack, keep = [], []  # the names the backward gives them
@@ -154,7 +157,7 @@ def _node_class(decl: OpDecl, halves: bool = False) -> type:
     """Build the autograd Function of one trainable op from its declaration."""
     spec = gradients_of(decl)
     src = _node_source(decl, halves)
-    filename = f"<hal.autograd.{decl.name}{'.halves' if halves else ''}>"
+    filename = f"<hal.integration.autograd.{decl.name}{'.halves' if halves else ''}>"
     namespace: dict[str, Any] = {"_Tensor": torch.Tensor, "_bwd": spec.bwd.entry, "_kept": kept.STATE, "_local": config._local,
                                  "_scopes": config.ACTIVE_SCOPES, "_enter": config.enter, "_leave": config.leave,
                                  "_join": _join}
@@ -221,4 +224,4 @@ def autograd_runner(decl: OpDecl, run: Callable[..., Any]) -> Callable[..., Any]
     return apply_halves
 
 
-dispatch.HOOKS.autograd = autograd_runner
+HOOKS.autograd = autograd_runner

@@ -1,0 +1,150 @@
+"""Step 2: arrays between the caller's type and device and the kernel's.
+
+A kernel states the array type it takes (NumPy or torch, its backend's by default); a call may come
+with the other one, or with device tensors for a CPU backend (a host fallback). These wrappers give
+the kernel what it takes and the caller what it gave: zero-copy views between NumPy and torch CPU
+tensors, copies through the host for device tensors, and arrays an in-place op wrote copied back
+into the caller's. They also produce results of the right shape from an op's fake rule, for
+``hal.explain`` following a decomposition without running it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from hal import arrays
+from hal.errors import UnsupportedError
+from hal.plugin import Inputs
+from hal.registry import OpDecl
+from hal.types import ARRAY_KINDS
+
+
+def map_arrays(decl: OpDecl, args: Sequence[Any], fn: Callable[[Any], Any]) -> list[Any]:
+    """Apply ``fn`` to every array among ``args`` (inside lists too)."""
+    out = list(args)
+    for i, p in enumerate(decl.params):
+        if p.kind not in ARRAY_KINDS:
+            continue
+        a = out[i]
+        if isinstance(a, (list, tuple)):
+            out[i] = [fn(x) if arrays.is_array(x) else x for x in a]
+        elif arrays.is_array(a):
+            out[i] = fn(a)
+    return out
+
+
+def map_outputs(out: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn`` to every array of a result (tuples and lists too)."""
+    if isinstance(out, (tuple, list)):
+        return type(out)(map_outputs(o, fn) for o in out)
+    if isinstance(out, (np.ndarray, np.generic, torch.Tensor)):
+        return fn(out)
+    return out
+
+
+def kernel_runner(decl: OpDecl, fn: Callable[..., Any], kernel_api: str, input_api: str, host_of: Any = None) -> Callable[..., Any]:
+    """A kernel as the call runs it: ``fn`` given the array type it takes (``kernel_api``) for
+    arrays of ``input_api``; with ``host_of`` (a device), a CPU kernel run on that device's tensors
+    through host copies."""
+    if host_of is not None:
+        return _via_host(decl, _array_api(decl, fn, kernel_api, "torch"), host_of)
+    return _array_api(decl, fn, kernel_api, input_api)
+
+
+def inputs_as(inputs: Inputs, api: str, views: dict[str, Inputs]) -> Inputs:
+    """``inputs`` with arrays of the kernel's array type, so capability checks see what the kernel
+    will receive (zero-copy views; made once per array type)."""
+    if api == inputs.array_type:
+        return inputs
+    if api not in views:
+        convert = arrays.to_numpy if api == "numpy" else arrays.from_numpy
+        args = tuple(map_arrays(inputs.op, inputs.args, convert))
+        views[api] = Inputs(inputs.op, args, inputs.device_kind, inputs.device, inputs.dtype, api, inputs.arch)
+    return views[api]
+
+
+def fake_results(decl: OpDecl, args: Sequence[Any], array_type: str) -> Any:
+    """Results of the right shape, dtype and device from the op's fake rule, nothing computed."""
+    if decl.fake is None:
+        raise UnsupportedError(f"{decl.name} declares no fake rule: hal.explain cannot follow a decomposition through it")
+    named = decl.bind(map_arrays(decl, args, _as_torch) if array_type == "numpy" else args)
+    out = decl.fake(named)
+    return map_outputs(out, lambda t: t.numpy()) if array_type == "numpy" else out
+
+
+def _array_api(decl: OpDecl, fn: Callable[..., Any], kernel_api: str, input_api: str) -> Callable[..., Any]:
+    """Wrap a kernel so it receives the array type it takes and returns the caller's type."""
+    if kernel_api == input_api:
+        if kernel_api == "numpy":
+
+            def run_numpy(*args: Any) -> Any:
+                out = fn(*args)
+                return out if type(out) is np.ndarray else map_outputs(out, _as_0d)
+
+            return run_numpy
+        return fn
+    if kernel_api == "numpy":  # torch CPU tensors into a NumPy kernel: zero-copy views
+
+        def run(*args: Any) -> Any:
+            conv = map_arrays(decl, args, arrays.to_numpy)
+            out = fn(*conv)
+            _copy_back(decl, args, conv, _torch_into)
+            return map_outputs(out, arrays.from_numpy)
+
+        return run
+
+    def run_torch(*args: Any) -> Any:  # NumPy arrays into a torch kernel
+        conv = map_arrays(decl, args, arrays.from_numpy)
+        out = fn(*conv)
+        _copy_back(decl, args, conv, _numpy_into)
+        return map_outputs(out, arrays.to_numpy)
+
+    return run_torch
+
+
+def _via_host(decl: OpDecl, fn: Callable[..., Any], device: Any) -> Callable[..., Any]:
+    """Run a CPU kernel on device tensors: copy in, run, copy results and mutated arguments back."""
+
+    def run(*args: Any) -> Any:
+        conv = map_arrays(decl, args, lambda t: t.detach().cpu())
+        out = fn(*conv)
+        _copy_back(decl, args, conv, lambda d, s: d.copy_(s))
+        return map_outputs(out, lambda t: t.to(device))
+
+    return run
+
+
+def _copy_back(decl: OpDecl, originals: Sequence[Any], converted: Sequence[Any], copy: Callable[[Any, Any], None]) -> None:
+    """After an in-place op ran on converted arrays, write mutated ones back into the caller's."""
+    for name in decl.mutates:
+        i = decl.index(name)
+        a, b = originals[i], converted[i]
+        if isinstance(a, (list, tuple)):
+            for x, y in zip(a, b):
+                copy(x, y)
+        elif arrays.is_array(a):
+            copy(a, b)
+
+
+def _torch_into(dst: torch.Tensor, src: Any) -> None:
+    src_t = src if isinstance(src, torch.Tensor) else arrays.from_numpy(src)
+    if src_t.data_ptr() != dst.data_ptr():
+        with torch.no_grad():
+            dst.copy_(src_t)
+
+
+def _numpy_into(dst: np.ndarray, src: Any) -> None:
+    src_a = src if isinstance(src, np.ndarray) else arrays.to_numpy(src)
+    if not np.shares_memory(src_a, dst):
+        np.copyto(dst, src_a)
+
+
+def _as_0d(x: Any) -> Any:
+    return np.asarray(x) if isinstance(x, np.generic) else x
+
+
+def _as_torch(value: Any) -> Any:
+    return arrays.from_numpy(value) if isinstance(value, (np.ndarray, np.generic)) else value

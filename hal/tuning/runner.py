@@ -1,0 +1,72 @@
+"""``hal.tune(step, *args)``: measure a step's kernel choices now, before the step is timed or
+captured, so that later calls (and later processes, through the per-device cache) pay nothing.
+
+The step runs once with measured choice on, whatever ``HAL_TUNE`` says: every call in it that
+several routes could serve and that no cache answers is timed on its own inputs
+(:mod:`hal.dispatch.measure`); its results go to the device's tune cache. The report lists each
+measurement and what the tuning cost.
+
+    report = hal.tune(train_step, x, y)            # once, e.g. before hal.graphs.graphed(train_step)
+    print(report)                                  # op, context, winner, each route's time
+    with hal.graphs.device_bound():                # choices for steps replayed from a CUDA graph
+        hal.tune(train_step, x, y)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+from hal import config
+from hal.dispatch import DISPATCHER
+from hal.dispatch.measure import LOG, Measurement
+
+
+@dataclasses.dataclass
+class TuneReport:
+    """What one :func:`tune` run measured, and what it cost."""
+
+    #: every measurement made during the step, in order (none where the cache answered everything).
+    measurements: list[Measurement]
+    #: wall-clock seconds of the whole step, measurements included.
+    seconds: float
+    #: of which, seconds spent measuring.
+    measuring_seconds: float
+    #: what the step returned.
+    result: Any = None
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One JSON-ready row per measurement."""
+        return [{"key": m.key, "context": m.context, "winner": m.winner, "seconds": round(m.spent_s, 4),
+                 "times_us": {label: (round(t, 2) if t != float("inf") else None) for label, t in m.times_us}}
+                for m in self.measurements]
+
+    def __str__(self) -> str:
+        lines = [f"hal.tune: {len(self.measurements)} calls measured in {self.measuring_seconds:.2f} s "
+                 f"(the step took {self.seconds:.2f} s in all)"]
+        for m in self.measurements:
+            op, rest = m.key.split("|", 1)
+            times = ", ".join(f"{label} {t:.1f} us" if t != float("inf") else f"{label} raised" for label, t in m.times_us)
+            lines.append(f"  {op} [{m.context}] -> {m.winner}: {times}  ({rest.split('|', 1)[-1]})")
+        return "\n".join(lines)
+
+
+def tune(step: Callable[..., Any], *args: Any, **kwargs: Any) -> TuneReport:
+    """Run ``step(*args, **kwargs)`` once with measured choice on, and report what was measured.
+
+    Decisions cached before the call are dropped afterwards, so later calls take the measured
+    choices (a step tuned under :func:`hal.graphs.device_bound` measures device time, as replays of
+    a CUDA graph pay)."""
+    outer = config.current() or config.Overrides()
+    first = len(LOG)
+    saved = config.enter(dataclasses.replace(outer, tune="on"))
+    started = time.perf_counter()
+    try:
+        result = step(*args, **kwargs)
+    finally:
+        config.leave(saved)
+    seconds = time.perf_counter() - started
+    DISPATCHER.forget_plans()
+    measured = list(LOG[first:])
+    return TuneReport(measured, seconds, sum(m.spent_s for m in measured), result)
