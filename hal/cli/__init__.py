@@ -1,4 +1,4 @@
-"""The ``hal`` command line (also ``python -m hal``): info, conformance, bench, and ``--version``.
+"""The ``hal`` command line (also ``python -m hal``): info, conformance, bench, tune, and ``--version``.
 
 Output piped into a program that stops reading early (``hal info --json | head``) ends the command
 quietly with status 141 (128 + SIGPIPE), as a command killed by SIGPIPE ends, instead of a
@@ -21,6 +21,7 @@ COMMANDS = {
     "info": ("hal.cli.info", "versions, plugins and their status, devices, op x backend coverage"),
     "conformance": ("hal.conformance.cli", "check every kernel of a backend against the reference"),
     "bench": ("hal.cli.bench", "time each op's chosen kernel against eager PyTorch and torch.compile"),
+    "tune": ("hal.cli.tune", "measure the kernel choices of whole steps ahead of time, into this device's cache"),
 }
 
 
