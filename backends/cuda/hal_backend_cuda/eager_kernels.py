@@ -1,0 +1,53 @@
+"""torch's own implementation of every op (:mod:`hal.eager`) as a kernel of the cuda backend, named
+``eager``, below every other kernel.
+
+Where several kernels can run a call the dispatcher measures them (:mod:`hal.dispatch.measure`), so
+with this one among them no call is slower with hal than with the eager PyTorch it replaces: where
+torch's kernels win (a backward op whose fused kernel reads more than autograd through torch's ops
+does, a shape a tuned table serves badly), torch's kernels run. With ``HAL_TUNE=off`` the kernels
+above it rank first, as before. float32 runs with TensorFloat-32 off, as every float32 kernel of
+this backend does. Ops whose ``torch`` kernel here is that very function get no second copy. On
+the autograd route torch's autograd records a trainable op's eager kernel (half precision): that
+route is exactly eager PyTorch's forward and backward.
+Imported last: it reads what the other modules registered.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from hal.eager import eager, has_eager
+from hal.registry import OPS
+
+from . import plugin
+from ._common import ieee_fp32, kernel, not_float32
+
+#: below every other kernel of the backend: chosen by priority only where nothing else runs a call
+PRIORITY = 0
+
+
+def _with_ieee_fp32(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def run(*args: Any) -> Any:
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if first is None:
+            first = next((a[0] for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)), None)
+        with ieee_fp32(first.dtype if first is not None else torch.float16):
+            return fn(*args)
+
+    return run
+
+
+def _has_it_already(op: str) -> bool:
+    fn = eager(op)
+    return any(k.op == op and k.fn is fn for k in plugin.kernels)
+
+
+for _op in [name for name in OPS if has_eager(name) and not _has_it_already(name)]:
+    # a trainable op's eager twin is torch's differentiable ops: a call needing autograd lets torch's
+    # autograd record it, exactly eager PyTorch's training step (float32 excepted: the recorded
+    # backward would run outside the IEEE float32 guard)
+    kernel(_op, name="eager", priority=PRIORITY, differentiable=not_float32 if OPS[_op].trainable else False)(_with_ieee_fp32(eager(_op)))
