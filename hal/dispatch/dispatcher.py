@@ -111,6 +111,7 @@ class Dispatcher:
         with self._lock:
             previous, self._runtime = self._runtime, runtime
             self._forget()
+            measure.forget_caches()  # another runtime: other plugin versions, other seeds
             if runtime is not None:
                 self._loaded()
             return previous

@@ -48,12 +48,14 @@ class _Walk(threading.local):
 _WALK = _Walk()
 
 
-def explain(dispatcher: "Dispatcher", decl: OpDecl, args: Sequence[Any]) -> Decision:
+def explain(dispatcher: "Dispatcher", decl: OpDecl, args: Sequence[Any], may_measure: bool = True) -> Decision:
     """The decision for a call of a registry op, without running it or caching it: the route, and
-    the decisions of a decomposition's ops or of the backward op an autograd node would run."""
+    the decisions of a decomposition's ops or of the backward op an autograd node would run. The
+    call's routes are measured as the call would measure them (``may_measure``); the steps and the
+    backward, met with stand-in arrays, are not."""
     args = tuple(args)
     scope = config.current()
-    decided = dispatcher.decide(decl, args, choice_for(decl.name, scope))
+    decided = dispatcher.decide(decl, args, choice_for(decl.name, scope), may_measure=may_measure)
     steps: list[Decision] = []
     backward = compiled = None
     if decided.route is not None:
@@ -113,7 +115,7 @@ def recording_plan(dispatcher: "Dispatcher", decl: OpDecl) -> Plan:
         outer = config.current()
         saved = config.enter(dataclasses.replace(outer, explaining=False) if outer else None)
         try:
-            decision = explain(dispatcher, decl, a)
+            decision = explain(dispatcher, decl, a, may_measure=False)
             prepared = prepare(decl, a)
         finally:
             config.leave(saved)
@@ -151,7 +153,7 @@ def _backward_decision(dispatcher: "Dispatcher", decl: OpDecl, decided: "Decided
     mask = tuple(isinstance(v, torch.Tensor) and v.requires_grad for v in asked)
     bargs, _ = spec.call(grad_out, spec.saved(named, out), mask)
     with torch.no_grad():
-        return explain(dispatcher, spec.bwd, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bargs))
+        return explain(dispatcher, spec.bwd, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bargs), may_measure=False)
 
 
 def explain_call(dispatcher: "Dispatcher", op_name: str, *args: Any, **kwargs: Any) -> Any:

@@ -292,3 +292,29 @@ def test_hal_tune_command_end_to_end(tuning, tmp_path):
     assert len(seeds) == 1 and json.loads(seeds[0].read_text())["entries"]
     second = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True, env=env).stdout)
     assert second["rows"][0]["calls_measured"] == 0
+
+
+def test_a_plugins_seeds_answer_before_any_measurement(tuning, install_plugins, tmp_path):
+    """Measurements exported on one machine (TuneCache.export) and shipped by a plugin decide on
+    another process of the same device model, without measuring."""
+    install_plugins([plugin({"slow": 0.002, "fast": 0.0})])
+    hal.ops.softmax(torch.randn(4, 8), 1)  # measured here: fast
+    slug = measure.device_slug(torch.device("cpu"))
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    measure.cache_for(torch.device("cpu"), dispatch.DISPATCHER.runtime()).export(seeds / f"{slug}.json")
+    record = json.loads((seeds / f"{slug}.json").read_text())
+    for entry in record["entries"].values():  # as if the other machine had found "slow" faster
+        entry["winner"] = "timed/slow"
+    (seeds / f"{slug}.json").write_text(json.dumps(record))
+    shipped = plugin({"slow": 0.002, "fast": 0.0})
+    shipped.backend.tuning_seeds = seeds
+    for f in tuning.glob("*.json"):
+        f.unlink()  # this machine's own measurements gone: only the seed is left
+    install_plugins([shipped])
+    before = len(measure.LOG)
+    RAN.clear()
+    hal.ops.softmax(torch.randn(4, 8), 1)
+    assert RAN == ["slow"] and len(measure.LOG) == before
+    d = hal.explain("softmax", torch.randn(4, 8), 1)
+    assert d.measurement.source == "seed" and "seeded" in str(d)

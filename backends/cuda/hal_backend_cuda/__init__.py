@@ -19,6 +19,8 @@ ops can be captured in CUDA graphs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hal.plugin import Plugin
 
 __version__ = "0.1.0"
@@ -30,7 +32,9 @@ from hal.triton.kernels import VendorLibs, register  # noqa: E402
 from ._device import SM80, arch, devices, probe  # noqa: E402
 from .launch import TABLES  # noqa: E402
 
-plugin.define_backend(priority=100, device_types=("cuda",), probe=probe, devices=devices, arch=arch, array_api="torch")
+# kernel choices measured on the project's machines (hal tune --export): they seed each device's tune cache
+_SEEDS = Path(__file__).parent / "tuned" / "dispatch"
+plugin.define_backend(priority=100, device_types=("cuda",), probe=probe, devices=devices, arch=arch, array_api="torch", tuning_seeds=_SEEDS)
 
 # The vendor-library kernels register themselves on `plugin` when their modules are imported; the
 # shared Triton kernels are registered by the kit with this plugin's tables and libraries.
