@@ -8,7 +8,7 @@ convolution (w * gamma / sqrt(var + eps), bias (b - mean) * gamma / sqrt(var + e
 ``torch.cudnn_convolution_relu`` runs conv + bias + ReLU as one cuDNN call; folded weights are
 cached per parameter set and rebuilt when any parameter changes (tensor identity, version
 counter, hal's count of statistics writes: :class:`hal.eager.fold.ParamCache`). In training (and
-eval where the fused call cannot run) ``cudnn_triton`` from hal.triton.kernels: cuDNN convolution
+eval where the fused call cannot run) ``cudnn_triton`` from hal_triton.kernels: cuDNN convolution
 (:func:`conv`), then the Triton batch-norm kernels. The Triton batch_norm kernels are registered
 there too.
 

@@ -7,7 +7,7 @@ convolution (:mod:`hal.eager.fold`, cached while the parameters are unchanged) a
 ``torch.miopen_convolution_relu`` runs convolution + bias + ReLU. torch builds a MIOpen fusion plan
 only for 4-D NCHW-contiguous float32 inputs and runs three passes otherwise, so the kernel states
 exactly that; half-precision and channels_last inputs take ``miopen_triton`` from
-hal.triton.kernels (MIOpen convolution, then one Triton pass for normalise + ReLU), as does
+hal_triton.kernels (MIOpen convolution, then one Triton pass for normalise + ReLU), as does
 training. Padding arrives canonical (top, bottom, left, right); :mod:`hal.eager.conv` applies an
 asymmetric one with F.pad first, as PyTorch does for such a "same" convolution.
 """
@@ -23,7 +23,7 @@ from hal.plugin import Inputs
 from ._common import FLOATS, NOT_F64, eager_kernel, ieee_fp32, kernel
 
 #: MIOpen's convolution and its gradients with canonical arguments, IEEE float32 for float32 data;
-#: the kit's ``miopen_triton`` kernels build on them (hal.triton.kernels.VendorLibs)
+#: the kit's ``miopen_triton`` kernels build on them (hal_triton.kernels.VendorLibs)
 conv = eager_kernel("conv2d", name="miopen", priority=10, dtypes=FLOATS)
 conv_grads = eager_kernel("conv2d_backward", name="miopen", priority=10, dtypes=FLOATS)
 eager_kernel("batch_norm", name="miopen", priority=10, dtypes=FLOATS)
