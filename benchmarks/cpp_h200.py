@@ -9,7 +9,7 @@ cuDNN / torch eager and the Triton kernels, in one run.
    AdamW with masters, unscale, skip)
    on fresh random data against torch in float64, outputs poisoned first; relative error
    ||got - ref|| / ||ref|| per output, and whether every element was written.
-3. Timings (median of CUDA-event batches, hal.bench.timing.Timer): back-to-back calls ("b2b", what a
+3. Timings (median of CUDA-event batches, hal_bench.timing.Timer): back-to-back calls ("b2b", what a
    model sees, host overhead included where it exceeds the device time) and CUDA-graph replays
    ("graph", device time only), with the bytes each op must move, TB/s and % of the copy bandwidth;
    a sweep of the C++ launch sizes; host time per call on tiny inputs.
@@ -32,8 +32,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from hal.bench.ceilings import measure
-from hal.bench.timing import Timer, host_overhead_us
+from hal_bench.ceilings import measure
+from hal_bench.timing import Timer, host_overhead_us
 from hal.conformance.poison import Poisoner
 from hal_cpp import batchnorm as cbn
 from hal_cpp import norm as cnorm

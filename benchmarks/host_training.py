@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import hal
-from hal.bench.timing import host_overhead_us
+from hal_bench.timing import host_overhead_us
 
 
 def main() -> None:

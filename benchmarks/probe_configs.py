@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from hal.bench.timing import Timer
+from hal_bench.timing import Timer
 from hal_triton import batchnorm, elementwise, norm, softmax
 from hal_triton.config import BNConfig
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from hal.bench import liger
-from hal.bench.cases import canonical
+from hal_bench import liger
+from hal_bench.cases import canonical
 from hal.eager import eager
 from hal.registry import get_op
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hal.bench import roofline
+from hal_bench import roofline
 from hal.cli import main
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from hal.bench import report, runner
-from hal.bench.cases import all_cases, canonical, skewed_sizes
+from hal_bench import report, runner
+from hal_bench.cases import all_cases, canonical, skewed_sizes
 from hal.cli import main
 
 

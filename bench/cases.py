@@ -8,10 +8,10 @@ A case builds its inputs only when it runs (``setup(device)``), returning the ca
 ``hal`` (through ``hal.ops``, dispatch included), ``eager`` (``hal.eager``, or autograd's backward of
 the eager forward for backward ops, which is what PyTorch users run), ``compiled`` (torch.compile of
 the same eager function) and named ``peers`` (vendor calls such as cuDNN's fused convolution with
-pre-folded weights, Liger-Kernel's kernels: ``hal.bench.liger``). ``targets`` are the issues' goals:
+pre-folded weights, Liger-Kernel's kernels: ``hal_bench.liger``). ``targets`` are the issues' goals:
 ratio >= value, for "eager", "compile", "peer:<name>", "best_peer" (the fastest named peer),
 "bw" (fraction of copy bandwidth) and "rate" (fraction of the matrix rate). ``published`` are
-figures of peers that cannot run here (``hal.bench.published``), shown beside the row, never judged.
+figures of peers that cannot run here (``hal_bench.published``), shown beside the row, never judged.
 
 Training rows ("train fwd+bwd") time a forward and a backward pass per run, every column through
 autograd alike; they exist where a peer computes the gradient inside its forward pass (Liger's
