@@ -6,7 +6,7 @@ op declares one), every declared dtype and every case:
 
 1. the case's arguments are drawn from its seed on the backend's device (see ``cases``);
 2. the reference runs on the same values upcast to float64 on the CPU: the cpu_ref backend, or, when
-   cpu_ref itself is under test, PyTorch's CPU kernels (``hal.eager``). Static arguments the op
+   cpu_ref itself is under test, PyTorch's CPU kernels (``hal_backend_eager``). Static arguments the op
    canonicalises from the case dtype (rms_norm's default eps) are canonicalised once, from the
    case's own arguments, and given to both sides. The reference is computed once per case and
    shared by all kernels;

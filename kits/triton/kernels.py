@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hal.eager.gemm import grads_of_rows
 from hal.plugin import Archs, Plugin
+from hal_backend_eager.gemm import grads_of_rows
 
 from . import autotune
 from .checks import Check, contiguous_vectors, flat_lists, triton_check

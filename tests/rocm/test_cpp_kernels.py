@@ -21,11 +21,11 @@ from test_selection import NOT_TUNED, _inputs, _kernels, _t, chosen
 
 import hal
 import hal_cpp
+from hal.plugin import Plugin
+from hal_backend_eager import eager
+from hal_backend_rocm.cpp_kernels import RUNTIME
 from hal_cpp.host import HostRuntime
 from hal_cpp.register import Convolution
-from hal.eager import eager
-from hal.plugin import Plugin
-from hal_backend_rocm.cpp_kernels import RUNTIME
 from tests.cpp.test_emulated import call, randn
 from tests.cuda._support import assert_close, fresh_seed, reference
 

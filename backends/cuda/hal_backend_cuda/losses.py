@@ -4,7 +4,7 @@ linear_cross_entropy's fallback holds the whole logits, as eager PyTorch does.""
 
 from __future__ import annotations
 
-from hal.eager import loss as eager
+from hal_backend_eager import loss as eager
 
 from ._common import FLOATS, kernel
 
