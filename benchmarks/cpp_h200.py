@@ -32,9 +32,9 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from hal.conformance.poison import Poisoner
 from hal_bench.ceilings import measure
 from hal_bench.timing import Timer, host_overhead_us
-from hal.conformance.poison import Poisoner
 from hal_cpp import batchnorm as cbn
 from hal_cpp import norm as cnorm
 from hal_cpp import optim as copt

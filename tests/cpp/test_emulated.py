@@ -20,10 +20,10 @@ import torch.nn.functional as F
 import hal_cpp
 from hal.arrays import address_columns
 from hal.conformance.poison import Poisoner
+from hal.plugin import Plugin
 from hal_cpp import batchnorm as bn
 from hal_cpp import optim
 from hal_cpp.host import HostRuntime
-from hal.plugin import Plugin
 from tests.cuda._support import assert_close, fresh_seed, reference
 
 pytestmark = pytest.mark.skipif(HostRuntime().unavailable_reason() is not None, reason=str(HostRuntime().unavailable_reason()))

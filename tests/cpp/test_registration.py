@@ -13,8 +13,8 @@ from hal_backend_cpu_ref import plugin as cpu_ref
 
 import hal
 import hal_cpp
-from hal_cpp.host import HostRuntime
 from hal.plugin import Plugin
+from hal_cpp.host import HostRuntime
 
 CPP_OPS = {"batch_norm": "cpp", "batch_norm_backward": "cpp", "fused_adamw_": "cpp", "layer_norm_backward": "cpp",
            "rms_norm_backward": "cpp",

@@ -36,10 +36,10 @@ from pathlib import Path
 import pytest
 from test_hiprtc import _notes
 
-from hal_cpp import SOURCES, KernelSig, batchnorm, norm, optim
-from hal_cpp.kit import PARAM_FORMATS
 from hal_backend_rocm import _hip
 from hal_backend_rocm.cpp_runtime import HipError, launch_kernel, load_module
+from hal_cpp import SOURCES, KernelSig, batchnorm, norm, optim
+from hal_cpp.kit import PARAM_FORMATS
 
 DEBIAN_HIP = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")
 NOT_ROCM = "torch is not a ROCm build: install torch from the ROCm wheel index"

@@ -24,10 +24,10 @@ import pytest
 
 pytest.importorskip("triton")
 
-from hal_triton import aot as kit_aot  # noqa: E402
 from hal_backend_rocm import TRITON_KERNELS, aot  # noqa: E402
 from hal_backend_rocm._device import ARCHS  # noqa: E402
 from hal_backend_rocm.launch import GEMM_CANDIDATES, INT8_CANDIDATES, WGRAD_CANDIDATES  # noqa: E402
+from hal_triton import aot as kit_aot  # noqa: E402
 
 MATRIX_KERNELS = ("gemm.gemm_kernel", "grouped_gemm.gg_forward_kernel", "grouped_gemm.gg_weight_grad_kernel")
 #: the option changes whose effect is checked on the default bf16 GEMM, split between the two
