@@ -239,7 +239,8 @@ class Suite:
         ref = rt.backends.get(self.reference)
         if ref is None or not ref.available:
             fix = ("install it with `pip install hal-backend-cpu-ref` (./backends/cpu_ref from a checkout)"
-                   if self.reference == REFERENCE_BACKEND else "reinstall hal (the core ships it)")
+                   if self.reference == REFERENCE_BACKEND else
+                   "install it with `pip install hal-backend-eager` (./backends/eager from a checkout)")
             raise BackendUnavailableError(
                 f"the reference backend {self.reference} is {'not installed' if ref is None else 'unusable: ' + str(ref.reason)}; {fix}"
             )

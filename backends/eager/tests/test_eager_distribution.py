@@ -58,3 +58,18 @@ def test_without_it_the_core_imports_and_dispatches_elsewhere() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stdout + r.stderr
+
+
+def test_without_it_the_conformance_of_cpu_ref_names_the_distribution(tmp_path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["hal_backend_eager"] = None  # as if hal-backend-eager were not installed
+        from hal.cli import main
+        sys.exit(main(["conformance", "--backend", "cpu_ref", "--ops", "softmax", "--report-dir", {str(tmp_path / "reports")!r}]))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "the reference backend eager" in r.stderr and "pip install hal-backend-eager` (./backends/eager" in r.stderr, r.stderr
