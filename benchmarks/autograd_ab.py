@@ -21,9 +21,9 @@ from typing import Any, Callable, Optional
 import torch
 
 import hal
-from hal.bench.models_llama import LlamaTrain
-from hal.bench.models_moe import MoEForwardBackward
-from hal.bench.models_resnet import ResNetInference, ResNetTrain
+from hal_bench.models_llama import LlamaTrain
+from hal_bench.models_moe import MoEForwardBackward
+from hal_bench.models_resnet import ResNetInference, ResNetTrain
 
 WORKLOADS = {"resnet50_train": ResNetTrain, "llama_train": LlamaTrain, "moe_fwd_bwd": MoEForwardBackward,
              "resnet50_infer_fp16": ResNetInference}

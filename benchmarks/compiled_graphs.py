@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import hal
-from hal.bench import models as bench_models
+from hal_bench import models as bench_models
 
 
 def _capturing() -> tuple[Any, list[tuple[str, Counter]]]:
@@ -50,7 +50,7 @@ def main() -> None:
     backend, graphs = _capturing()
     patched = lambda module, mode: module if mode is None else torch.compile(module, backend=backend)  # noqa: E731
     for name in ("models", "models_resnet", "models_llama", "models_moe"):
-        mod = __import__(f"hal.bench.{name}", fromlist=["compiled"])
+        mod = __import__(f"hal_bench.{name}", fromlist=["compiled"])
         mod.compiled = patched
     wanted = args.models.split(",")
     for workload in bench_models.all_workloads(size):

@@ -1,4 +1,4 @@
-"""The hal/cpp kernels on an NVIDIA GPU (made for the H200 device call): check, then time against
+"""The kits/cpp kernels on an NVIDIA GPU (made for the H200 device call): check, then time against
 cuDNN / torch eager and the Triton kernels, in one run.
 
     python3 benchmarks/cpp_h200.py OUT_DIR
@@ -9,7 +9,7 @@ cuDNN / torch eager and the Triton kernels, in one run.
    AdamW with masters, unscale, skip)
    on fresh random data against torch in float64, outputs poisoned first; relative error
    ||got - ref|| / ||ref|| per output, and whether every element was written.
-3. Timings (median of CUDA-event batches, hal.bench.timing.Timer): back-to-back calls ("b2b", what a
+3. Timings (median of CUDA-event batches, hal_bench.timing.Timer): back-to-back calls ("b2b", what a
    model sees, host overhead included where it exceeds the device time) and CUDA-graph replays
    ("graph", device time only), with the bytes each op must move, TB/s and % of the copy bandwidth;
    a sweep of the C++ launch sizes; host time per call on tiny inputs.
@@ -32,12 +32,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from hal.bench.ceilings import measure
-from hal.bench.timing import Timer, host_overhead_us
 from hal.conformance.poison import Poisoner
-from hal.cpp import batchnorm as cbn
-from hal.cpp import norm as cnorm
-from hal.cpp import optim as copt
+from hal_bench.ceilings import measure
+from hal_bench.timing import Timer, host_overhead_us
+from hal_cpp import batchnorm as cbn
+from hal_cpp import norm as cnorm
+from hal_cpp import optim as copt
 from hal_backend_cuda.launch import TABLES as launch  # the launch sizes the plugin uses
 from hal_backend_cuda.cpp_kernels import KIT
 
@@ -229,7 +229,7 @@ class Times:
 
 
 def time_bn(t: Times) -> None:
-    from hal.triton import batchnorm as tbn
+    from hal_triton import batchnorm as tbn
 
     for cl in (True, False):
         fmt = torch.channels_last if cl else torch.contiguous_format
@@ -281,7 +281,7 @@ def time_bn(t: Times) -> None:
 
 
 def time_norm(t: Times) -> None:
-    from hal.triton import norm as tnorm
+    from hal_triton import norm as tnorm
 
     x = randn(32768, 4096, dtype=torch.bfloat16, scale=2.0, shift=1.0)
     g = randn(32768, 4096, dtype=torch.bfloat16)
@@ -305,7 +305,7 @@ def time_norm(t: Times) -> None:
 
 
 def time_adamw(t: Times) -> None:
-    from hal.triton import optim as topt
+    from hal_triton import optim as topt
 
     sizes = [4096 * 4096] * 64 + [4096] * 64  # 1.074 B params: 64 weight matrices and 64 vectors
     p = [torch.randn(n, device=DEV, dtype=torch.bfloat16) for n in sizes]
@@ -329,7 +329,7 @@ def time_adamw(t: Times) -> None:
 
 
 def host_times() -> None:
-    from hal.triton import batchnorm as tbn
+    from hal_triton import batchnorm as tbn
 
     say("-- host time per call, tiny inputs (us)")
     x = randn(2, 64, 4, 4, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)

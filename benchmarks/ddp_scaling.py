@@ -6,7 +6,7 @@ compression hook and ``hal.dist.comm_hook``, on 1, 2, 4 (8) ranks with the per-r
     python benchmarks/ddp_scaling.py --device cuda --worlds 1,2,4,8 --size full   # NCCL, a rank per GPU
 
 The models are the training steps of the whole-model benchmark (``hal bench --models``), built by
-its own builders (``hal.bench.models_resnet.build_resnet``, ``hal.bench.models_llama.Decoder`` with
+its own builders (``hal_bench.models_resnet.build_resnet``, ``hal_bench.models_llama.Decoder`` with
 torch's ops) at one of its sizes, with its autocast dtype and torch's fused AdamW; each rank draws
 its own batch. Every variant starts from the same parameters. Per world size one group of ranks
 runs every model and variant; the variants take turns, one batch of back-to-back steps each per
@@ -59,7 +59,7 @@ def _hook(variant: str) -> Optional[Callable[..., Any]]:
 def _workload(name: str, size: str, device: torch.device, seed: int, rank: int) -> dict[str, Any]:
     """Model (built from ``seed``, the same on every rank), this rank's batch and the loss of a forward."""
     if name == "resnet":
-        from hal.bench import models_resnet as mr
+        from hal_bench import models_resnet as mr
 
         w = mr.ResNetTrain(size)
         torch.manual_seed(seed)
@@ -68,7 +68,7 @@ def _workload(name: str, size: str, device: torch.device, seed: int, rank: int) 
         y = torch.randint(0, w.cfg.classes, (w.cfg.batch,), generator=torch.Generator().manual_seed(seed + rank)).to(device)
         loss: Callable[[nn.Module], torch.Tensor] = lambda m: F.cross_entropy(m(x), y)  # noqa: E731
     else:
-        from hal.bench import models_llama as ml
+        from hal_bench import models_llama as ml
 
         w = ml.LlamaTrain(size)
         torch.manual_seed(seed)

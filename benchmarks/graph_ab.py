@@ -14,8 +14,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import hal
-from hal.bench import models
-from hal.bench.timing import Timer
+from hal_bench import models
+from hal_bench.timing import Timer
 
 parser = argparse.ArgumentParser()
 parser.add_argument("model")

@@ -24,7 +24,7 @@ mkdir -p "$out" "${OUT:=/tmp/out}"
 export PYTHONUNBUFFERED=1 HAL_TRITON_CACHE_DIR="$out/autotune"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e backends/cpu_ref -e backends/cuda >"$out/pip.log" 2>&1 || { tail "$out/pip.log"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e backends/eager -e backends/cpu_ref -e backends/cuda >"$out/pip.log" 2>&1 || { tail "$out/pip.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
 python3 -c "import liger_kernel, importlib.metadata as m; print('Liger-Kernel', m.version('liger-kernel'))" 2>&1 | tail -1
 python3 -m hal info > "$out/hal-info.txt" 2>&1; head -30 "$out/hal-info.txt"

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import hal
-from hal.bench.timing import host_overhead_us
+from hal_bench.timing import host_overhead_us
 
 
 def main(out_path: str | None) -> None:
@@ -40,7 +40,7 @@ def main(out_path: str | None) -> None:
     row("torch: x * 0.5 + 0.25 then relu (2 ops)", lambda: torch.relu(x * 0.5 + 0.25))
     row("torch: torch.relu(x) (1 op)", lambda: torch.relu(x))
     row("torch: torch.empty_like(x)", lambda: torch.empty_like(x))
-    from hal.triton import elementwise
+    from hal_triton import elementwise
 
     row("triton direct: elementwise.affine_act(x, 0.5, 0.25, relu)", lambda: elementwise.affine_act(x, 0.5, 0.25, "relu", block_elems=1024, num_warps=4))
     row("hal.ops.scale_shift_act(x, 0.5, 0.25, relu)", lambda: hal.ops.scale_shift_act(x, 0.5, 0.25, "relu"))

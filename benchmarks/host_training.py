@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import hal
-from hal.bench.timing import host_overhead_us
+from hal_bench.timing import host_overhead_us
 
 
 def main() -> None:
@@ -254,7 +254,7 @@ def _bare_launches(row: Callable[[str, Callable[[], Any]], float], t: torch.Tens
     import triton
     import triton.language as tl
 
-    from hal.triton._launch import launch
+    from hal_triton._launch import launch
 
     @triton.jit
     def _copy(src, dst, n, BLOCK: tl.constexpr):
@@ -263,7 +263,7 @@ def _bare_launches(row: Callable[[str, Callable[[], Any]], float], t: torch.Tens
 
     out = torch.empty_like(t)
     n = t.numel()
-    row("Triton launch through hal.triton launch() (fast path)", lambda: launch(_copy, (1,), t, out, n, BLOCK=1024))
+    row("Triton launch through hal_triton launch() (fast path)", lambda: launch(_copy, (1,), t, out, n, BLOCK=1024))
     row("Triton launch through kernel[grid](...)", lambda: _copy[(1,)](t, out, n, BLOCK=1024))
     row("torch: out.copy_(t)", lambda: out.copy_(t))
 

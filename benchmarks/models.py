@@ -3,7 +3,7 @@
     python benchmarks/models.py                        # every model, sizes for the device found
     python benchmarks/models.py --models llama_train --model-size cpu --no-compile
 
-Runs ``hal bench --models`` (hal/bench/models.py: what is measured and how) with any of its options,
+Runs ``hal bench --models`` (bench/models.py: what is measured and how) with any of its options,
 writing ``models.json`` and ``models.md`` into ``benchmarks/results/models-<device>-<date>/`` unless
 ``--out DIR`` is given. On the H200, ``benchmarks/models_h200.sh`` runs it within one device call.
 """

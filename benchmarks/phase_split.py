@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 
 import hal
-from hal.bench.models_llama import LlamaTrain
-from hal.bench.workload import compiled
+from hal_bench.models_llama import LlamaTrain
+from hal_bench.workload import compiled
 
 PHASES = ("forward", "backward", "optimizer")
 

@@ -13,9 +13,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from hal.bench.timing import Timer
-from hal.triton import batchnorm, elementwise, norm, softmax
-from hal.triton.config import BNConfig
+from hal_bench.timing import Timer
+from hal_triton import batchnorm, elementwise, norm, softmax
+from hal_triton.config import BNConfig
 
 
 def main(out_path: str) -> None:

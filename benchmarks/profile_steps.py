@@ -19,9 +19,9 @@ from typing import Optional
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hal.bench.models_llama import LlamaPrefill, LlamaTrain
-from hal.bench.models_moe import MoEForwardBackward
-from hal.bench.models_resnet import ResNetInference, ResNetTrain
+from hal_bench.models_llama import LlamaPrefill, LlamaTrain
+from hal_bench.models_moe import MoEForwardBackward
+from hal_bench.models_resnet import ResNetInference, ResNetTrain
 
 WORKLOADS = {
     "llama_prefill": lambda: LlamaPrefill("full"),

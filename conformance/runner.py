@@ -6,7 +6,7 @@ op declares one), every declared dtype and every case:
 
 1. the case's arguments are drawn from its seed on the backend's device (see ``cases``);
 2. the reference runs on the same values upcast to float64 on the CPU: the cpu_ref backend, or, when
-   cpu_ref itself is under test, PyTorch's CPU kernels (``hal.eager``). Static arguments the op
+   cpu_ref itself is under test, PyTorch's CPU kernels (``hal_backend_eager``). Static arguments the op
    canonicalises from the case dtype (rms_norm's default eps) are canonicalised once, from the
    case's own arguments, and given to both sides. The reference is computed once per case and
    shared by all kernels;
@@ -240,7 +240,8 @@ class Suite:
         ref = rt.backends.get(self.reference)
         if ref is None or not ref.available:
             fix = ("install it with `pip install hal-backend-cpu-ref` (./backends/cpu_ref from a checkout)"
-                   if self.reference == REFERENCE_BACKEND else "reinstall hal (the core ships it)")
+                   if self.reference == REFERENCE_BACKEND else
+                   "install it with `pip install hal-backend-eager` (./backends/eager from a checkout)")
             raise BackendUnavailableError(
                 f"the reference backend {self.reference} is {'not installed' if ref is None else 'unusable: ' + str(ref.reason)}; {fix}"
             )

@@ -2,7 +2,7 @@
 # Create ./.venv (or $HAL_VENV) with hal, the backends this machine can use, and optionally the test
 # tools. Idempotent: re-running only installs what changed.
 #
-#   scripts/setup.sh            # runtime: torch, hal, cpu_ref, cpu (+ cuda / rocm backend when a GPU is seen)
+#   scripts/setup.sh            # runtime: torch, hal, eager, cpu_ref, cpu (+ cuda / rocm backend when a GPU is seen)
 #   scripts/setup.sh --test     # also pytest, hypothesis, triton, every backend and Debian's HIP
 #                               # compiler (scripts/install_hip.sh) for the test suite
 #
@@ -35,9 +35,10 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   "${pip[@]}" ${HAL_TORCH_INDEX:+--index-url "$HAL_TORCH_INDEX"} "${HAL_TORCH_SPEC:-torch==2.13.0}"
 fi
 
-packages=(-e . -e backends/cpu_ref -e backends/cpu)
+# backends/eager (every op in eager PyTorch) first: the cpu, cuda and rocm plugins build on it
+packages=(-e . -e backends/eager -e backends/cpu_ref -e backends/cpu)
 if [ "$test_mode" = 1 ]; then
-  packages=(-e ".[test,triton]" build -e backends/cpu_ref -e backends/cpu)
+  packages=(-e ".[test,triton]" build -e backends/eager -e backends/cpu_ref -e backends/cpu)
   for b in cuda rocm; do [ -f "backends/$b/pyproject.toml" ] && packages+=(-e "backends/$b"); done
   packages+=("cupy-cuda13x>=14,<15" "nvidia-cuda-nvrtc==13.0.*")  # NVRTC for tests/cpp's sm_80/sm_90 compiles (no GPU needed)
   scripts/install_hip.sh

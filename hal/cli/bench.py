@@ -6,13 +6,13 @@
     hal bench --out DIR             # also bench.json, bench.md and the roofline bench.png in DIR
     hal bench --render DIR/bench.json --out DIR   # table and picture again from a saved document
     hal bench --collectives --world-size 2 --device cuda
-    hal bench --models                          # whole models (hal.bench.models), every peer
+    hal bench --models                          # whole models (hal_bench.models), every peer
     hal bench --models llama_train,moe_fwd_bwd --model-size cpu --out DIR
 
 On a GPU the inputs are the sizes of issue 5's performance table and the report includes the
 fraction of the measured copy bandwidth and matrix rate, each target met or missed, the named
 peers (Liger-Kernel where installed, with the reason where it cannot run) and published figures of
-peers that cannot run here (quack-kernels). The roofline picture (hal.bench.roofline) needs
+peers that cannot run here (quack-kernels). The roofline picture (hal_bench.roofline) needs
 matplotlib.
 """
 
@@ -27,6 +27,11 @@ from pathlib import Path
 import torch
 
 import hal
+
+# The harness (bench/ in the repository, installed as hal_bench) is imported up front, without its
+# modules: where it cannot be imported, `hal` lists this command as not available in this
+# installation (hal/cli/__init__.py) instead of failing once a run has started.
+import hal_bench  # noqa: E402,F401
 
 
 def _csv(text: str) -> list[str]:
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return int(run_collectives_bench(args) or 0)
     if args.models is not None:
         return run_models(args)
-    from hal.bench import report, runner
+    from hal_bench import report, runner
 
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # checked before a long run, not after it
         print("hal bench --plot: the roofline picture needs matplotlib (pip install matplotlib)", file=sys.stderr)
@@ -116,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _pictures(doc: dict, args: argparse.Namespace) -> None:
     """The roofline: to --plot PATH, and to DIR/bench.png with --out (skipped, said, without matplotlib)."""
-    from hal.bench import roofline
+    from hal_bench import roofline
 
     paths = [p for p in (args.plot, args.out / "bench.png" if args.out else None) if p]
     for path in paths:
@@ -132,7 +137,7 @@ def _render(args: argparse.Namespace) -> int:
     """``--render JSON``: the Markdown table (and with --out / --plot the files) of a saved document."""
     import json
 
-    from hal.bench import report
+    from hal_bench import report
 
     try:
         doc = json.loads(args.render.read_text())
@@ -150,8 +155,8 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    """``hal bench --models``: the whole-model table (hal.bench.models), saved after every variant."""
-    from hal.bench import models, models_report, report
+    """``hal bench --models``: the whole-model table (hal_bench.models), saved after every variant."""
+    from hal_bench import models, models_report, report
 
     device = _device(args.backend)
 

@@ -76,7 +76,7 @@ def _steps(names: list[str], size: str, device: torch.device) -> list[tuple[str,
     builtin = [n for n in names if ":" not in n]
     out: list[tuple[str, Callable[[], tuple[Callable[..., Any], tuple]]]] = [(n, _user_step(n)) for n in custom]
     if builtin or not custom:
-        from hal.bench.models import all_workloads
+        from hal_bench.models import all_workloads
 
         workloads = {w.name: w for w in all_workloads(size)}
         missing = [n for n in builtin if n not in workloads]

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from hal.bench import liger
-from hal.bench.cases import canonical
-from hal.eager import eager
 from hal.registry import get_op
+from hal_backend_eager import eager
+from hal_bench import liger
+from hal_bench.cases import canonical
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: Liger-Kernel's kernels are Triton GPU kernels"),

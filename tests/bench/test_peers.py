@@ -12,11 +12,11 @@ import json
 import pytest
 import torch
 
-from hal.bench import liger, report, runner
-from hal.bench.cases import all_cases, canonical
-from hal.bench.peer import Peer
-from hal.bench.timing import Timer
 from hal.cli import main
+from hal_bench import liger, report, runner
+from hal_bench.cases import all_cases, canonical
+from hal_bench.peer import Peer
+from hal_bench.timing import Timer
 
 LIGER_OPS = {"rms_norm", "layer_norm", "softmax", "swiglu", "rotary_embedding", "cross_entropy", "linear_cross_entropy"}
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hal.bench import roofline
 from hal.cli import main
+from hal_bench import roofline
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

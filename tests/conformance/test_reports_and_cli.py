@@ -211,7 +211,7 @@ def test_a_worker_that_dies_turns_its_cases_into_errors(seed, tmp_path):
 
 def test_a_commit_given_in_the_environment_wins_over_git(monkeypatch):
     """A device machine's copy of the tree may carry the .git of another commit: HAL_COMMIT wins."""
-    from hal.bench.runner import environment
+    from hal_bench.runner import environment
     from hal.conformance.report import git_commit
 
     import torch

@@ -1,4 +1,4 @@
-"""Every hal/cpp kernel compiles with no GPU: for sm_80 and sm_90 through NVRTC (the CUDA plugin's own
+"""Every kits/cpp kernel compiles with no GPU: for sm_80 and sm_90 through NVRTC (the CUDA plugin's own
 runtime, CuPy), and for gfx90a through Debian's hipcc (``--genco``) and through hiprtc (in a
 subprocess). Each code object is checked for its target, its kernels and, on AMD, wavefront 64.
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-import hal.cpp
-from hal.cpp import SOURCES, VARIANTS
+import hal_cpp
+from hal_cpp import SOURCES, VARIANTS
 
 HERE = Path(__file__).resolve().parent
 #: every variant for the newest target; for the others each source's first variant (every kernel)
@@ -53,7 +53,7 @@ def _kernel_names(source: str) -> list[str]:
 
 @pytest.mark.parametrize("arch,source,variant", NV_CASES, ids=_ids(NV_CASES))
 def test_nvrtc_builds_a_cubin_for_the_architecture(arch, source, variant):
-    code = hal.cpp.compile_source(_nvrtc(), source, arch, VARIANTS[source][variant], 32)
+    code = hal_cpp.compile_source(_nvrtc(), source, arch, VARIANTS[source][variant], 32)
     assert code[:4] == b"\x7fELF", f"NVRTC gave no ELF cubin for {arch}"
     e_flags = struct.unpack_from("<I", code, 48)[0]
     assert (e_flags >> 8) & 0xFF == int(arch[3:]), f"cubin built for sm_{(e_flags >> 8) & 0xFF}, not {arch}"

@@ -1,7 +1,7 @@
-"""The hal/cpp kernels, run on CPU threads by hal.cpp.host (warps of 32 lanes and wavefronts of 64),
+"""The kits/cpp kernels, run on CPU threads by hal_cpp.host (warps of 32 lanes and wavefronts of 64),
 against cpu_ref in float64 (torch's float64 autograd for the fused ReLU variants).
 
-The kernels are registered by hal.cpp.register onto a plugin of the test, exactly as the CUDA
+The kernels are registered by hal_cpp.register onto a plugin of the test, exactly as the CUDA
 plugin registers them, and called as the dispatcher calls kernels: positionally, with canonical
 arguments. Outputs are poisoned before every call. The inputs are small, but the launch sizes still
 split every reduction over several blocks, so the cross-block merges run; the sources are the ones
@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import hal.cpp
+import hal_cpp
 from hal.arrays import address_columns
 from hal.conformance.poison import Poisoner
-from hal.cpp import batchnorm as bn
-from hal.cpp import optim
-from hal.cpp.host import HostRuntime
 from hal.plugin import Plugin
+from hal_cpp import batchnorm as bn
+from hal_cpp import optim
+from hal_cpp.host import HostRuntime
 from tests.cuda._support import assert_close, fresh_seed, reference
 
 pytestmark = pytest.mark.skipif(HostRuntime().unavailable_reason() is not None, reason=str(HostRuntime().unavailable_reason()))
@@ -31,10 +31,10 @@ pytestmark = pytest.mark.skipif(HostRuntime().unavailable_reason() is not None, 
 CPU = torch.device("cpu")
 #: (dtype, vector width) modules the cases below use, per warp size: built up front, two at a time
 MODULES = {
-    32: [("batchnorm", {"HAL_T": hal.cpp.C_TYPES[d], "HAL_VEC": str(v)}) for d, v in
+    32: [("batchnorm", {"HAL_T": hal_cpp.C_TYPES[d], "HAL_VEC": str(v)}) for d, v in
          (("float32", 4), ("bfloat16", 8), ("bfloat16", 1), ("float16", 8), ("float64", 2), ("float64", 1))]
-    + [("norm", {"HAL_T": hal.cpp.C_TYPES[d], "HAL_VEC": str(v)}) for d, v in (("bfloat16", 8), ("float32", 1), ("float64", 2))]
-    + [("adamw", {"HAL_P": hal.cpp.C_TYPES[p], "HAL_S": hal.cpp.C_TYPES[s]}) for p, s in
+    + [("norm", {"HAL_T": hal_cpp.C_TYPES[d], "HAL_VEC": str(v)}) for d, v in (("bfloat16", 8), ("float32", 1), ("float64", 2))]
+    + [("adamw", {"HAL_P": hal_cpp.C_TYPES[p], "HAL_S": hal_cpp.C_TYPES[s]}) for p, s in
        (("bfloat16", "float32"), ("float32", "float32"), ("float16", "float16"), ("float64", "float64"))],
     64: [("batchnorm", {"HAL_T": "hal::bf16", "HAL_VEC": "8"}), ("batchnorm", {"HAL_T": "float", "HAL_VEC": "1"}),
          ("norm", {"HAL_T": "hal::bf16", "HAL_VEC": "8"})],
@@ -42,7 +42,7 @@ MODULES = {
 
 
 @pytest.fixture(scope="module")
-def plugins(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[dict, hal.cpp.Kit]]:
+def plugins(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[dict, hal_cpp.Kit]]:
     """Per warp size: the registered "cpp" kernels by op, and their kit (modules compiled)."""
     import os
 
@@ -51,9 +51,9 @@ def plugins(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[dict, h
     jobs = []
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for warp in (32, 64):
-            plugin = Plugin(name=f"cpp_host_w{warp}", version="0", summary="hal/cpp on CPU threads (tests)")
+            plugin = Plugin(name=f"cpp_host_w{warp}", version="0", summary="kits/cpp on CPU threads (tests)")
             plugin.define_backend(priority=1, device_types=("cpu",))
-            kit = hal.cpp.register(plugin, HostRuntime(warp_size=warp, multiprocessors=8))
+            kit = hal_cpp.register(plugin, HostRuntime(warp_size=warp, multiprocessors=8))
             out[warp] = ({k.op: k.fn for k in plugin.kernels}, kit)
             jobs += [pool.submit(kit.module, source, CPU, **defines) for source, defines in MODULES[warp]]
         for job in jobs:
@@ -220,7 +220,7 @@ def test_norm_backward_rejects_long_rows(gen):
     from hal.registry import get_op
 
     plugin = Plugin(name="long_rows", version="0")
-    hal.cpp.register(plugin, HostRuntime())
+    hal_cpp.register(plugin, HostRuntime())
     x = randn(gen, 2, 5000)
     for op, args in (("layer_norm_backward", (x, x, (5000,), None, 1e-5)), ("rms_norm_backward", (x, x, (5000,), None, 1e-6))):
         k = next(k for k in plugin.kernels if k.op == op)

@@ -12,9 +12,9 @@ import torch
 from hal_backend_cpu_ref import plugin as cpu_ref
 
 import hal
-import hal.cpp
-from hal.cpp.host import HostRuntime
+import hal_cpp
 from hal.plugin import Plugin
+from hal_cpp.host import HostRuntime
 
 CPP_OPS = {"batch_norm": "cpp", "batch_norm_backward": "cpp", "fused_adamw_": "cpp", "layer_norm_backward": "cpp",
            "rms_norm_backward": "cpp",
@@ -62,16 +62,16 @@ def test_without_cupy_the_plugin_loads_and_cpp_kernels_say_why() -> None:
 
 
 def test_importing_the_kit_compiles_nothing_and_imports_no_vendor_package() -> None:
-    code = "import sys, hal.cpp, hal_backend_cuda; print(sorted(m for m in ('cupy', 'triton', 'hip') if m in sys.modules))"
+    code = "import sys, hal_cpp, hal_backend_cuda; print(sorted(m for m in ('cupy', 'triton', 'hip') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_a_runtime_that_cannot_run_falls_back_counted(install_plugins) -> None:
     broken = HostRuntime(compiler="no-such-c++-compiler")
-    plugin = Plugin(name="cpp_broken", version="0", summary="hal/cpp without a compiler (test)")
+    plugin = Plugin(name="cpp_broken", version="0", summary="kits/cpp without a compiler (test)")
     plugin.define_backend(priority=cpu_ref.backend.priority + 10, device_types=("cpu",))
-    hal.cpp.register(plugin, broken)
+    hal_cpp.register(plugin, broken)
     install_plugins([cpu_ref, plugin])
     x = torch.randn(4, 3, 5)
     decision = hal.explain("batch_norm", x, None, None, training=True)

@@ -1,4 +1,4 @@
-"""Every Triton kernel of hal.triton compiles ahead of time, with no GPU, for sm_80, sm_90 (the
+"""Every Triton kernel of hal_triton compiles ahead of time, with no GPU, for sm_80, sm_90 (the
 CUDA plugin) and gfx90a (the ROCm plugin reuses the sources)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-from hal.triton import aot  # noqa: E402
+from hal_triton import aot  # noqa: E402
 
 TARGETS = {"sm_80": GPUTarget("cuda", 80, 32), "sm_90": GPUTarget("cuda", 90, 32), "gfx90a": GPUTarget("hip", "gfx90a", 64)}
 SPECS = aot.specs()
@@ -17,7 +17,7 @@ SPECS = aot.specs()
 
 def test_every_kernel_has_a_compile_spec() -> None:
     covered = {(s.family, s.kernel) for s in SPECS}
-    assert aot.kernel_names() - covered == set(), "kernels without an AOT spec in hal/triton/aot.py"
+    assert aot.kernel_names() - covered == set(), "kernels without an AOT spec in kits/triton/aot.py"
     assert covered - aot.kernel_names() == set(), "specs naming kernels that do not exist"
 
 
@@ -51,5 +51,5 @@ def _unspecialised(spec: aot.Spec) -> set[str]:
     """The arguments the kernel's @triton.jit(do_not_specialize=...) names."""
     import importlib
 
-    fn = getattr(importlib.import_module(f"hal.triton.{spec.family}"), spec.kernel)
+    fn = getattr(importlib.import_module(f"hal_triton.{spec.family}"), spec.kernel)
     return {fn.arg_names[i] if isinstance(i, int) else i for i in getattr(fn, "do_not_specialize", ())}

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from hal.bench import report, runner
-from hal.bench.cases import all_cases, canonical, skewed_sizes
 from hal.cli import main
+from hal_bench import report, runner
+from hal_bench.cases import all_cases, canonical, skewed_sizes
 
 
 def test_every_op_has_a_case_on_both_devices() -> None:

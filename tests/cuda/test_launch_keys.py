@@ -1,4 +1,4 @@
-"""The key under which hal.triton._launch reuses a compiled specialisation must be at least as fine
+"""The key under which hal_triton._launch reuses a compiled specialisation must be at least as fine
 as Triton's own specialisation: two argument lists with one key must be specialised identically by
 Triton, or a launch could run a kernel compiled for other arguments (a pointer assumed 16-byte
 aligned, an integer assumed to be 1). Checked against the installed Triton's specialiser (a private
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from hal.triton._launch import _spec_key, live_key
+from hal_triton._launch import _spec_key, live_key
 
 from ._support import fresh_seed
 

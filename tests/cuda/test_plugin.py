@@ -188,7 +188,7 @@ def test_importing_the_plugin_imports_no_triton() -> None:
 def test_autotune_cache_persists_and_seeds(tmp_path) -> None:
     import json
 
-    from hal.triton.autotune import Cache
+    from hal_triton.autotune import Cache
 
     seed = tmp_path / "seed.json"
     seed.write_text(json.dumps({"choices": {"a": {"config": {"x": 1}}, "b": {"config": {"x": 2}}}}))
@@ -202,7 +202,7 @@ def test_autotune_cache_persists_and_seeds(tmp_path) -> None:
 
 
 def test_shipped_h200_choices_are_readable() -> None:
-    from hal.triton.autotune import Cache
+    from hal_triton.autotune import Cache
     from hal_backend_cuda.launch import TABLES
 
     seed_dir = TABLES.seed_dir

@@ -7,7 +7,7 @@ type (torch or NumPy). For each call:
 - the op's empty rule (``@op.empty`` in its declaration: what the dispatcher runs instead of a
   kernel for zero-size inputs)
   and the op itself (cpu_ref, the reference) return what PyTorch returns for the same call
-  (``hal.eager``: the named torch function on the canonical arguments): same types, dtypes, shapes
+  (``hal_backend_eager``: the named torch function on the canonical arguments): same types, dtypes, shapes
   and values, and the same in-place writes (none, for an empty batch norm or AdamW step);
 - the results have the caller's array type.
 
@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 import hal
 from hal.arrays import dtype_name, from_numpy, to_numpy
 from hal.dispatch import prepare
-from hal.eager import eager
 from hal.registry import OpDecl, get_op
 from hal.types import ARRAY_KINDS
+from hal_backend_eager import eager
 
 from .calls import outcome
 

@@ -1,4 +1,4 @@
-"""hal/cpp's C++ kernels in the ROCm plugin (hal_backend_rocm.cpp_kernels): registered as "cpp" and
+"""kits/cpp's C++ kernels in the ROCm plugin (hal_backend_rocm.cpp_kernels): registered as "cpp" and
 "miopen_cpp" for gfx90a and gfx942 below the Triton kernels, rejecting with the runtime's reason
 here, and which kernel runs which call per architecture, from the plugin's own capability data.
 
@@ -6,7 +6,7 @@ The calls are checked as the dispatcher checks them, with Inputs built by hand (
 CPU tensors stand in for device tensors, the architecture is the one a ROCm device reports). One
 more stand-in, said where it is used: an available runtime (a ROCm device with hiprtc), to show
 where the C++ kernels would then run. No kernel runs on an AMD device here; the last test runs the
-code of "miopen_cpp" (hal.cpp.register's fused kernels) on CPU threads with 64-lane wavefronts.
+code of "miopen_cpp" (hal_cpp.register's fused kernels) on CPU threads with 64-lane wavefronts.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from hal_backend_cpu_ref import plugin as cpu_ref
 from test_selection import NOT_TUNED, _inputs, _kernels, _t, chosen
 
 import hal
-import hal.cpp
-from hal.cpp.host import HostRuntime
-from hal.cpp.register import Convolution
-from hal.eager import eager
+import hal_cpp
 from hal.plugin import Plugin
+from hal_backend_eager import eager
 from hal_backend_rocm.cpp_kernels import RUNTIME
+from hal_cpp.host import HostRuntime
+from hal_cpp.register import Convolution
 from tests.cpp.test_emulated import call, randn
 from tests.cuda._support import assert_close, fresh_seed, reference
 
@@ -158,15 +158,15 @@ def host_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("training", [True, False])
 def test_the_fused_kernels_code_on_cpu_threads(install_plugins, host_cache: Path, monkeypatch: pytest.MonkeyPatch, training: bool) -> None:
-    """What "miopen_cpp" runs (the fused kernels of hal.cpp.register, shared with CUDA's "cudnn_cpp"):
+    """What "miopen_cpp" runs (the fused kernels of hal_cpp.register, shared with CUDA's "cudnn_cpp"):
     the convolution without its bias, the C++ batch norm + ReLU with the bias folded in, the
     backward's exact zero convolution-bias gradient in training. Run by the dispatcher on CPU threads
-    with 64-lane wavefronts (hal.cpp.host), torch's CPU convolution standing in for MIOpen's, against
+    with 64-lane wavefronts (hal_cpp.host), torch's CPU convolution standing in for MIOpen's, against
     cpu_ref in float64, outputs poisoned first."""
     monkeypatch.setenv("HAL_CPP_CACHE_DIR", str(host_cache))
-    host = Plugin(name="cpp_fused_w64", version="0", summary="hal/cpp's fused kernels on CPU threads (test)")
+    host = Plugin(name="cpp_fused_w64", version="0", summary="kits/cpp's fused kernels on CPU threads (test)")
     host.define_backend(priority=cpu_ref.backend.priority + 10, device_types=("cpu",))
-    hal.cpp.register(host, HostRuntime(warp_size=64, multiprocessors=4), convolution=Convolution("torch", eager("conv2d"), eager("conv2d_backward")))
+    hal_cpp.register(host, HostRuntime(warp_size=64, multiprocessors=4), convolution=Convolution("torch", eager("conv2d"), eager("conv2d_backward")))
     install_plugins([cpu_ref, host])
     gen = torch.Generator().manual_seed(fresh_seed())
     x = randn(gen, 2, 8, 6, 7, dtype=FUSED_DTYPE).contiguous(memory_format=torch.channels_last)

@@ -1,4 +1,4 @@
-"""The ROCm runtime of hal/cpp (hal_backend_rocm.cpp_runtime) on a machine without an AMD GPU:
+"""The ROCm runtime of kits/cpp (hal_backend_rocm.cpp_runtime) on a machine without an AMD GPU:
 every kernel source compiles through the runtime's own compile path for gfx90a, the code objects
 say what the runtime's launches assume, and the runtime says why it cannot run here.
 
@@ -36,15 +36,15 @@ from pathlib import Path
 import pytest
 from test_hiprtc import _notes
 
-from hal.cpp import SOURCES, KernelSig, batchnorm, norm, optim
-from hal.cpp.kit import PARAM_FORMATS
 from hal_backend_rocm import _hip
 from hal_backend_rocm.cpp_runtime import HipError, launch_kernel, load_module
+from hal_cpp import SOURCES, KernelSig, batchnorm, norm, optim
+from hal_cpp.kit import PARAM_FORMATS
 
 DEBIAN_HIP = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")
 NOT_ROCM = "torch is not a ROCm build: install torch from the ROCm wheel index"
 NO_DEVICE = "no ROCm device: hipGetDeviceCount returned hipErrorNoDevice"
-#: the block size each source's host module launches with (hal/cpp/*.py)
+#: the block size each source's host module launches with (kits/cpp/*.py)
 THREADS = {"batchnorm": batchnorm.THREADS, "norm": norm.THREADS, "adamw": optim.THREADS}
 
 
@@ -75,11 +75,11 @@ ctypes.CDLL({copy!r})
 from hal_backend_rocm.cpp_kernels import RUNTIME
 """
 COMPILE_ALL = """
-import hal.cpp
+import hal_cpp
 code = {{}}
-for source in hal.cpp.SOURCES:
+for source in hal_cpp.SOURCES:
     code[source] = {out!r} + "/" + source + RUNTIME.code_suffix
-    open(code[source], "wb").write(hal.cpp.compile_source(RUNTIME, source, "gfx90a", hal.cpp.VARIANTS[source][0], 64))
+    open(code[source], "wb").write(hal_cpp.compile_source(RUNTIME, source, "gfx90a", hal_cpp.VARIANTS[source][0], 64))
 print(json.dumps({{"reason": RUNTIME.unavailable_reason(), "code": code}}))
 """
 

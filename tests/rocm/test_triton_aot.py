@@ -24,10 +24,10 @@ import pytest
 
 pytest.importorskip("triton")
 
-from hal.triton import aot as kit_aot  # noqa: E402
 from hal_backend_rocm import TRITON_KERNELS, aot  # noqa: E402
 from hal_backend_rocm._device import ARCHS  # noqa: E402
 from hal_backend_rocm.launch import GEMM_CANDIDATES, INT8_CANDIDATES, WGRAD_CANDIDATES  # noqa: E402
+from hal_triton import aot as kit_aot  # noqa: E402
 
 MATRIX_KERNELS = ("gemm.gemm_kernel", "grouped_gemm.gg_forward_kernel", "grouped_gemm.gg_weight_grad_kernel")
 #: the option changes whose effect is checked on the default bf16 GEMM, split between the two
@@ -90,7 +90,7 @@ def test_every_kernel_of_the_plugin_has_representative_calls() -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_calls_reach_every_entry_kernel_of_the_kit(compiled: dict, arch: str) -> None:
     kit = {f"{family}.{name}" for family, name in kit_aot.kernel_names()}
-    assert kit - set(compiled[arch]["captured"]) == set(), "hal.triton kernels no representative call launches"
+    assert kit - set(compiled[arch]["captured"]) == set(), "hal_triton kernels no representative call launches"
 
 
 def _notes(hsaco: bytes, tmp_path: Path) -> str:

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import hal
-from hal.bench import models, models_report
-from hal.bench.models_llama import LlamaPrefill, LlamaTrain
-from hal.bench.models_moe import MoEForwardBackward
-from hal.bench.models_resnet import ResNetInference, ResNetTrain
-from hal.bench.timing import Timer
-from hal.bench.workload import LIGER, Step, Workload
+from hal_bench import models, models_report
+from hal_bench.models_llama import LlamaPrefill, LlamaTrain
+from hal_bench.models_moe import MoEForwardBackward
+from hal_bench.models_resnet import ResNetInference, ResNetTrain
+from hal_bench.timing import Timer
+from hal_bench.workload import LIGER, Step, Workload
 
 CPU = torch.device("cpu")
 #: AdamW's eps in the comparisons: Adam turns a gradient that vanishes mathematically (the bias of a

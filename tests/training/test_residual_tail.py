@@ -1,6 +1,6 @@
 """ResNet's residual tail as hal ops: ``fused_conv_bn_add_relu`` against torch on the CPU (forward,
 gradients of every input including the residual, running statistics), its routes in ``hal.explain``
-and ``hal.stats``, and ``hal.nn.fuse`` on the repository's own ResNet (``hal.bench.models_resnet``):
+and ``hal.stats``, and ``hal.nn.fuse`` on the repository's own ResNet (``hal_bench.models_resnet``):
 no standalone batch norm, add or ReLU left in inference, the same outputs, gradients, running
 statistics and state as the unfused model."""
 
@@ -16,7 +16,7 @@ from torch import nn
 
 import hal
 import hal.nn
-from hal.bench.models_resnet import ResNet
+from hal_bench.models_resnet import ResNet
 from tests.training.models import randomize_batch_norms
 
 TOLERANCE = {torch.float64: dict(rtol=1e-10, atol=1e-11), torch.float32: dict(rtol=2e-4, atol=2e-5)}
@@ -134,7 +134,7 @@ def test_bad_residual_names_the_op_and_the_argument(seed: int) -> None:
 
 
 def _resnet(dtype: torch.dtype) -> nn.Module:
-    """hal.bench's small ResNet (bottleneck blocks, downsample nn.Sequential(conv, bn)) with batch
+    """hal_bench's small ResNet (bottleneck blocks, downsample nn.Sequential(conv, bn)) with batch
     norms whose state is not the identity."""
     return randomize_batch_norms(ResNet((1, 2), width=4, classes=5).to(dtype))
 

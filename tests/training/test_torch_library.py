@@ -13,8 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import hal
 from hal.integration import library as torch_library
 from hal.gradients import MASK
-from hal.eager import eager
 from hal.registry import OPS, OpDecl
+from hal_backend_eager import eager
 
 OP_NAMES = list(OPS)
 

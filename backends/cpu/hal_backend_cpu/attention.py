@@ -10,9 +10,9 @@ import math
 
 import torch
 
-from hal.eager import attention as eager
 from hal.integration.kept import KeptForBackward, param_state
 from hal.plugin import Inputs
+from hal_backend_eager import attention as eager
 
 from ._common import FLOATS, kernel
 

@@ -5,7 +5,7 @@ fused_conv_bn_relu:
 
 - eval, ``onednn``: the batch norm folds into the convolution (``w * gamma / sqrt(var + eps)``,
   bias ``(b - mean) * gamma / sqrt(var + eps) + beta``, computed in float32, float64 for float64,
-  and rounded once), cached per parameter set (:class:`hal.eager.fold.ParamCache`), and oneDNN runs
+  and rounded once), cached per parameter set (:class:`hal_backend_eager.fold.ParamCache`), and oneDNN runs
   convolution + bias + ReLU as one primitive (``mkldnn._convolution_pointwise`` with a ReLU post-op);
 - ``torch``: the same folded convolution then an in-place ReLU in eval, and in training the
   convolution, ``F.batch_norm`` with the batch statistics (running statistics updated in place) and
@@ -31,11 +31,11 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from hal.eager import conv as eager
-from hal.eager.conv import (add_relu_backward_in_float32, add_relu_in_float32, compute_dtype, grad_dtypes, half_in_float32, padding_in_proportion,
-                             recorded_in_float64_only, torch_bn_eps)
-from hal.eager.fold import ParamCache, fold
 from hal.plugin import Inputs
+from hal_backend_eager import conv as eager
+from hal_backend_eager.conv import (add_relu_backward_in_float32, add_relu_in_float32, compute_dtype, grad_dtypes, half_in_float32, padding_in_proportion,
+                                    recorded_in_float64_only, torch_bn_eps)
+from hal_backend_eager.fold import ParamCache, fold
 
 from ._common import FLOATS, kernel, onednn_dtype
 
@@ -103,7 +103,7 @@ def _f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momentum: float, eps: float) -> torch.Tensor:
     """torch's batch norm; half-precision training, and half x beside float32 parameters or
     statistics, in float32 (the running statistics written back). In training the batch statistics
-    are kept for the backward of this x (``hal.eager.conv.KEPT``)."""
+    are kept for the backward of this x (``hal_backend_eager.conv.KEPT``)."""
     if x.dtype not in HALF:  # float32 and float64 (beside parameters of any dtype): torch's kernel as it is
         return eager.kept_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     mixed = any(t is not None and t.dtype != x.dtype for t in (running_mean, running_var, weight, bias))
@@ -284,7 +284,7 @@ def fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, runnin
                            momentum, training):
     """Eval: the folded convolution, then the add and the ReLU in place on its result; half
     precision convolves in float32 with weights folded in float32 and rounds once (see
-    :func:`hal.eager.conv.add_relu_in_float32`). Training: :func:`_trained`."""
+    :func:`hal_backend_eager.conv.add_relu_in_float32`). Training: :func:`_trained`."""
     if training:
         return _trained(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
                         momentum, training)

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hal.eager.elementwise import (ACTIVATION_FNS, EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine, residual_activation,
-                                   residual_activation_reasons)
 from hal.plugin import Inputs
+from hal_backend_eager.elementwise import (ACTIVATION_FNS, EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine, residual_activation,
+                                           residual_activation_reasons)
 
 from . import _numba
 from ._common import FLOATS, contiguous, kernel, numba_kernel

@@ -24,9 +24,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from hal.eager import gemm as eager
 from hal.errors import InvalidArgumentError
 from hal.plugin import Inputs
+from hal_backend_eager import gemm as eager
 
 from ._common import FLOATS, kernel, onednn_dtype
 from ._device import onednn_dtype_reason

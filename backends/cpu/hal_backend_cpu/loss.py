@@ -11,9 +11,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from hal.eager import loss as eager
 from hal.errors import InvalidArgumentError
 from hal.integration.kept import KeptForBackward, backward_follows
+from hal_backend_eager import loss as eager
 
 from ._common import FLOATS, kernel
 from ._device import onednn_dtype_reason

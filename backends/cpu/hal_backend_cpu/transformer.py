@@ -3,7 +3,7 @@ half-precision x, one rounding)."""
 
 from __future__ import annotations
 
-from hal.eager import transformer as eager
+from hal_backend_eager import transformer as eager
 
 from ._common import FLOATS, kernel
 

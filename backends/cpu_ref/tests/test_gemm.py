@@ -1,5 +1,5 @@
 """cpu_ref's linear, matmul and grouped_gemm, and their backwards, against PyTorch in float64 (and
-hal.eager's versions)."""
+hal_backend_eager's versions)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from refcheck import (
 )
 
 import hal
-from hal.eager import eager
+from hal_backend_eager import eager
 
 # --- linear ----------------------------------------------------------------------------------------
 

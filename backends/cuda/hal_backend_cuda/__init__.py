@@ -2,9 +2,9 @@
 
 Vendor libraries through torch where they are the best tool (cuDNN convolution and its fused
 conv + bias + ReLU, cuBLAS/cuBLASLt GEMMs with epilogues, ``torch._int_mm``, ``torch._grouped_mm``, the SDPA backends);
-the shared Triton kernels of :mod:`hal.triton` for the fusions (batch norm + ReLU, scale_shift_act,
+the shared Triton kernels of :mod:`hal_triton` for the fusions (batch norm + ReLU, scale_shift_act,
 norms, softmax, grouped GEMM, multi-tensor AdamW, quantisation), registered by
-:func:`hal.triton.kernels.register` with this plugin's NVIDIA launch tables
+:func:`hal_triton.kernels.register` with this plugin's NVIDIA launch tables
 (:mod:`hal_backend_cuda.launch`); autotuned tiles are cached per device model. Where torch's own
 kernel costs less host time than a Triton launch and does the same passes (the training batch
 norm, a bare ReLU, SwiGLU, RMS norm below 16M elements: :mod:`.conv`, :mod:`.elementwise`,
@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 plugin = Plugin(name="cuda", version=__version__, summary="NVIDIA GPUs: cuDNN/cuBLAS through torch, Triton fusions")
 
-from hal.triton.kernels import VendorLibs, register  # noqa: E402
+from hal_triton.kernels import VendorLibs, register  # noqa: E402
 
 from ._device import SM80, arch, devices, probe  # noqa: E402
 from .launch import TABLES  # noqa: E402

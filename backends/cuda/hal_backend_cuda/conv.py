@@ -7,8 +7,8 @@ fused_conv_bn_relu has two paths: in eval, ``cudnn_fused`` here: the batch norm 
 convolution (w * gamma / sqrt(var + eps), bias (b - mean) * gamma / sqrt(var + eps) + beta) and
 ``torch.cudnn_convolution_relu`` runs conv + bias + ReLU as one cuDNN call; folded weights are
 cached per parameter set and rebuilt when any parameter changes (tensor identity, version
-counter, hal's count of statistics writes: :class:`hal.eager.fold.ParamCache`). In training (and
-eval where the fused call cannot run) ``cudnn_triton`` from hal.triton.kernels: cuDNN convolution
+counter, hal's count of statistics writes: :class:`hal_backend_eager.fold.ParamCache`). In training (and
+eval where the fused call cannot run) ``cudnn_triton`` from hal_triton.kernels: cuDNN convolution
 (:func:`conv`), then the Triton batch-norm kernels. The Triton batch_norm kernels are registered
 there too.
 
@@ -24,9 +24,9 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from hal.eager import conv as eager
-from hal.eager.fold import FoldCache
 from hal.plugin import Inputs
+from hal_backend_eager import conv as eager
+from hal_backend_eager.fold import FoldCache
 
 from ._common import FLOATS, HALF, NOT_F64, ieee_fp32, kernel, not_float32
 
@@ -86,7 +86,7 @@ def batch_norm_cudnn(x, running_mean, running_var, weight, bias, training, momen
 
 
 # torch's own batch-norm kernels, the training forward keeping its statistics for the backward
-# (hal.eager.conv.kept_batch_norm). Above the Triton kernels (20): measured on the H200 on 2026-12-01
+# (hal_backend_eager.conv.kept_batch_norm). Above the Triton kernels (20): measured on the H200 on 2026-12-01
 # (benchmarks/host_training.py), a training forward costs 24-35 us of host time here against 91-148
 # us for the Triton one (three launches and their planning), and in a graph the backward takes 58 us
 # of device time at ResNet's (64, 64, 56, 56) channels_last against Triton's 117 us; Triton's
@@ -203,7 +203,7 @@ _ADD_RELU_TORCH = eager.add_relu_in_float32(eager.fused_conv_bn_add_relu)
         differentiable=eager.recorded_in_float64_only)
 def fused_conv_bn_add_relu_torch(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
                                  eps, momentum, training):
-    """torch's ops; half precision in float32, rounded once (:func:`hal.eager.conv.add_relu_in_float32`)."""
+    """torch's ops; half precision in float32, rounded once (:func:`hal_backend_eager.conv.add_relu_in_float32`)."""
     with ieee_fp32(eager.compute_dtype(x)):
         return _ADD_RELU_TORCH(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
                                eps, momentum, training)
@@ -223,7 +223,7 @@ _ADD_RELU_BACKWARD_TORCH = eager.add_relu_backward_in_float32(eager.fused_conv_b
 @kernel("fused_conv_bn_add_relu_backward", name="torch", priority=1, dtypes=FLOATS, checks=_NATIVE_CHECKS + [eager.padding_in_proportion])
 def fused_conv_bn_add_relu_backward_torch(grad_out, out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,
                                           dilation, groups, eps, training):
-    """Autograd through torch's ops, half precision in float32 (:mod:`hal.eager.conv`): only calls
+    """Autograd through torch's ops, half precision in float32 (:mod:`hal_backend_eager.conv`): only calls
     that force a kernel of the op under autograd reach the backward op (others train through the
     op's decomposition)."""
     with ieee_fp32(eager.compute_dtype(x)):

@@ -1,7 +1,7 @@
-"""hal/cpp's C++ kernels on NVIDIA GPUs: batch_norm, batch_norm_backward, layer_norm_backward,
+"""kits/cpp's C++ kernels on NVIDIA GPUs: batch_norm, batch_norm_backward, layer_norm_backward,
 rms_norm_backward and fused_adamw_ as kernel "cpp", and fused_conv_bn_relu with its backward as
 "cudnn_cpp" (cuDNN convolution, then the C++ batch norm + ReLU), all registered by the kit
-(:func:`hal.cpp.register`) and compiled at run time by NVRTC through CuPy (:mod:`.cpp_runtime`).
+(:func:`hal_cpp.register`) and compiled at run time by NVRTC through CuPy (:mod:`.cpp_runtime`).
 
 Priority 15, below the Triton kernels (20) and torch's (25): their launches cost more host time
 than torch's. In steps replayed from a CUDA graph (hal.graphs), where only device time counts, the
@@ -17,8 +17,8 @@ here rejects with the runtime's reason and the dispatcher takes the next one.
 
 from __future__ import annotations
 
-import hal.cpp
-from hal.cpp.register import Convolution
+import hal_cpp
+from hal_cpp.register import Convolution
 
 from . import plugin
 from ._device import SM80
@@ -31,5 +31,5 @@ RUNTIME = CupyRuntime()
 #: measured first in graph replays (module docstring)
 GRAPH_PRIORITIES = {"batch_norm": 30, "batch_norm_backward": 30, "fused_adamw_": 30}
 
-KIT = hal.cpp.register(plugin, RUNTIME, priority=PRIORITY, archs=SM80, convolution=Convolution("cudnn", conv, conv_grads),
+KIT = hal_cpp.register(plugin, RUNTIME, priority=PRIORITY, archs=SM80, convolution=Convolution("cudnn", conv, conv_grads),
                        graph_priorities=GRAPH_PRIORITIES)

@@ -1,4 +1,4 @@
-"""The CUDA runtime of hal/cpp: NVRTC through CuPy compiles the kit's sources to cubins for the
+"""The CUDA runtime of kits/cpp: NVRTC through CuPy compiles the kit's sources to cubins for the
 device's architecture (``sm_90`` on an H200), ``cupy.RawModule`` loads them, and kernels launch on
 torch's current stream (``cupy.cuda.ExternalStream``) with the tensors' device addresses (no copies).
 
@@ -15,14 +15,14 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from hal.cpp import CompileError, KernelSig
+from hal_cpp import CompileError, KernelSig
 
 #: numpy scalar types of the kit's parameter types (CuPy passes them by value)
 _NUMPY = {"ptr": "uint64", "i32": "int32", "i64": "int64", "f32": "float32", "f64": "float64"}
 
 
 class CupyRuntime:
-    """hal/cpp's :class:`hal.cpp.Runtime` for NVIDIA GPUs."""
+    """kits/cpp's :class:`hal_cpp.Runtime` for NVIDIA GPUs."""
 
     name = "nvrtc"
     code_suffix = ".cubin"

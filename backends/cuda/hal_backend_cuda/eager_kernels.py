@@ -1,4 +1,4 @@
-"""torch's own implementation of every op (:mod:`hal.eager`) as a kernel of the cuda backend, named
+"""torch's own implementation of every op (:mod:`hal_backend_eager`) as a kernel of the cuda backend, named
 ``eager``, below every other kernel.
 
 Where several kernels can run a call the dispatcher measures them (:mod:`hal.dispatch.measure`), so
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from hal.eager import eager, has_eager
+from hal_backend_eager import eager, has_eager
 from hal.registry import OPS
 
 from . import plugin

@@ -2,7 +2,7 @@
 
 linear has three kernels: ``cublaslt`` here (cuBLAS(Lt) through torch; relu and gelu_tanh run as
 cuBLASLt epilogues, ``torch._addmm_activation``, none as a plain GEMM with the bias), and from
-hal.triton.kernels ``cublas_triton`` (cuBLAS GEMM with the bias, then the activation in place by
+hal_triton.kernels ``cublas_triton`` (cuBLAS GEMM with the bias, then the activation in place by
 one Triton pass, any activation) and ``triton`` (a Triton GEMM with bias and activation applied to
 the accumulator before its only store, autotuned tiles). grouped_gemm: :mod:`.grouped`.
 """

@@ -1,5 +1,5 @@
 """grouped_gemm and its backward through ``torch._grouped_mm`` (torch's CUTLASS grouped GEMM on
-sm_90) beside the Triton kernels of hal.triton.kernels; ``tuned`` times both once per device model
+sm_90) beside the Triton kernels of hal_triton.kernels; ``tuned`` times both once per device model
 and shape bucket and keeps the faster (the H200 measurements are in backends/cuda/PERF_NOTES.md).
 
 torch._grouped_mm runs its CUTLASS kernel for bfloat16 operands on sm_90 with 16-byte aligned
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from hal.eager.gemm import grouped_mm, grouped_mm_backward, grouped_mm_layout
 from hal.plugin import Archs, Inputs
-from hal.triton import autotune
-from hal.triton.checks import triton_check
+from hal_backend_eager.gemm import grouped_mm, grouped_mm_backward, grouped_mm_layout
+from hal_triton import autotune
+from hal_triton.checks import triton_check
 
 from . import TRITON_KERNELS
 from ._common import kernel

@@ -1,9 +1,9 @@
-"""NVIDIA launch tables of the hal.triton kernels (block sizes, warps, stages): the plugin's
-:class:`~hal.triton.tables.LaunchTables`.
+"""NVIDIA launch tables of the hal_triton kernels (block sizes, warps, stages): the plugin's
+:class:`~hal_triton.tables.LaunchTables`.
 
 Memory-bound kernels use fixed rules sized for Ampere/Hopper: 16-byte accesses per thread, several
 in flight, and enough programs to fill every multiprocessor. GEMM-like kernels pick among the
-candidate tiles below by timing them once per device and shape bucket (:mod:`hal.triton.autotune`);
+candidate tiles below by timing them once per device and shape bucket (:mod:`hal_triton.autotune`);
 their first entry is the default where tuning is off (small problems, graph capture).
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from hal.triton.config import BNConfig, GemmConfig, next_pow2
-from hal.triton.tables import INTERPRETER, LaunchTables, interpreted
+from hal_triton.config import BNConfig, GemmConfig, next_pow2
+from hal_triton.tables import INTERPRETER, LaunchTables, interpreted
 
 from ._device import slug, sm_count
 

@@ -1,5 +1,5 @@
 """amp_unscale_ and fused_adamw_ with torch ops, tensor by tensor: the fallbacks of the
-multi-tensor Triton kernels (hal.triton.kernels) for what they do not take (float64 parameters,
+multi-tensor Triton kernels (hal_triton.kernels) for what they do not take (float64 parameters,
 non-contiguous tensors). Nothing is read back to the host."""
 
 from __future__ import annotations

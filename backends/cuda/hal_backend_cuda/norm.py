@@ -1,5 +1,5 @@
 """layer_norm and rms_norm through torch's own CUDA kernels: for layer_norm the fallback of the
-Triton row kernels (registered by hal.triton.kernels) where Triton is missing; for rms_norm also
+Triton row kernels (registered by hal_triton.kernels) where Triton is missing; for rms_norm also
 the kernel of inputs small enough for the host to decide.
 
 rms_norm's torch kernel is above Triton's (25 > 20) up to :data:`HOST_BOUND_ELEMENTS`, measured on

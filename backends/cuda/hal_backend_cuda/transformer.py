@@ -1,5 +1,5 @@
 """rotary_embedding and swiglu through torch's own kernels (the eager twins): the fallback of the
-Triton kernels (hal.triton.kernels) for what they do not take (broadcasting SwiGLU inputs, rotary
+Triton kernels (hal_triton.kernels) for what they do not take (broadcasting SwiGLU inputs, rotary
 inputs whose leading dimensions do not merge), and the rotary kernel of compiled graphs.
 
 The swiglu forward (``F.silu(gate) * up``, which torch's autograd records) is above Triton's
@@ -22,9 +22,9 @@ the step 11.14 -> 10.86 ms and its peak memory 4.30 -> 4.13 GiB (benchmarks/grap
 
 from __future__ import annotations
 
-from hal.eager import transformer as eager
 from hal.plugin import Inputs
-from hal.triton.layouts import swiglu_geometry
+from hal_backend_eager import transformer as eager
+from hal_triton.layouts import swiglu_geometry
 
 from ._common import FLOATS, kernel
 

@@ -59,7 +59,7 @@ def with_feature(feature: str) -> Archs:
     return Archs(lambda arch: arch in allowed, f"{' or '.join(names)} ({feature} matrix instructions)")
 
 
-#: the hal.triton kernels: wavefront-64 CDNA tables with matrix cores
+#: the hal_triton kernels: wavefront-64 CDNA tables with matrix cores
 TRITON_ARCHS = gfx(*ARCHS)
 #: vendor libraries and torch's own kernels: whatever AMD GPU torch's ROCm build runs on
 ANY_GFX = Archs(lambda arch: arch.startswith("gfx"), "an AMD GPU (gfx...) that torch's ROCm build supports")

@@ -10,7 +10,7 @@ kernel, signature, constants and options and skips the launch. :meth:`Launch.com
 compiles exactly that with ``triton.compile`` for the architecture. No kernel runs.
 
 ``representative_calls()`` names one or more calls per Triton kernel of the plugin, chosen to reach
-every entry kernel of hal.triton (tile and loop variants, NCHW and channels_last, every GEMM).
+every entry kernel of hal_triton (tile and loop variants, NCHW and channels_last, every GEMM).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from hal.dispatch import prepare
 from hal.plugin import Plugin
 from hal.registry import get_op
-from hal.triton.kernels import int32_dequant, register
+from hal_triton.kernels import int32_dequant, register
 
 from . import VENDOR, __version__
 from ._device import TRITON_ARCHS
@@ -47,7 +47,7 @@ class Launch:
 
     @property
     def name(self) -> str:
-        """"family.kernel", as hal.triton.aot names kernels."""
+        """"family.kernel", as hal_triton.aot names kernels."""
         return f"{self.kernel.fn.__module__.rsplit('.', 1)[-1]}.{self.kernel.fn.__name__}"
 
     @property

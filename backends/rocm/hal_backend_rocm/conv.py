@@ -3,12 +3,12 @@ through MIOpen, eval-mode conv -> BN -> ReLU as one MIOpen fusion plan, and eval
 add -> ReLU through ``torch.miopen_convolution_add_relu`` (the batch norm folded; see its kernel).
 
 fused_conv_bn_relu has two paths. In eval, ``miopen_fused``: the batch norm folds into the
-convolution (:mod:`hal.eager.fold`, cached while the parameters are unchanged) and
+convolution (:mod:`hal_backend_eager.fold`, cached while the parameters are unchanged) and
 ``torch.miopen_convolution_relu`` runs convolution + bias + ReLU. torch builds a MIOpen fusion plan
 only for 4-D NCHW-contiguous float32 inputs and runs three passes otherwise, so the kernel states
 exactly that; half-precision and channels_last inputs take ``miopen_triton`` from
-hal.triton.kernels (MIOpen convolution, then one Triton pass for normalise + ReLU), as does
-training. Padding arrives canonical (top, bottom, left, right); :mod:`hal.eager.conv` applies an
+hal_triton.kernels (MIOpen convolution, then one Triton pass for normalise + ReLU), as does
+training. Padding arrives canonical (top, bottom, left, right); :mod:`hal_backend_eager.conv` applies an
 asymmetric one with F.pad first, as PyTorch does for such a "same" convolution.
 """
 
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from hal.eager.conv import add_relu_backward_in_float32, add_relu_in_float32
-from hal.eager.fold import FoldCache
 from hal.plugin import Inputs
+from hal_backend_eager.conv import add_relu_backward_in_float32, add_relu_in_float32
+from hal_backend_eager.fold import FoldCache
 
 from ._common import FLOATS, NOT_F64, eager_kernel, ieee_fp32, kernel
 
 #: MIOpen's convolution and its gradients with canonical arguments, IEEE float32 for float32 data;
-#: the kit's ``miopen_triton`` kernels build on them (hal.triton.kernels.VendorLibs)
+#: the kit's ``miopen_triton`` kernels build on them (hal_triton.kernels.VendorLibs)
 conv = eager_kernel("conv2d", name="miopen", priority=10, dtypes=FLOATS)
 conv_grads = eager_kernel("conv2d_backward", name="miopen", priority=10, dtypes=FLOATS)
 eager_kernel("batch_norm", name="miopen", priority=10, dtypes=FLOATS)
@@ -77,7 +77,7 @@ def fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, runnin
 
 
 # torch's ops for every other call (training without autograd, asymmetric padding, float64), half
-# precision computed in float32 and rounded once (hal.eager.conv.add_relu_in_float32; fallbacks.py
+# precision computed in float32 and rounded once (hal_backend_eager.conv.add_relu_in_float32; fallbacks.py
 # would register torch's ops as they are, which round the batch norm's output before the add)
 eager_kernel("fused_conv_bn_add_relu", name="torch", priority=1, wrap=add_relu_in_float32)
 eager_kernel("fused_conv_bn_add_relu_backward", name="torch", priority=1, wrap=add_relu_backward_in_float32)

@@ -1,7 +1,7 @@
-"""hal/cpp's C++ kernels on AMD GPUs: batch_norm, batch_norm_backward, layer_norm_backward,
+"""kits/cpp's C++ kernels on AMD GPUs: batch_norm, batch_norm_backward, layer_norm_backward,
 rms_norm_backward and fused_adamw_ as kernel "cpp", and fused_conv_bn_relu with its backward as
 "miopen_cpp" (MIOpen convolution, then the C++ batch norm + ReLU), all registered by the kit
-(:func:`hal.cpp.register`) and compiled at run time by hiprtc for the device's gcnArchName
+(:func:`hal_cpp.register`) and compiled at run time by hiprtc for the device's gcnArchName
 (:mod:`.cpp_runtime`), for gfx90a and gfx942.
 
 Priority 15, below the Triton kernels (20): no AMD GPU has run them, so nothing says they are
@@ -12,8 +12,8 @@ no hiprtc) every kernel here rejects with its reason and the dispatcher takes th
 
 from __future__ import annotations
 
-import hal.cpp
-from hal.cpp.register import Convolution
+import hal_cpp
+from hal_cpp.register import Convolution
 
 from . import plugin
 from ._device import gfx
@@ -26,4 +26,4 @@ PRIORITY = 15
 ARCHS = gfx("gfx90a", "gfx942")
 
 RUNTIME = HipRuntime()
-KIT = hal.cpp.register(plugin, RUNTIME, priority=PRIORITY, archs=ARCHS, convolution=Convolution("miopen", conv, conv_grads))
+KIT = hal_cpp.register(plugin, RUNTIME, priority=PRIORITY, archs=ARCHS, convolution=Convolution("miopen", conv, conv_grads))

@@ -1,4 +1,4 @@
-"""The ROCm runtime of hal/cpp: hiprtc (through hip-python, :mod:`.hiprtc`) compiles the kit's
+"""The ROCm runtime of kits/cpp: hiprtc (through hip-python, :mod:`.hiprtc`) compiles the kit's
 sources for the device's gcnArchName with its target features ("gfx90a:sramecc+:xnack-") and
 ``HAL_WARP_SIZE`` set to the device's wavefront size (64 on CDNA), ``hipModuleLoadData`` loads the
 code objects, and kernels launch with ``hipModuleLaunchKernel`` on torch's current stream (on a
@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from hal.cpp import CompileError, KernelSig
+from hal_cpp import CompileError, KernelSig
 
 from . import _hip
 from ._device import _index, probe, properties
@@ -44,7 +44,7 @@ class HipError(RuntimeError):
 
 
 class HipRuntime:
-    """hal/cpp's :class:`hal.cpp.Runtime` for AMD GPUs."""
+    """kits/cpp's :class:`hal_cpp.Runtime` for AMD GPUs."""
 
     name = "hiprtc"
     code_suffix = ".hsaco"

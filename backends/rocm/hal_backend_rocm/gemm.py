@@ -2,7 +2,7 @@
 
 linear has three kernels: ``hipblaslt`` here (``torch._addmm_activation``: hipBLASLt's GEMM with
 the bias and relu or gelu_tanh as its epilogue; none as a plain GEMM with the bias), and from
-hal.triton.kernels ``hipblas_triton`` (the library GEMM with the bias, then the activation in
+hal_triton.kernels ``hipblas_triton`` (the library GEMM with the bias, then the activation in
 place by one Triton pass, any activation) and ``triton`` (a Triton GEMM with bias and activation
 applied to the accumulator before its only store, autotuned tiles). Where torch's build has no
 hipBLASLt for the device it runs the GEMM on rocBLAS and the activation as a separate pass, which

@@ -1,11 +1,11 @@
-"""AMD launch tables of the hal.triton kernels: the plugin's :class:`~hal.triton.tables.LaunchTables`
+"""AMD launch tables of the hal_triton kernels: the plugin's :class:`~hal_triton.tables.LaunchTables`
 for CDNA GPUs (gfx90a: MI200; gfx942: MI300).
 
 On AMD ``num_warps`` counts wavefronts of 64 lanes, so a program of 4 waves is 256 lanes, twice
 an NVIDIA program of 4 warps. Memory-bound kernels are sized by elements per lane (8 to 16: two
 16-byte accesses of half-precision data) and fill every compute unit (4 SIMDs each) several times.
 
-GEMM-like kernels pick among candidates by timing them on the device (:mod:`hal.triton.autotune`);
+GEMM-like kernels pick among candidates by timing them on the device (:mod:`hal_triton.autotune`);
 the first candidate is the default where tuning is off. The candidates follow AMD's guidance for
 Triton on CDNA: ``num_stages=2`` (one LDS buffer and a register prefetch: the stream pipeliner),
 ``matrix_instr_nonkdim`` choosing 16x16 or 32x32 MFMA tiles (16 is AMD's default advice on MI300),
@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from hal.triton.config import BNConfig, GemmConfig, next_pow2
-from hal.triton.tables import INTERPRETER, LaunchTables, interpreted
+from hal_triton.config import BNConfig, GemmConfig, next_pow2
+from hal_triton.tables import INTERPRETER, LaunchTables, interpreted
 
 from ._device import ARCHS, ArchFacts, arch, compute_units, slug
 

@@ -1,16 +1,16 @@
 """int8_linear through hipBLASLt: its int8 GEMM (``torch._int_mm``, exact int32 accumulation) and
 the Triton dequantising epilogue; ``tuned`` times it against the one-kernel Triton int8 GEMM of
-hal.triton.kernels once per device and shape bucket and keeps the faster. (quantize, dequantize
-and fake_quantize are Triton's, registered by hal.triton.kernels.)"""
+hal_triton.kernels once per device and shape bucket and keeps the faster. (quantize, dequantize
+and fake_quantize are Triton's, registered by hal_triton.kernels.)"""
 
 from __future__ import annotations
 
 import torch
 
 from hal.plugin import Inputs
-from hal.triton import autotune
-from hal.triton.checks import triton_check
-from hal.triton.kernels import int32_dequant
+from hal_triton import autotune
+from hal_triton.checks import triton_check
+from hal_triton.kernels import int32_dequant
 
 from . import TRITON_KERNELS
 from ._common import kernel

@@ -1,5 +1,5 @@
 """On a CUDA device: launches of compiled Triton specialisations that bypass Triton's Python launch
-path (hal.triton._launch: ``launch`` and the call sites' ``LaunchPlan``) compute what the first,
+path (hal_triton._launch: ``launch`` and the call sites' ``LaunchPlan``) compute what the first,
 Triton-launched call computes, reuse one entry per specialisation, and take a new one when the
 specialisation changes (a misaligned view).
 
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.triton import _launch, elementwise
+from hal_triton import _launch, elementwise
 from tests.cuda._support import fresh_seed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

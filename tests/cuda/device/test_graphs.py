@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 import hal
 import hal.graphs
-from hal.bench.models_llama import CONFIGS as LLAMA, OPS, Decoder
-from hal.bench.models_resnet import CONFIGS as RESNET, ResNet
+from hal_bench.models_llama import CONFIGS as LLAMA, OPS, Decoder
+from hal_bench.models_resnet import CONFIGS as RESNET, ResNet
 from tests.cuda._support import fresh_seed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

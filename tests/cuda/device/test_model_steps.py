@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import hal
-from hal.bench.workload import Workload
-from hal.bench.models_llama import CONFIGS as LLAMA, OPS, Decoder, LlamaTrain
-from hal.bench.models_moe import MoEForwardBackward
-from hal.bench.models_resnet import CONFIGS as RESNET, ResNet, ResNetTrain
+from hal_bench.models_llama import CONFIGS as LLAMA, OPS, Decoder, LlamaTrain
+from hal_bench.models_moe import MoEForwardBackward
+from hal_bench.models_resnet import CONFIGS as RESNET, ResNet, ResNetTrain
+from hal_bench.workload import Workload
 from tests.cuda._support import fresh_seed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -175,7 +175,7 @@ def in_hals_node():
 def test_batch_norm_backward_reuses_the_forwards_statistics_only_for_the_unchanged_input(gen, monkeypatch, in_hals_node):
     """The training forward keeps its statistics for the backward of the same x; after an in-place
     change of x (a new version) the backward recomputes them and follows the new data."""
-    from hal.triton import batchnorm
+    from hal_triton import batchnorm
 
     recomputed = []
     real = batchnorm.affine_params
@@ -585,7 +585,7 @@ def test_linear_cross_entropy_training_forward_keeps_its_gradients(gen, dtype, r
     match the backward that computes the logits again, which a second backward (nothing kept any
     more) runs."""
     from hal.integration import kept
-    from hal.triton import loss
+    from hal_triton import loss
 
     x, w, b = randn(gen, 11, 24, dtype=dtype), randn(gen, 40, 24, dtype=dtype, scale=0.2), randn(gen, 40, dtype=dtype)
     x.requires_grad_(True)  # as in hal's node: the inputs take gradients, grad mode is off

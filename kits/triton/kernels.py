@@ -1,14 +1,14 @@
-"""Registering the hal.triton kernels into a GPU plugin: one call per vendor plugin.
+"""Registering the hal_triton kernels into a GPU plugin: one call per vendor plugin.
 
-    from hal.triton.kernels import VendorLibs, register
+    from hal_triton.kernels import VendorLibs, register
     register(plugin, CudaTables(), archs=sm(80), vendor=VendorLibs("cudnn", conv, conv_grads, "cublas", linear))
 
 Every op family with a Triton kernel gets it here, under the same names on every vendor: ``triton``
 for the kernels that are Triton alone, ``<conv_name>_triton`` for the convolution of the vendor's
 library followed by the Triton batch norm (+ ReLU), and ``<blas_name>_triton`` for the vendor's
 GEMM followed by the Triton activation pass. Launch configurations come from the plugin's
-:class:`~hal.triton.tables.LaunchTables`; autotuned GEMM tiles are cached per device model
-(:mod:`hal.triton.autotune`). Importing this module, or calling :func:`register`, imports no Triton:
+:class:`~hal_triton.tables.LaunchTables`; autotuned GEMM tiles are cached per device model
+(:mod:`hal_triton.autotune`). Importing this module, or calling :func:`register`, imports no Triton:
 a kernel family is imported on the first call of one of its kernels.
 """
 
@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hal.eager.gemm import grads_of_rows
 from hal.plugin import Archs, Plugin
+from hal_backend_eager.gemm import grads_of_rows
 
 from . import autotune
 from .checks import Check, contiguous_vectors, flat_lists, triton_check
@@ -40,8 +40,8 @@ OUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": t
 
 @functools.lru_cache(maxsize=None)
 def family(name: str) -> ModuleType:
-    """The hal.triton kernel family ``name``, imported on first use (importing it imports Triton)."""
-    return importlib.import_module(f"hal.triton.{name}")
+    """The hal_triton kernel family ``name``, imported on first use (importing it imports Triton)."""
+    return importlib.import_module(f"hal_triton.{name}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +81,7 @@ def _grad_dtype(param: Optional[torch.Tensor], x: torch.Tensor) -> torch.dtype:
 
 def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], vendor: VendorLibs,
              backend: Optional[str] = None) -> dict[tuple[str, str], Callable[..., Any]]:
-    """Register every hal.triton kernel on ``plugin`` (its own backend unless ``backend`` names
+    """Register every hal_triton kernel on ``plugin`` (its own backend unless ``backend`` names
     another), launched with ``tables``. Returns the kernel functions by (op, name), for vendor
     kernels that build on them (a choice between a library GEMM and the Triton one, say)."""
     registered: dict[tuple[str, str], Callable[..., Any]] = {}

@@ -479,7 +479,7 @@ template <class A> HAL_DEVICE void eval_params(A* vec, const Params& p, int C, A
 //
 // One module per (storage type, vector width): the kit defines HAL_T (hal::f16, hal::bf16, float or
 // double) and HAL_VEC. Every pass of a layout takes the same arguments, so the host launches them
-// alike; hal/cpp/__init__.py lists the signatures.
+// alike; kits/cpp/__init__.py lists the signatures.
 #if !defined(HAL_T) || !defined(HAL_VEC)
 #error "define HAL_T and HAL_VEC (the kit does)"
 #endif

@@ -230,4 +230,4 @@ def _randomise_statistics(model: nn.Module, seed: int) -> None:
 def _model_name(cfg: ResNetConfig, size: str) -> str:
     if size != "full":
         return f"ResNet{list(cfg.layers)} width {cfg.width} ({cfg.image}x{cfg.image})"
-    return "torchvision ResNet-50" if _torchvision_resnet50() is not None else "ResNet-50 (built in hal.bench, torchvision not importable)"
+    return "torchvision ResNet-50" if _torchvision_resnet50() is not None else "ResNet-50 (built in hal_bench, torchvision not importable)"

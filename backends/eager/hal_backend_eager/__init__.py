@@ -10,8 +10,9 @@ left, right), dim >= 0, eps resolved ...), torch tensors in and out; in-place op
 the op does. Backward ops are computed with torch.autograd through the forward.
 
 One module per op family, each listing its functions in ``__all__`` under the op's name; importing
-this package registers them all as kernels named ``torch`` (the core ships the plugin: entry point
-``eager`` of the ``hal`` distribution).
+this package registers them all as kernels named ``torch`` (entry point ``eager`` of the
+``hal-backend-eager`` distribution, backends/eager; the cpu, cuda and rocm plugins build on its
+functions and depend on it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import importlib
 from typing import Any, Callable
 
 from hal.plugin import Plugin
-from hal.version import __version__
+
+__version__ = "0.1.0"
 
 FAMILIES = ("conv", "elementwise", "gemm", "norm", "attention", "mixed_precision", "quant", "transformer", "loss")
 
@@ -32,7 +34,7 @@ plugin.define_backend(priority=PRIORITY, device_types=("cpu", "cuda", "rocm"), a
 
 _TABLE: dict[str, Callable[..., Any]] = {}
 for _family in FAMILIES:
-    _module = importlib.import_module(f"hal.eager.{_family}")
+    _module = importlib.import_module(f"hal_backend_eager.{_family}")
     _checks = getattr(_module, "CHECKS", {})  # an op's capability check, where torch's call needs one
     for _name in _module.__all__:
         _fn = getattr(_module, _name)

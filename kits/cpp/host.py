@@ -1,4 +1,4 @@
-"""A runtime that runs hal/cpp kernels on the CPU: the same sources compiled by the host C++
+"""A runtime that runs kits/cpp kernels on the CPU: the same sources compiled by the host C++
 compiler against hal_host.h, every block's threads as CPU threads (see that header).
 
 For tests on machines without a GPU: it proves the kernels' numerics and indexing, with a warp of

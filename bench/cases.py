@@ -5,13 +5,13 @@ convolutions at batch 64, 8192-class GEMMs, 1B-parameter optimizer steps); on th
 so that ``hal bench`` on cpu_ref finishes in seconds. Every op of the registry has a case.
 
 A case builds its inputs only when it runs (``setup(device)``), returning the callables to time:
-``hal`` (through ``hal.ops``, dispatch included), ``eager`` (``hal.eager``, or autograd's backward of
+``hal`` (through ``hal.ops``, dispatch included), ``eager`` (``hal_backend_eager``, or autograd's backward of
 the eager forward for backward ops, which is what PyTorch users run), ``compiled`` (torch.compile of
 the same eager function) and named ``peers`` (vendor calls such as cuDNN's fused convolution with
-pre-folded weights, Liger-Kernel's kernels: ``hal.bench.liger``). ``targets`` are the issues' goals:
+pre-folded weights, Liger-Kernel's kernels: ``hal_bench.liger``). ``targets`` are the issues' goals:
 ratio >= value, for "eager", "compile", "peer:<name>", "best_peer" (the fastest named peer),
 "bw" (fraction of copy bandwidth) and "rate" (fraction of the matrix rate). ``published`` are
-figures of peers that cannot run here (``hal.bench.published``), shown beside the row, never judged.
+figures of peers that cannot run here (``hal_bench.published``), shown beside the row, never judged.
 
 Training rows ("train fwd+bwd") time a forward and a backward pass per run, every column through
 autograd alike; they exist where a peer computes the gradient inside its forward pass (Liger's
@@ -65,7 +65,7 @@ class Case:
 
 
 def canonical(op: str, args: tuple, kwargs: dict) -> tuple:
-    """The canonical positional arguments of a call (what kernels and hal.eager functions take)."""
+    """The canonical positional arguments of a call (what kernels and hal_backend_eager functions take)."""
     decl = get_op(op)
     bound = inspect.signature(decl.entry).bind(*args, **kwargs)
     bound.apply_defaults()
@@ -76,14 +76,18 @@ def canonical(op: str, args: tuple, kwargs: dict) -> tuple:
 
 
 def _eager(op: str) -> Optional[Callable[..., Any]]:
-    from hal.eager import eager, has_eager
+    try:
+        from hal_backend_eager import eager, has_eager
+    except ImportError as exc:
+        raise ImportError("hal bench's eager peers are the eager backend's functions (hal_backend_eager), which is not "
+                          "installed: pip install ./backends/eager (the hal-backend-eager distribution)") from exc
 
     return eager(op) if has_eager(op) else None
 
 
 def forward(op: str, args: tuple, kwargs: Optional[dict] = None, peers: Optional[dict[str, PeerLike]] = None,
             liger_peer: bool = False) -> Setup:
-    """A forward op: hal.ops call, hal.eager function, torch.compile of it (and Liger-Kernel's
+    """A forward op: hal.ops call, hal_backend_eager function, torch.compile of it (and Liger-Kernel's
     function with ``liger_peer``)."""
     kwargs = kwargs or {}
     entry = getattr(hal.ops, op)

@@ -1,4 +1,4 @@
-// hal/cpp host emulation: the kernels' CUDA/HIP vocabulary on CPU threads, for the tests.
+// kits/cpp host emulation: the kernels' CUDA/HIP vocabulary on CPU threads, for the tests.
 //
 // A launch runs its blocks one after another; the threads of a block are std::threads, so that
 // __syncthreads, shared memory and warp shuffles behave as on a GPU (a block's __shared__ arrays are

@@ -1,4 +1,4 @@
-"""Register the hal/cpp kernels (named "cpp") onto a plugin, given a runtime.
+"""Register the kits/cpp kernels (named "cpp") onto a plugin, given a runtime.
 
 A GPU plugin calls :func:`register` once at import with its runtime object (which imports nothing
 heavy until a kernel runs) and, for fused_conv_bn_relu, its vendor library's convolution

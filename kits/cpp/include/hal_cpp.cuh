@@ -1,4 +1,4 @@
-// hal/cpp portability header: the common subset of CUDA and HIP C++ that hal's kernels use.
+// kits/cpp portability header: the common subset of CUDA and HIP C++ that hal's kernels use.
 //
 // One source compiles with NVRTC (CUDA), hiprtc or hipcc (HIP) and, for the tests, with a host C++
 // compiler against hal_host.h (every block's threads as CPU threads). The kit inlines this file into
@@ -113,7 +113,7 @@ template <class T> struct Acc { typedef float type; };
 template <> struct Acc<double> { typedef double type; };
 
 // Runtime dtype codes of per-channel parameters (they may be x's dtype or float32 beside half x);
-// the host passes hal.cpp.DTYPE_CODES.
+// the host passes hal_cpp.DTYPE_CODES.
 enum DType { DT_F16 = 0, DT_BF16 = 1, DT_F32 = 2, DT_F64 = 3 };
 
 template <class A> HAL_DEVICE A load_code(const void* p, int code, i64 i) {

@@ -25,7 +25,7 @@ optimizer and the loss scaling stay eager) and measures every variant the same w
   data (next to eager's); inference: the relative error ‖out − ref‖ / ‖ref‖ of the output against
   the eager model run in float32 on the same input.
 
-Sizes come from a preset (:data:`hal.bench.workload.SIZES`): ``full`` (the issue's sizes, for a GPU), ``cpu`` (small
+Sizes come from a preset (:data:`hal_bench.workload.SIZES`): ``full`` (the issue's sizes, for a GPU), ``cpu`` (small
 models that take milliseconds per step on a CPU) and ``tiny`` (the CI tests).
 """
 

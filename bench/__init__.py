@@ -1,4 +1,4 @@
-"""hal.bench: time each op's chosen kernel against eager PyTorch and torch.compile, as ratios.
+"""hal_bench: time each op's chosen kernel against eager PyTorch and torch.compile, as ratios.
 
 - ``timing``   device-event timers (CUDA/ROCm) and host timers (CPU), median of many runs
 - ``ceilings`` the device's measured copy bandwidth and matrix rate, the 100% marks

@@ -75,7 +75,7 @@ _BN_APPLY = "ptr ptr ptr ptr i64 i32 i64 i64 i32"
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """A kernel source file of hal/cpp/kernels, the defines that pick one of its modules, and the
+    """A kernel source file of kits/cpp/kernels, the defines that pick one of its modules, and the
     kernels every module of it holds."""
 
     file: str
@@ -83,7 +83,7 @@ class Source:
     kernels: tuple[KernelSig, ...]
 
     def text(self) -> str:
-        """The source as one translation unit: hal/cpp/include headers inlined once each, so that
+        """The source as one translation unit: kits/cpp/include headers inlined once each, so that
         no compiler needs an include path."""
         return _inline(KERNEL_DIR / self.file, set())
 

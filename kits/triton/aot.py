@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of every hal.triton kernel, with no GPU: a representative signature per
+"""Ahead-of-time compilation of every hal_triton kernel, with no GPU: a representative signature per
 kernel (and per major variant), compiled for a target such as ``GPUTarget("cuda", 90, 32)`` or
 ``GPUTarget("hip", "gfx90a", 64)``. CI uses it to prove the sources build for sm_80, sm_90 and
 gfx90a; a vendor plugin can use it to warm a cache.
@@ -45,7 +45,7 @@ class Spec:
     def source(self) -> Any:
         from triton.compiler import ASTSource
 
-        fn = getattr(importlib.import_module(f"hal.triton.{self.family}"), self.kernel)
+        fn = getattr(importlib.import_module(f"hal_triton.{self.family}"), self.kernel)
         signature = {name: (v if _is_type(v) else "constexpr") for name, v in self.params}
         constexprs = {name: v for name, v in self.params if not _is_type(v)}
         attrs = {
@@ -210,10 +210,10 @@ def specs() -> list[Spec]:
 
 
 def kernel_names() -> set[tuple[str, str]]:
-    """(family, name) of every entry kernel (``*_kernel``) of the hal.triton families."""
+    """(family, name) of every entry kernel (``*_kernel``) of the hal_triton families."""
     out = set()
     for family in FAMILIES:
-        module = importlib.import_module(f"hal.triton.{family}")
+        module = importlib.import_module(f"hal_triton.{family}")
         for name, obj in vars(module).items():
             if name.endswith("_kernel") and hasattr(obj, "fn") and getattr(obj.fn, "__module__", "") == module.__name__:
                 out.add((family, name))

@@ -161,7 +161,7 @@ def dispatch_overhead(device: torch.device) -> dict[str, Any]:
 
 
 def _git(*cmd: str) -> Optional[str]:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]  # bench/ sits at the top of the repository
     try:
         return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hal.eager.loss import kept_gradients_state
 from hal.integration.kept import KeptForBackward, backward_follows
+from hal_backend_eager.loss import kept_gradients_state
 
 from ._launch import compute_dtype, launch
 

@@ -1,6 +1,6 @@
 """The launch-table protocol: what a GPU plugin tells the Triton kit about launching its kernels.
 
-The kernel sources of :mod:`hal.triton` are vendor-neutral; their host functions take launch
+The kernel sources of :mod:`hal_triton` are vendor-neutral; their host functions take launch
 configurations (block sizes, warps, pipelining) as arguments. A GPU plugin supplies those numbers
 by subclassing :class:`LaunchTables`: NVIDIA's tables speak ``num_warps`` / ``num_stages`` for
 32-thread warps, AMD's pick tiles for 64-lane wavefronts and add ``waves_per_eu``,
@@ -48,7 +48,7 @@ def interpreted(t: torch.Tensor) -> bool:
 
 
 class LaunchTables(abc.ABC):
-    """A GPU vendor's launch configurations of the hal.triton kernels, per call.
+    """A GPU vendor's launch configurations of the hal_triton kernels, per call.
 
     Every method receives the call's tensor, so that tables can depend on the device (its
     multiprocessor count) and the problem size. Methods answer CPU tensors with

@@ -1,4 +1,4 @@
-"""hal.cpp: portable C++ kernels (the common subset of CUDA and HIP C++), compiled at run time.
+"""hal_cpp: portable C++ kernels (the common subset of CUDA and HIP C++), compiled at run time.
 
 For the places where a hand-written kernel beats Triton: batch norm over NHWC and NCHW with Welford
 reductions in one pass (``kernels/batchnorm.cu``), multi-tensor AdamW with 16-byte accesses
@@ -16,7 +16,7 @@ the same sources on CPU threads for the tests. Then:
 - :func:`register`: registers the kernels as ``"cpp"`` onto a plugin;
 - :func:`compile_source` and :data:`VARIANTS`: what CI compiles without a device.
 
-``import hal.cpp`` imports no vendor package and compiles nothing; modules compile on first launch.
+``import hal_cpp`` imports no vendor package and compiles nothing; modules compile on first launch.
 """
 
 from __future__ import annotations

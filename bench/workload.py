@@ -1,4 +1,4 @@
-"""The protocol of the whole-model benchmark (:mod:`hal.bench.models`): a :class:`Workload` builds a
+"""The protocol of the whole-model benchmark (:mod:`hal_bench.models`): a :class:`Workload` builds a
 model's step for one implementation; a :class:`Variant` is one column of the table. The workloads
 (``models_resnet``, ``models_llama``, ``models_moe``) build on this module, the harness runs them."""
 

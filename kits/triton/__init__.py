@@ -1,4 +1,4 @@
-"""hal.triton: portable Triton kernel sources shared by the GPU plugins (CUDA now, ROCm later).
+"""hal_triton: portable Triton kernel sources shared by the GPU plugins (CUDA now, ROCm later).
 
 Each module holds the ``@triton.jit`` kernels of one op family and thin host functions that
 allocate outputs, compute grids and launch. Launch configurations (block sizes, warps, stages) are

@@ -1,0 +1,75 @@
+"""The eager backend is a distribution of its own (hal-backend-eager, backends/eager): its entry
+point comes from it and no longer from the core, the plugins built on its functions declare it, and
+the core works without it, saying what to install where it needs it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import hal
+from hal.nn import modules
+
+
+def test_the_entry_point_is_the_eager_distributions() -> None:
+    eps = [ep for ep in importlib.metadata.entry_points(group="hal.backends") if ep.name == "eager"]
+    assert [(ep.value, ep.dist.name if ep.dist else None) for ep in eps] == [("hal_backend_eager:plugin", "hal-backend-eager")]
+    core = importlib.metadata.distribution("hal").entry_points
+    assert not [ep for ep in core if ep.group == "hal.backends"], "the core ships no backend"
+    record = {b.name: b for b in hal.backends()}["eager"]
+    assert record.available and record.priority == -10
+
+
+@pytest.mark.parametrize("dist", ["hal-backend-cpu", "hal-backend-cuda", "hal-backend-rocm"])
+def test_the_plugins_built_on_it_depend_on_it(dist: str) -> None:
+    try:
+        requires = importlib.metadata.requires(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{dist} is not installed here")
+    assert any(r.startswith("hal-backend-eager") for r in requires), requires
+
+
+def test_without_it_the_eval_fold_of_hal_nn_names_the_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(modules, "_FOLDED", None)
+    monkeypatch.setitem(sys.modules, "hal_backend_eager.fold", None)  # an import of it fails
+    with pytest.raises(ImportError, match=r"pip install \./backends/eager \(the hal-backend-eager distribution\)"):
+        modules._fold_cache()
+
+
+def test_without_it_the_core_imports_and_dispatches_elsewhere() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["hal_backend_eager"] = None  # as if hal-backend-eager were not installed
+        import numpy as np
+        import hal, hal.nn
+        x = np.ones((2, 3), np.float32)
+        assert hal.explain("softmax", x).backend == "cpu_ref"
+        eager = {b.name: b for b in hal.backends()}["eager"]
+        assert not eager.available and "hal_backend_eager" in (eager.load_error or ""), eager
+        print("ok")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stdout + r.stderr
+
+
+def test_without_it_the_conformance_of_cpu_ref_names_the_distribution(tmp_path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["hal_backend_eager"] = None  # as if hal-backend-eager were not installed
+        from hal.cli import main
+        sys.exit(main(["conformance", "--backend", "cpu_ref", "--ops", "softmax", "--report-dir", {str(tmp_path / "reports")!r}]))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAL_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "the reference backend eager" in r.stderr and "pip install hal-backend-eager` (./backends/eager" in r.stderr, r.stderr
