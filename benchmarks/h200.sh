@@ -8,6 +8,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
+#   HAL_COMMIT=<sha> benchmarks/h200.sh tune    # GPU tests, conformance, hal tune (first and second process, seeds), dispatch overhead
 #   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels (SKIP_CPP=1 skips), host times, step profiles
 #
 # HAL_COMMIT: pass the sha of this checkout literally (HAL_COMMIT=abc1234 ...): the device machine's
@@ -107,6 +108,36 @@ PY
     # script's archive, rewritten after the step: a command keeps its own logs under other names
     step cmd "${CMD_LIMIT:-120}" bash -c "$CMD"
     ;;
-  *) echo "unknown mode $mode (check, verify, final, bench, host, explore, cmd)"; exit 2 ;;
+  tune)  # measured kernel choice (issue 27): GPU tests, full conformance (the cuda 'eager' kernels included), what tuning
+    # costs on a first step of every built-in model (hal tune, eager and graph contexts) and that a second process pays
+    # nothing, and the measurements exported as the plugin's seed file
+    export HAL_TUNE_CACHE="$out/tune"
+    step gpu-tests "${TESTS_LIMIT:-100}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device
+    OMP_NUM_THREADS=2 step conformance "${CONF_LIMIT:-200}" python3 -m hal conformance --backend cuda --jobs 12 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
+    mkdir -p "$out/tuned"
+    for m in ${TUNE_MODELS:-resnet50_train llama_train}; do  # one process each: a cut keeps the rest
+      step "tune-$m" "${TUNE_LIMIT:-90}" bash -c "python3 -m hal tune $m --json --export $out/seeds > $out/tuned/first-$m.json"
+    done
+    for m in ${TUNE_AGAIN:-llama_train}; do  # a later process: what it pays once the cache holds the measurements
+      step "tune-again-$m" 45 bash -c "python3 -m hal tune $m --json > $out/tuned/again-$m.json"
+    done
+    python3 - "$out" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+rows = []
+for path in sorted((out / "tuned").glob("*.json")):
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"== {path.name}: {exc}"); continue
+    for r in doc["rows"]:
+        rows.append({"run": path.stem.split("-")[0], **r})
+        print(f"== {path.stem}: {r['model']} [{r['context']}]: {r['calls_measured']} calls measured in {r['measuring_s']} s, step {r['step_s']} s")
+(out / "tune.json").write_text(json.dumps(rows, indent=1))
+PY
+    for f in tune.json conformance/report.md conformance/report.json; do [ -f "$out/$f" ] && cp "$out/$f" "$OUT/$(echo $f | tr / -)"; done
+    for f in "$out"/seeds/*.json; do [ -f "$f" ] && cp "$f" "$OUT/seed-$(basename "$f")"; done
+    ;;
+  *) echo "unknown mode $mode (check, verify, final, bench, host, explore, cmd, tune)"; exit 2 ;;
 esac
 ls -la "$OUT"

@@ -112,6 +112,8 @@ class Choice:
     tune: str = "on"
     #: the call is made while routes are timed (not counted).
     measuring: bool = False
+    #: the decision is for a torch.compile graph (kernel checks see ``Inputs.traced``).
+    for_graph: bool = False
 
 
 def env_flag(name: str, default: bool = False) -> bool:

@@ -46,6 +46,9 @@ class Inputs:
     dtype: Optional[str]  # the op's dtype (dtype of its ``dtype_from`` argument)
     array_type: str  # "numpy" or "torch"
     arch: Optional[str] = None  # the device's architecture as its backend names it ("sm_90", "gfx90a")
+    #: the decision is made for a torch.compile graph (also where ``hal.explain`` shows what a
+    #: graph would run, on real arrays)
+    for_graph: bool = False
 
     def __getitem__(self, name: str) -> Any:
         return self.args[self.op.index(name)]
@@ -56,10 +59,11 @@ class Inputs:
 
     @property
     def traced(self) -> bool:
-        """Whether torch.compile is tracing the call (see :func:`traced`): there Inductor compiles a
+        """Whether the call is decided for a torch.compile graph (its arrays are being traced, see
+        :func:`traced`, or ``hal.explain`` asks what a graph would run): there Inductor compiles a
         kernel made of torch's ops together with its neighbours, so a check may accept or decline
         differently than for an eager call."""
-        return traced(self.args)
+        return self.for_graph or traced(self.args)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,7 +62,7 @@ def inputs_as(inputs: Inputs, api: str, views: dict[str, Inputs]) -> Inputs:
     if api not in views:
         convert = arrays.to_numpy if api == "numpy" else arrays.from_numpy
         args = tuple(map_arrays(inputs.op, inputs.args, convert))
-        views[api] = Inputs(inputs.op, args, inputs.device_kind, inputs.device, inputs.dtype, api, inputs.arch)
+        views[api] = Inputs(inputs.op, args, inputs.device_kind, inputs.device, inputs.dtype, api, inputs.arch, inputs.for_graph)
     return views[api]
 
 

@@ -267,9 +267,10 @@ class _Search:
 
     def _inputs_for(self, state: BackendState, mode: str) -> Inputs:
         i = self.inputs
+        graph = self.choice.for_graph
         if mode == "host":
-            return Inputs(self.decl, i.args, "cpu", torch.device("cpu"), i.dtype, "torch", None)
-        return Inputs(self.decl, i.args, i.device_kind, i.device, i.dtype, i.array_type, _arch(state, i.device))
+            return Inputs(self.decl, i.args, "cpu", torch.device("cpu"), i.dtype, "torch", None, graph)
+        return Inputs(self.decl, i.args, i.device_kind, i.device, i.dtype, i.array_type, _arch(state, i.device), graph)
 
     def _option(self, state: BackendState, k: KernelSpec, api: str, mode: str, inputs: Inputs, fallback: Optional[str]) -> Option:
         recordable = (self.choice.torch_autograd and not _differentiates_more(self.decl, self.inputs.args)

@@ -76,6 +76,7 @@ def decide_traced(decl: OpDecl, args: Sequence[Any], choice: Choice) -> Optional
     and None says that the call stays an opaque node, which decides on real tensors when the graph
     runs. Raises InvalidArgumentError for bad arguments."""
     prepared = prepare(decl, args)
+    choice = dataclasses.replace(choice, for_graph=True)
     try:
         decided: Optional[Decided] = DISPATCHER.decide(decl, args, choice, may_measure=False, prepared=prepared)
     except Exception as exc:  # noqa: BLE001 - see the docstring
@@ -108,7 +109,8 @@ def traced_alternative(decl: OpDecl, args: Sequence[Any], decided: Optional[Deci
     assert choice is not None
     if not choice.torch_autograd or not env_flag("HAL_COMPILE_PREFER_TORCH", True):
         return None
-    second = DISPATCHER.decide(decl, args, dataclasses.replace(choice, traceable_only=True), may_measure=False, prepared=prepared)
+    second = DISPATCHER.decide(decl, args, dataclasses.replace(choice, traceable_only=True, for_graph=True), may_measure=False,
+                               prepared=prepared)
     if second.route is None or not second.route.traceable:
         return None
     instead = f"in place of the opaque {decided.route.backend}/{decided.route.kernel}" if decided is not None and decided.route else \

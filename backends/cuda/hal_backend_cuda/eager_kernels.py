@@ -8,7 +8,8 @@ does, a shape a tuned table serves badly), torch's kernels run. With ``HAL_TUNE=
 above it rank first, as before. float32 runs with TensorFloat-32 off, as every float32 kernel of
 this backend does. Ops whose ``torch`` kernel here is that very function get no second copy. On
 the autograd route torch's autograd records a trainable op's eager kernel (half precision): that
-route is exactly eager PyTorch's forward and backward.
+route is exactly eager PyTorch's forward and backward. Inside torch.compile graphs it is never the
+kernel of torch's ops a graph takes in: there the backend's other kernels decide, as before.
 Imported last: it reads what the other modules registered.
 """
 
@@ -20,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from hal_backend_eager import eager, has_eager
+from hal.plugin import Inputs
 from hal.registry import OPS
 
 from . import plugin
@@ -41,6 +43,16 @@ def _with_ieee_fp32(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _recorded_eagerly(inputs: Inputs) -> list[str]:
+    """Where torch's autograd may record the eager twin: half precision (float32's recorded backward
+    would run outside the IEEE guard), and outside torch.compile graphs, where the backend's own
+    kernels decide what joins a graph (an eager twin there would, e.g., give linear_cross_entropy
+    back its whole logits)."""
+    if inputs.traced:
+        return ["inside torch.compile graphs the backend's other kernels decide (the eager twin is a measured candidate of eager calls)"]
+    return not_float32(inputs)
+
+
 def _has_it_already(op: str) -> bool:
     fn = eager(op)
     return any(k.op == op and k.fn is fn for k in plugin.kernels)
@@ -48,6 +60,5 @@ def _has_it_already(op: str) -> bool:
 
 for _op in [name for name in OPS if has_eager(name) and not _has_it_already(name)]:
     # a trainable op's eager twin is torch's differentiable ops: a call needing autograd lets torch's
-    # autograd record it, exactly eager PyTorch's training step (float32 excepted: the recorded
-    # backward would run outside the IEEE float32 guard)
-    kernel(_op, name="eager", priority=PRIORITY, differentiable=not_float32 if OPS[_op].trainable else False)(_with_ieee_fp32(eager(_op)))
+    # autograd record it, exactly eager PyTorch's training step
+    kernel(_op, name="eager", priority=PRIORITY, differentiable=_recorded_eagerly if OPS[_op].trainable else False)(_with_ieee_fp32(eager(_op)))
