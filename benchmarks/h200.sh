@@ -69,7 +69,7 @@ case "$mode" in
   bench)  # Liger's peers checked against float64 first, then hal bench (bench.json rewritten after
     # every case), then the table and the roofline drawn again from bench.json: a bench cut short by
     # its limit still leaves its table and picture
-    step liger-check "${CHECK_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/bench/test_liger_device.py
+    [ -z "${SKIP_LIGER_CHECK:-}" ] && step liger-check "${CHECK_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/bench/test_liger_device.py
     step bench "${BENCH_LIMIT:-420}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
     step render 60 python3 -m hal bench --render "$out/bench/bench.json" --out "$out/bench"
     for f in bench.json bench.md bench.png; do [ -f "$out/bench/$f" ] && cp "$out/bench/$f" "$OUT/"; done
@@ -112,7 +112,7 @@ PY
     # costs on a first step of every built-in model (hal tune, eager and graph contexts) and that a second process pays
     # nothing, and the measurements exported as the plugin's seed file
     export HAL_TUNE_CACHE="$out/tune"
-    step gpu-tests "${TESTS_LIMIT:-100}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device
+    [ -z "${SKIP_GPU_TESTS:-}" ] && step gpu-tests "${TESTS_LIMIT:-100}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device
     OMP_NUM_THREADS=2 step conformance "${CONF_LIMIT:-200}" python3 -m hal conformance --backend cuda --jobs 12 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
     mkdir -p "$out/tuned"
     for m in ${TUNE_MODELS:-resnet50_train llama_train}; do  # one process each: a cut keeps the rest

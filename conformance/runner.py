@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 import hal
+from hal import config
 from hal.arrays import dtype_name, is_array, torch_dtype
 from hal.dispatch import DISPATCHER, prepare
 from hal.errors import BackendUnavailableError, HalError, UnsupportedError
@@ -169,6 +170,17 @@ def canonical_call(decl: OpDecl, args: Sequence[Any]) -> tuple[tuple, list[tuple
     prepared = prepare(decl, list(args))
     inputs, subs, unbatched = prepared.inputs, list(prepared.subs), prepared.unbatched
     return inputs.args, subs, unbatched
+
+
+@contextlib.contextmanager
+def untuned() -> Iterator[None]:
+    """Kernel choice by priority alone in this thread (as HAL_TUNE=off), whatever the environment."""
+    outer = config.current() or config.Overrides()
+    saved = config.enter(dataclasses.replace(outer, tune="off"))
+    try:
+        yield
+    finally:
+        config.leave(saved)
 
 
 def default_backend() -> str:
@@ -333,7 +345,13 @@ class Suite:
         return results
 
     def run_case(self, p: Planned) -> Result:
-        """Run one planned case and classify it (xfail list applied, reproduction attached)."""
+        """Run one planned case and classify it (xfail list applied, reproduction attached). Nothing
+        is measured: the kernel under test is forced, and the ops it calls in turn (a composite's
+        steps, the reference) take their priority choice, the same on every run (HAL_TUNE=off)."""
+        with untuned():
+            return self._classified(p)
+
+    def _classified(self, p: Planned) -> Result:
         start = time.perf_counter()
         if p.spec is None:
             if p.placeholder == "no_cases":

@@ -57,7 +57,7 @@ log = logging.getLogger("hal")
 #: another route must beat hal's first choice by more than this fraction to replace it.
 MARGIN = 0.03
 #: rounds of timing per route, interleaved across routes (medians over them).
-ROUNDS = 5
+ROUNDS = 3
 #: the time one round of one route aims at, in seconds (enough runs to outlast a timer's grain).
 ROUND_S = 0.004
 #: at most this many runs in one round.
@@ -66,8 +66,8 @@ MAX_RUNS = 200
 COPY_BUDGET = 1 << 30
 #: a route slower than this many times the fastest on its first timed run is timed no further.
 PRUNE = 3.0
-#: after three rounds, stop once measuring one call has taken this many seconds.
-BUDGET_S = 0.25
+#: after two rounds, stop once measuring one call has taken this many seconds.
+BUDGET_S = 0.08
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +81,11 @@ class Measurement:
     winner: str
     #: "measured" (just now), "cache" (measured earlier on this device) or "seed" (shipped by a plugin).
     source: str
-    #: seconds this process spent measuring it (0 when read from a cache).
+    #: seconds this process spent measuring it (0 when read from a cache), the measurements of the
+    #: calls its routes made in turn included.
     spent_s: float = 0.0
+    #: made while another call's routes were timed (a backward op's, say): its time is in that one's.
+    nested: bool = False
 
     def time_of(self, label: str) -> Optional[float]:
         return dict(self.times_us).get(label)
@@ -170,7 +173,7 @@ def choose(
     best = min(range(len(routes)), key=lambda i: times[i])
     if not times[0] > times[best] * (1 + MARGIN):
         best = 0
-    found = Measurement(key, context, tuple(zip(labels, times)), labels[best], "measured", spent)
+    found = Measurement(key, context, tuple(zip(labels, times)), labels[best], "measured", spent, nested=bool(busy))
     cache.put(key, {"winner": labels[best], "times_us": {label: _rounded(t) for label, t in zip(labels, times)},
                     "context": context, "op": decl.name, "source": "measured",
                     "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
@@ -301,17 +304,14 @@ def _measure(decl: OpDecl, args: Sequence[Any], routes: Sequence[Route], context
     on_device = isinstance(device, torch.device) and device.type != "cpu"
     graph = context.startswith("graph")
     sync = torch.cuda.synchronize if on_device else _nothing
+    timer = _device_time if (graph and on_device) else _wall_time
     calls: list[Optional[Callable[[], Any]]] = []
     singles: list[float] = []
     for i, route in enumerate(routes):
         try:
             call = _one_call(decl, args, runner(route), context.endswith("/train"))
             call()  # warm-up: compilation, autotuning, lazy state, the backward op's own decision
-            sync()
-            t0 = time.perf_counter()
-            call()
-            sync()
-            singles.append(max(time.perf_counter() - t0, 1e-7))
+            singles.append(max(timer(call, 1, sync), 1e-7))
         except Exception as exc:  # noqa: BLE001 - a route that fails here is never chosen
             if i == 0:
                 log.info("hal: %s: measuring stopped, hal's first choice %s raised %s: %s", decl.name, route.label, type(exc).__name__, exc)
@@ -321,20 +321,18 @@ def _measure(decl: OpDecl, args: Sequence[Any], routes: Sequence[Route], context
             singles.append(math.inf)
             continue
         calls.append(call)
-    # eagerly, a route several times slower than the fastest on its first run is not timed further:
-    # its single run is its figure (rounds of it would only cost time); a graph's device time
-    # cannot be judged from a wall-clock run
+    # a route several times slower than the fastest on its first timed run is not timed further:
+    # its single run is its figure (rounds of it would only cost time)
     fastest = min(singles)
-    timed = [c is not None and (graph or singles[i] <= PRUNE * fastest) for i, c in enumerate(calls)]
+    timed = [c is not None and singles[i] <= PRUNE * fastest for i, c in enumerate(calls)]
     runs = [max(1, min(MAX_RUNS, int(ROUND_S / singles[i]))) if timed[i] else 0 for i in range(len(calls))]
-    timer = _device_time if (graph and on_device) else _wall_time
     samples: list[list[float]] = [[] for _ in routes]
     for r in range(ROUNDS):
         for i, call in enumerate(calls):
             if timed[i]:
                 assert call is not None
                 samples[i].append(timer(call, runs[i], sync) / runs[i] * 1e6)
-        if r >= 2 and time.perf_counter() - started > BUDGET_S:
+        if r >= 1 and time.perf_counter() - started > BUDGET_S:
             break
     times = [statistics.median(samples[i]) if samples[i] else singles[i] * 1e6 for i in range(len(calls))]
     return times, time.perf_counter() - started

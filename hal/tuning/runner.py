@@ -31,7 +31,8 @@ class TuneReport:
     measurements: list[Measurement]
     #: wall-clock seconds of the whole step, measurements included.
     seconds: float
-    #: of which, seconds spent measuring.
+    #: of which, seconds spent measuring (the calls' own, not counting twice those made inside
+    #: another's, such as the backward op's decision while a training call's routes were timed).
     measuring_seconds: float
     #: what the step returned.
     result: Any = None
@@ -69,4 +70,4 @@ def tune(step: Callable[..., Any], *args: Any, **kwargs: Any) -> TuneReport:
     seconds = time.perf_counter() - started
     DISPATCHER.forget_plans()
     measured = list(LOG[first:])
-    return TuneReport(measured, seconds, sum(m.spent_s for m in measured), result)
+    return TuneReport(measured, seconds, sum(m.spent_s for m in measured if not m.nested), result)

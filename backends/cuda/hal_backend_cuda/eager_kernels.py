@@ -53,12 +53,30 @@ def _recorded_eagerly(inputs: Inputs) -> list[str]:
     return not_float32(inputs)
 
 
+#: twins that do not meet hal's contract for some inputs (the full CUDA conformance on the H200,
+#: 2026-12-03): left out with the reason, or limited to the dtypes that pass
+LEFT_OUT = {
+    "fused_conv_bn_relu_backward": "the conv bias gradient, zero in exact arithmetic behind a batch norm, is half-precision rounding noise "
+                                   "beyond the tolerance (the backend's torch kernel computes it in float32)",
+    "fused_conv_bn_add_relu_backward": "as fused_conv_bn_relu_backward",
+    "scale_shift_act": "x * scale + shift rounded twice in half precision (hal's kernels round once)",
+    "scale_shift_act_backward": "as scale_shift_act",
+    "scaled_dot_product_attention": "a query row whose mask hides every key gives torch's garbage where hal's contract gives 0",
+    "fake_quantize": "NaN inputs of a per-channel call are not propagated as hal's contract says",
+}
+DTYPES = {
+    "amp_unscale_": ("float16", "float32", "float64"),  # torch's foreach unscale has no bfloat16 kernel
+    "linear_backward": ("bfloat16", "float32", "float64"),  # float16 with sigmoid: one element beyond the tolerance
+}
+
+
 def _has_it_already(op: str) -> bool:
     fn = eager(op)
     return any(k.op == op and k.fn is fn for k in plugin.kernels)
 
 
-for _op in [name for name in OPS if has_eager(name) and not _has_it_already(name)]:
+for _op in [name for name in OPS if has_eager(name) and name not in LEFT_OUT and not _has_it_already(name)]:
     # a trainable op's eager twin is torch's differentiable ops: a call needing autograd lets torch's
     # autograd record it, exactly eager PyTorch's training step
-    kernel(_op, name="eager", priority=PRIORITY, differentiable=_recorded_eagerly if OPS[_op].trainable else False)(_with_ieee_fp32(eager(_op)))
+    kernel(_op, name="eager", priority=PRIORITY, dtypes=DTYPES.get(_op),
+           differentiable=_recorded_eagerly if OPS[_op].trainable else False)(_with_ieee_fp32(eager(_op)))
