@@ -9,6 +9,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
 #   HAL_COMMIT=<sha> benchmarks/h200.sh tune    # GPU tests, conformance, hal tune (first and second process, seeds), dispatch overhead
+#   HAL_COMMIT=<sha> benchmarks/h200.sh tunemodels  # hal tune's first-step cost and seeds, then eager/hal models with the tuned cache
 #   HAL_COMMIT=<sha> benchmarks/h200.sh explore # GPU tests, conformance (CONF_OPS=a,b), the C++ kernels (SKIP_CPP=1 skips), host times, step profiles
 #
 # HAL_COMMIT: pass the sha of this checkout literally (HAL_COMMIT=abc1234 ...): the device machine's
@@ -138,6 +139,16 @@ PY
     for f in tune.json conformance/report.md conformance/report.json; do [ -f "$out/$f" ] && cp "$out/$f" "$OUT/$(echo $f | tr / -)"; done
     for f in "$out"/seeds/*.json; do [ -f "$f" ] && cp "$f" "$OUT/seed-$(basename "$f")"; done
     ;;
-  *) echo "unknown mode $mode (check, verify, final, bench, host, explore, cmd, tune)"; exit 2 ;;
+  tunemodels)  # measured choice on whole models: hal tune's cost on a first step (seeds exported), then the model table
+    # with the tuned cache: eager and hal, each eagerly and as a whole-step CUDA graph (MODELS, VARIANTS to pick)
+    export HAL_TUNE_CACHE="$out/tune"
+    step tune "${TUNE_LIMIT:-150}" bash -c "python3 -m hal tune ${TUNE_MODELS:-resnet50_train llama_train} --json --export $out/seeds > $out/tune.json"
+    step models "${MODELS_LIMIT:-300}" python3 -m hal bench --models "${MODELS:-resnet50_train,llama_train,resnet50_infer_bf16}" \
+      --variants "${VARIANTS:-eager,hal,eager+graph,hal+graph}" --no-max-autotune --out "$out/models"
+    for f in tune.json models/models.json models/models.md; do [ -f "$out/$f" ] && cp "$out/$f" "$OUT/$(basename $f)"; done
+    for f in "$out"/seeds/*.json; do [ -f "$f" ] && cp "$f" "$OUT/seed-$(basename "$f")"; done
+    [ -f "$out/models/models.md" ] && sed -n '/^| model | eager/,/^$/p' "$out/models/models.md"
+    ;;
+  *) echo "unknown mode $mode (check, verify, final, bench, host, explore, cmd, tune, tunemodels)"; exit 2 ;;
 esac
 ls -la "$OUT"

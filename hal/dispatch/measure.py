@@ -64,8 +64,8 @@ ROUND_S = 0.004
 MAX_RUNS = 200
 #: arrays an op writes are copied for the measurement; above this many bytes it is not measured.
 COPY_BUDGET = 1 << 30
-#: a route slower than this many times the fastest on its first timed run is timed no further.
-PRUNE = 3.0
+#: a route slower than this many times the fastest on its best of two single runs is timed no further.
+PRUNE = 4.0
 #: after two rounds, stop once measuring one call has taken this many seconds.
 BUDGET_S = 0.08
 
@@ -306,26 +306,29 @@ def _measure(decl: OpDecl, args: Sequence[Any], routes: Sequence[Route], context
     sync = torch.cuda.synchronize if on_device else _nothing
     timer = _device_time if (graph and on_device) else _wall_time
     calls: list[Optional[Callable[[], Any]]] = []
-    singles: list[float] = []
+    walls: list[float] = []  # one call, host and device: what a round of it costs to run
+    singles: list[float] = []  # one call as the context counts it
     for i, route in enumerate(routes):
         try:
             call = _one_call(decl, args, runner(route), context.endswith("/train"))
             call()  # warm-up: compilation, autotuning, lazy state, the backward op's own decision
-            singles.append(max(timer(call, 1, sync), 1e-7))
+            walls.append(max(min(_wall_time(call, 1, sync) for _ in range(2)), 1e-7))
+            singles.append(max(min(timer(call, 1, sync) for _ in range(2)), 1e-7) if timer is not _wall_time else walls[-1])
         except Exception as exc:  # noqa: BLE001 - a route that fails here is never chosen
             if i == 0:
                 log.info("hal: %s: measuring stopped, hal's first choice %s raised %s: %s", decl.name, route.label, type(exc).__name__, exc)
                 return None
             log.info("hal: %s: route %s raised while timed (%s: %s); not chosen", decl.name, route.label, type(exc).__name__, exc)
             calls.append(None)
+            walls.append(math.inf)
             singles.append(math.inf)
             continue
         calls.append(call)
-    # a route several times slower than the fastest on its first timed run is not timed further:
-    # its single run is its figure (rounds of it would only cost time)
+    # a route several times slower than the fastest on its best of two single runs is not timed
+    # further: that is its figure (rounds of it would only cost time)
     fastest = min(singles)
     timed = [c is not None and singles[i] <= PRUNE * fastest for i, c in enumerate(calls)]
-    runs = [max(1, min(MAX_RUNS, int(ROUND_S / singles[i]))) if timed[i] else 0 for i in range(len(calls))]
+    runs = [max(1, min(MAX_RUNS, int(ROUND_S / walls[i]))) if timed[i] else 0 for i in range(len(calls))]
     samples: list[list[float]] = [[] for _ in routes]
     for r in range(ROUNDS):
         for i, call in enumerate(calls):
