@@ -183,7 +183,8 @@ class Dispatcher:
             return Decided(prepared, choice, selection, None)
         may_measure = may_measure and not (tracing.capturing() or tracing.traced(prepared.inputs.args))
         outcome = measure.choose(decl, prepared, args, options, choice.tune, choice.device_bound, may_measure,
-                                 self.runtime(), lambda route: self.plan_of(decl, route, prepared, counted=False)[1])
+                                 self.runtime(), lambda route: self.plan_of(decl, route, prepared, counted=False)[1],
+                                 nested=choice.measuring)
         return Decided(prepared, choice, selection, outcome.route, options, outcome)
 
     # --- plans --------------------------------------------------------------------------------

@@ -132,10 +132,13 @@ def choose(
     may_measure: bool,
     runtime: Runtime,
     runner: Callable[[Route], Callable[..., Any]],
+    nested: bool = False,
 ) -> Outcome:
     """The route for a call among ``routes`` (hal's first choice first). ``mode`` is HAL_TUNE's;
     ``may_measure`` False inside a capture, a trace or explain's walk; ``runner(route)`` gives an
-    uncounted runnable plan of a route."""
+    uncounted runnable plan of a route; ``nested``: the call is made while another's routes are
+    timed (its cost is part of that one's; a backward runs on torch's device threads, so this comes
+    from the scope, which hal's autograd node carries there)."""
     first = routes[0]
     if len(routes) < 2 or mode == "off":
         return Outcome(first)
@@ -173,7 +176,7 @@ def choose(
     best = min(range(len(routes)), key=lambda i: times[i])
     if not times[0] > times[best] * (1 + MARGIN):
         best = 0
-    found = Measurement(key, context, tuple(zip(labels, times)), labels[best], "measured", spent, nested=bool(busy))
+    found = Measurement(key, context, tuple(zip(labels, times)), labels[best], "measured", spent, nested=nested or bool(busy))
     cache.put(key, {"winner": labels[best], "times_us": {label: _rounded(t) for label, t in zip(labels, times)},
                     "context": context, "op": decl.name, "source": "measured",
                     "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
@@ -283,10 +286,18 @@ def _cpu_model() -> str:
 
 
 def _driver_version() -> str:
+    """The GPU driver's version: CUDA's from libcuda (cuDriverGetVersion), ROCm's HIP version."""
+    if torch.version.hip:
+        return str(torch.version.hip)
     try:
-        return str(torch._C._cuda_getDriverVersion()) if torch.version.cuda else str(torch.version.hip)
-    except Exception:  # noqa: BLE001 - a version we cannot read is just unknown
-        return "unknown"
+        import ctypes
+
+        version = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return str(version.value)
+    except OSError:
+        pass
+    return "unknown"
 
 
 def _rounded(t: float) -> Any:
