@@ -5,6 +5,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check   # GPU tests, host profile, full conformance, config sweeps
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, conformance (CONF_OPS=a,b), the whole-model table, [HOST_EXTRAS=1] optimizer host time
+#   HAL_COMMIT=<sha> benchmarks/h200.sh table   # GPU tests, the whole op table, dispatch overhead, [PROFILE_MODELS=a,b] step profiles
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
@@ -39,6 +40,27 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $out/NAME.lo
   tail -n 25 "$out/$name.log"
   tar czf "$OUT/run.tgz" -C "$out" .  # after every step: a call cut short still returns what finished
 }
+bench_table() {  # Liger's peers checked against float64 first, then hal bench (bench.json rewritten after
+  # every case), then the table and the roofline drawn again from bench.json: a bench cut short by
+  # its limit still leaves its table and picture
+    [ -z "${SKIP_LIGER_CHECK:-}" ] && step liger-check "${CHECK_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/bench/test_liger_device.py
+    step bench "${BENCH_LIMIT:-420}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
+    step render 60 python3 -m hal bench --render "$out/bench/bench.json" --out "$out/bench"
+    for f in bench.json bench.md bench.png; do [ -f "$out/bench/$f" ] && cp "$out/bench/$f" "$OUT/"; done
+    python3 - "$out/bench/bench.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["results"]
+print(f"== {len(rows)} cases in {doc.get('wall_s', 0):.0f} s; the slowest (wall seconds: setup, compilation, timing):")
+for r in sorted(rows, key=lambda r: -r.get("wall_s", 0))[:10]:
+    print(f"  {r.get('wall_s', 0):6.1f}  {r['op']}: {r['case']}")
+for r in rows:
+    for t in r.get("targets", []):
+        if t["target"] == "best_peer":
+            shown = "n/a" if t["value"] is None else f"{t['value']:.2f}x"
+            print(f"  best_peer {r['op']}: {r['case']}: {shown} ({'met' if t['met'] else t.get('reason') or 'missed'})")
+PY
+}
 case "$mode" in
   check)  # correctness first: GPU tests, where host time goes, the full conformance suite, sweeps
     step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider tests/cuda/device
@@ -67,26 +89,15 @@ case "$mode" in
     step overhead 40 python3 benchmarks/dispatch_overhead.py --repeat 5 --number 2000 --device cuda
     step profile 100 python3 benchmarks/profile_steps.py "$out/profile" "${PROFILE_MODELS:-resnet50_train,llama_train}"
     ;;
-  bench)  # Liger's peers checked against float64 first, then hal bench (bench.json rewritten after
-    # every case), then the table and the roofline drawn again from bench.json: a bench cut short by
-    # its limit still leaves its table and picture
-    [ -z "${SKIP_LIGER_CHECK:-}" ] && step liger-check "${CHECK_LIMIT:-75}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/bench/test_liger_device.py
-    step bench "${BENCH_LIMIT:-420}" python3 -m hal bench ${BENCH_OPS:+--ops "$BENCH_OPS"} --out "$out/bench"
-    step render 60 python3 -m hal bench --render "$out/bench/bench.json" --out "$out/bench"
-    for f in bench.json bench.md bench.png; do [ -f "$out/bench/$f" ] && cp "$out/bench/$f" "$OUT/"; done
-    python3 - "$out/bench/bench.json" <<'PY'
-import json, sys
-doc = json.load(open(sys.argv[1]))
-rows = doc["results"]
-print(f"== {len(rows)} cases in {doc.get('wall_s', 0):.0f} s; the slowest (wall seconds: setup, compilation, timing):")
-for r in sorted(rows, key=lambda r: -r.get("wall_s", 0))[:10]:
-    print(f"  {r.get('wall_s', 0):6.1f}  {r['op']}: {r['case']}")
-for r in rows:
-    for t in r.get("targets", []):
-        if t["target"] == "best_peer":
-            shown = "n/a" if t["value"] is None else f"{t['value']:.2f}x"
-            print(f"  best_peer {r['op']}: {r['case']}: {shown} ({'met' if t['met'] else t.get('reason') or 'missed'})")
-PY
+  table)  # the committed tables of a final commit: GPU tests, the whole op table (bench mode's steps), dispatch overhead, step profiles (PROFILE_MODELS)
+    [ -z "${SKIP_GPU_TESTS:-}" ] && step gpu-tests "${TESTS_LIMIT:-100}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device
+    SKIP_LIGER_CHECK=1 BENCH_LIMIT="${BENCH_LIMIT:-300}" bench_table
+    step overhead 50 python3 benchmarks/dispatch_overhead.py --repeat 5 --number 2000 --device cuda
+    [ -n "${PROFILE_MODELS:-}" ] && step profile 100 python3 benchmarks/profile_steps.py "$out/profile" "$PROFILE_MODELS"
+    tar czf "$OUT/run.tgz" -C "$out" .
+    ;;
+  bench)  # the whole hal bench table with its peers (bench_table above)
+    bench_table
     ;;
   host)  # where the host time of a training layer goes, then the same models under each setting of AB_ENVS
     [ -n "${GPU_TESTS:-}" ] && step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider -rfEs $GPU_TESTS
