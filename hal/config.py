@@ -45,6 +45,8 @@ class Overrides:
     tune: Optional[str] = None
     #: calls made while :mod:`hal.dispatch.measure` times routes: nothing counts in ``hal.stats()``.
     measuring: bool = False
+    #: calls of a step measured for torch.compile graphs (:func:`hal.tuning.for_compile`).
+    for_compile: bool = False
 
     @property
     def forces(self) -> bool:
@@ -114,6 +116,9 @@ class Choice:
     measuring: bool = False
     #: the decision is for a torch.compile graph (kernel checks see ``Inputs.traced``).
     for_graph: bool = False
+    #: also measure, for torch.compile graphs, an opaque kernel against the compiled torch-ops one
+    #: (:func:`hal.tuning.for_compile`).
+    for_compile: bool = False
 
 
 def env_flag(name: str, default: bool = False) -> bool:
@@ -155,7 +160,7 @@ def choice_for(op: str, overrides: Optional[Overrides]) -> Choice:
         kernel, source, required = o.kernel_any, "hal.use(kernel=...)", False
     strict = o.strict if o.strict is not None else env_flag("HAL_STRICT")
     return Choice(backend, backend_source, kernel, source, required, strict, env_flag("HAL_TORCH_AUTOGRAD", True),
-                  device_bound=o.device_bound, tune=o.tune or tune_mode(), measuring=o.measuring)
+                  device_bound=o.device_bound, tune=o.tune or tune_mode(), measuring=o.measuring, for_compile=o.for_compile)
 
 
 TUNE_MODES = ("on", "cached", "off")

@@ -25,13 +25,19 @@ import torch
 import hal
 
 
+#: what each context's measurements are made under
+_SCOPES = {"eager": contextlib.nullcontext, "graph": lambda: hal.graphs.device_bound(), "compiled": lambda: hal.tuning.for_compile()}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("models", nargs="*", metavar="MODEL",
                         help="built-in models of `hal bench --models` (resnet50_train, llama_train, ...; default all) or "
                              "module:callable returning a step or (step, args)")
     parser.add_argument("--model-size", choices=("full", "cpu", "tiny"), help="built-in model sizes (default: full on a GPU, cpu on the CPU)")
     parser.add_argument("--contexts", default=None, metavar="a,b",
-                        help="eager, graph (device time, for CUDA-graph replays); default: both on a GPU, eager on the CPU")
+                        help="eager, graph (device time, for CUDA-graph replays), compiled (opaque kernels against torch.compile "
+                             "of torch's ops, for compiled steps; one compilation per call); default: eager and graph on a GPU, "
+                             "eager on the CPU")
     parser.add_argument("--export", metavar="DIR", type=Path, help="write this device's measurements to DIR/<device>.json (a plugin's seed file)")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
@@ -40,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda", 0) if torch.cuda.is_available() and any(
         b.available and set(b.device_types) & {"cuda", "rocm"} for b in hal.backends()) else torch.device("cpu")
     contexts = [c.strip() for c in (args.contexts or ("eager,graph" if device.type == "cuda" else "eager")).split(",") if c.strip()]
-    unknown = set(contexts) - {"eager", "graph"}
+    unknown = set(contexts) - set(_SCOPES)
     if unknown:
-        print(f"hal tune: unknown context(s) {', '.join(sorted(unknown))}; use eager, graph", file=sys.stderr)
+        print(f"hal tune: unknown context(s) {', '.join(sorted(unknown))}; use {', '.join(_SCOPES)}", file=sys.stderr)
         return 2
     try:
         steps = _steps(args.models, args.model_size or ("full" if device.type == "cuda" else "cpu"), device)
@@ -53,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     for name, make in steps:
         step, step_args = make()
         for context in contexts:
-            scope = hal.graphs.device_bound() if context == "graph" else contextlib.nullcontext()
-            with scope:
+            with _SCOPES[context]():
                 report = hal.tuning.tune(step, *step_args)
             rows.append({"model": name, "context": context, "calls_measured": len(report.measurements),
                          "measuring_s": round(report.measuring_seconds, 3), "step_s": round(report.seconds, 3),

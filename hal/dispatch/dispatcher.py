@@ -54,6 +54,9 @@ class Hooks:
     #: ``loaded(runtime)``: called when a runtime is installed or decisions are reset (the
     #: integration keys torch.compile's caches on what decides hal's calls).
     loaded: Optional[Callable[[Runtime], None]] = None
+    #: ``for_compile(decl, args, decided)``: inside :func:`hal.tuning.for_compile`, after an eager
+    #: decision: measure what a torch.compile graph should run for the call.
+    for_compile: Optional[Callable[[OpDecl, Sequence[Any], "Decided"], None]] = None
 
 
 HOOKS = Hooks()
@@ -185,7 +188,10 @@ class Dispatcher:
         outcome = measure.choose(decl, prepared, args, options, choice.tune, choice.device_bound, may_measure,
                                  self.runtime(), lambda route: self.plan_of(decl, route, prepared, counted=False)[1],
                                  nested=choice.measuring)
-        return Decided(prepared, choice, selection, outcome.route, options, outcome)
+        decided = Decided(prepared, choice, selection, outcome.route, options, outcome)
+        if choice.for_compile and may_measure and not choice.measuring and HOOKS.for_compile is not None:
+            HOOKS.for_compile(decl, args, decided)
+        return decided
 
     # --- plans --------------------------------------------------------------------------------
 

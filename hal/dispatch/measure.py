@@ -11,9 +11,14 @@ processes read. The contexts rank differently:
   host time included (on a slow host a kernel with a cheaper launch wins small calls);
 - ``graph``: inside :func:`hal.graphs.device_bound` (a step that will be replayed from a CUDA
   graph): device time alone, the host having queued the calls ahead behind a sleep kernel;
-- ``/train`` after either: the call needs autograd, and each route is timed forward and backward
-  (torch's autograd recording a kernel, hal's node with the backward op's own choice, or the
-  training decomposition), since that pair is what a training step pays.
+- ``compiled``: inside a torch.compile graph, a call whose kernel is not made of torch's ops is one
+  opaque node; its alternative is the best kernel that is, whose ops Inductor compiles into the
+  graph. Measured only when asked (:func:`hal.tuning.for_compile`, ``hal tune --contexts
+  compiled``): the opaque route against ``torch.compile`` of the torch-ops kernel, wall time
+  (:mod:`hal.integration.compile`);
+- ``/train`` after any of them: the call needs autograd, and each route is timed forward and
+  backward (torch's autograd recording a kernel, hal's node with the backward op's own choice, or
+  the training decomposition), since that pair is what a training step pays.
 
 ``HAL_TUNE``: ``on`` (default) measures where nothing is cached; ``cached`` uses cached and shipped
 results only (else priority); ``off`` ranks by priority alone. Nothing is measured inside a CUDA
@@ -133,21 +138,24 @@ def choose(
     runtime: Runtime,
     runner: Callable[[Route], Callable[..., Any]],
     nested: bool = False,
+    base_context: Optional[str] = None,
 ) -> Outcome:
     """The route for a call among ``routes`` (hal's first choice first). ``mode`` is HAL_TUNE's;
     ``may_measure`` False inside a capture, a trace or explain's walk; ``runner(route)`` gives an
     uncounted runnable plan of a route; ``nested``: the call is made while another's routes are
     timed (its cost is part of that one's; a backward runs on torch's device threads, so this comes
-    from the scope, which hal's autograd node carries there)."""
+    from the scope, which hal's autograd node carries there); ``base_context``: "compiled" for
+    :mod:`hal.integration.compile`'s measurements (default: eager or graph, as the scope says)."""
     first = routes[0]
     if len(routes) < 2 or mode == "off":
         return Outcome(first)
     inputs = prepared.inputs
     train = any(r.kind != "kernel" for r in routes)
-    context = ("graph" if device_bound and inputs.device_kind != "cpu" else "eager") + ("/train" if train else "")
-    key = tune_key(decl, prepared, context)
+    base = base_context or ("graph" if device_bound and inputs.device_kind != "cpu" else "eager")
+    context = base + ("/train" if train else "")
+    key = tune_key(decl, prepared, context, grads=base_context is None)
     labels = [r.label for r in routes]
-    cache = cache_for(inputs.device if inputs.array_type == "torch" else torch.device("cpu"), runtime)
+    cache = cache_of(prepared, runtime)
     record = cache.get(key)
     if record is not None and record.get("winner") in labels:
         times = tuple((label, float(record.get("times_us", {}).get(label, math.inf))) for label in labels)
@@ -207,22 +215,23 @@ def _layout(a: Any) -> str:
     return "c" if a.flags.c_contiguous else "s"
 
 
-def _array_key(a: Any) -> str:
-    grad = "g" if isinstance(a, torch.Tensor) and a.requires_grad else ""
+def _array_key(a: Any, grads: bool = True) -> str:
+    grad = "g" if grads and isinstance(a, torch.Tensor) and a.requires_grad else ""
     return f"{arrays.dtype_name(a)}[{','.join(str(bucket(int(s))) for s in a.shape)}]{_layout(a)}{grad}"
 
 
-def tune_key(decl: OpDecl, prepared: Prepared, context: str) -> str:
+def tune_key(decl: OpDecl, prepared: Prepared, context: str, grads: bool = True) -> str:
     """What a measurement is valid for: the op, the context, each array's dtype, bucketed shape,
-    layout and whether it requires grad, and the static arguments that shape the computation
-    (floats and volatile values by type only: an epsilon or a learning rate does not change which
-    kernel is fastest)."""
+    layout and (``grads``) whether it requires grad, and the static arguments that shape the
+    computation (floats and volatile values by type only: an epsilon or a learning rate does not
+    change which kernel is fastest). The compiled context keys without grads: a graph's node sees
+    its inputs below autograd, and the context says whether the call trains."""
     parts = [decl.name, context]
     for p, a in zip(decl.params, prepared.inputs.args):
         if p.kind in ARRAY_KINDS and arrays.is_array(a):
-            parts.append(_array_key(a))
+            parts.append(_array_key(a, grads))
         elif isinstance(a, (list, tuple)) and a and all(arrays.is_array(x) for x in a):
-            parts.append(f"{len(a)}x" + _array_key(max(a, key=lambda x: x.numel() if isinstance(x, torch.Tensor) else x.size)))
+            parts.append(f"{len(a)}x" + _array_key(max(a, key=lambda x: x.numel() if isinstance(x, torch.Tensor) else x.size), grads))
         elif p.name in decl.volatile or isinstance(a, float) or (p.kind is not Kind.STATIC and a is not None):
             parts.append(type(a).__name__)
         else:
@@ -259,6 +268,12 @@ def cache_for(device: torch.device, runtime: Runtime) -> TuneCache:
                      if state.info.tuning_seeds is not None]
             cache = _CACHES[(slug, signature)] = TuneCache(slug, versions, seeds=[s for s in seeds if s.is_file()])
         return cache
+
+
+def cache_of(prepared: Prepared, runtime: Runtime) -> TuneCache:
+    """The tune cache of the device a call's arrays are on (the CPU's for NumPy arrays)."""
+    inputs = prepared.inputs
+    return cache_for(inputs.device if inputs.array_type == "torch" else torch.device("cpu"), runtime)
 
 
 def forget_caches() -> None:

@@ -5,8 +5,14 @@ Under torch.compile a ``hal.ops`` call becomes a ``torch.ops.hal.<name>_decide``
 graph. There :func:`traced_kernel` asks the dispatcher: a kernel made of torch's ops joins the graph
 as those ops (Inductor fuses them with their neighbours and AOTAutograd derives their backward); a
 decomposition's ops are decided in turn; anything else stays one opaque ``torch.ops.hal.<name>``
-node, which runs the op's kernel route (:func:`direct`) when the compiled code runs. Nothing is
-measured while tracing (:mod:`hal.dispatch.measure` uses what is cached, else priority).
+node, which runs the op's kernel route (:func:`direct`) when the compiled code runs.
+
+Where the eager choice is an opaque kernel and a kernel made of torch's ops can also run the call,
+which of the two the graph takes is a measured choice: :func:`measure_for_compile` (inside
+:func:`hal.tuning.for_compile`) times the opaque route against ``torch.compile`` of the torch-ops
+kernel on the call's inputs and keeps the winner in the tune cache (context ``compiled``);
+:func:`traced_alternative` reads it while tracing. Nothing is measured while tracing: without a
+measurement the torch-ops kernel is taken (``HAL_COMPILE_PREFER_TORCH=0``: the opaque node).
 
 A graph keys on Dynamo's nodes, which are the same whatever hal chose, so :func:`tag_compile_caches`
 keys torch.compile's on-disk caches on what decides hal's calls.
@@ -24,10 +30,11 @@ import torch
 
 from hal import config
 from hal.config import Choice, choice_for, env_flag
-from hal.dispatch import DISPATCHER, HOOKS, Decided
+from hal.dispatch import DISPATCHER, HOOKS, Decided, measure
 from hal.dispatch.explain import COMPILED
 from hal.dispatch.plan import canonical, rebatching
-from hal.dispatch.validate import prepare
+from hal.dispatch.route import Route
+from hal.dispatch.validate import Prepared, prepare
 from hal.errors import HalError
 from hal.registry import OpDecl
 from hal.runtime import Runtime
@@ -107,16 +114,87 @@ def traced_alternative(decl: OpDecl, args: Sequence[Any], decided: Optional[Deci
             return None
         choice = decided.choice
     assert choice is not None
-    if not choice.torch_autograd or not env_flag("HAL_COMPILE_PREFER_TORCH", True):
+    if not choice.torch_autograd:
         return None
-    second = DISPATCHER.decide(decl, args, dataclasses.replace(choice, traceable_only=True, for_graph=True), may_measure=False,
-                               prepared=prepared)
+    second = _torch_ops_decision(decl, args, choice, prepared)
+    if second is None:
+        return None
+    opaque = decided.route if decided is not None else None
+    measured = _measured(decl, second.prepared, second.route, opaque)
+    if measured is not None:
+        if measured.winner.split(" (")[0] != _kernel_of(second.route):
+            return None  # the opaque kernel measured faster: the node stays
+        why = f"measured faster under torch.compile than the opaque {_kernel_of(opaque)}" if opaque else "measured"
+        return dataclasses.replace(second, route=dataclasses.replace(second.route, reason=f"{why}: its ops join the graph",
+                                                                     measurement=measured))
+    if not env_flag("HAL_COMPILE_PREFER_TORCH", True):
+        return None
+    instead = f"in place of the opaque {_kernel_of(opaque)}" if opaque is not None else "the first kernel made of torch's ops"
+    route = dataclasses.replace(second.route, reason=f"under torch.compile, {instead} (not measured): its ops join the graph")
+    return dataclasses.replace(second, route=route)
+
+
+def measure_for_compile(decl: OpDecl, args: Sequence[Any], decided: Decided) -> None:
+    """Inside :func:`hal.tuning.for_compile`, after a call's eager decision on real arrays: where
+    its route is an opaque kernel (a graph's node) and a kernel made of torch's ops can run the call
+    too, time the opaque route against ``torch.compile`` of that kernel (forward and backward where
+    the call trains; wall time, since a compiled graph's host issues both) and keep the winner in
+    the tune cache, context ``compiled``, for :func:`traced_alternative`. The torch-ops kernel
+    keeps its place unless the opaque one is faster by :data:`hal.dispatch.measure.MARGIN`.
+    Costs one compilation per call signature."""
+    opaque = decided.route
+    if opaque is None or opaque.traceable or opaque.kind == "decomposition" or not decided.choice.torch_autograd:
+        return
+    second = _torch_ops_decision(decl, args, decided.choice, decided.prepared)
+    if second is None:
+        return
+    torch_ops = second.route
+    compiled = torch.compile(_torch_ops_call(decl, torch_ops, decided.prepared), dynamic=False)
+
+    def runner(route: Route) -> Callable[..., Any]:
+        return compiled if route is torch_ops else DISPATCHER.plan_of(decl, route, decided.prepared, counted=False)[1]
+
+    measure.choose(decl, decided.prepared, args, (torch_ops, opaque), "on", False, True, DISPATCHER.runtime(), runner,
+                   base_context="compiled")
+
+
+def _torch_ops_decision(decl: OpDecl, args: Sequence[Any], choice: Choice, prepared: Optional[Prepared]) -> Optional[Decided]:
+    """The best kernel made of torch's ops that can run the call (None: none can)."""
+    second = DISPATCHER.decide(decl, args, dataclasses.replace(choice, traceable_only=True, for_graph=True, for_compile=False),
+                               may_measure=False, prepared=prepared)
     if second.route is None or not second.route.traceable:
         return None
-    instead = f"in place of the opaque {decided.route.backend}/{decided.route.kernel}" if decided is not None and decided.route else \
-        "the first kernel made of torch's ops"
-    route = dataclasses.replace(second.route, reason=f"under torch.compile, {instead}: its ops join the graph")
-    return dataclasses.replace(second, route=route)
+    return second
+
+
+def _torch_ops_call(decl: OpDecl, route: Route, prepared: Prepared) -> Callable[..., Any]:
+    """What a graph inlines for a torch-ops kernel: its function on the canonical arguments."""
+    target = route.option.fn
+    if prepared.unbatched is not None:
+        target = rebatching(target, prepared.unbatched)
+    checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
+    return canonical(decl.name, target, prepared.subs, checks)
+
+
+def _measured(decl: OpDecl, prepared: Prepared, torch_ops: Route, opaque: Optional[Route]) -> Optional[measure.Measurement]:
+    """The compiled context's measurement of a call, where one was made for these two kernels (a
+    traced call cannot tell whether it trains: either context's measurement serves)."""
+    if opaque is None:
+        return None
+    kernels = {_kernel_of(torch_ops), _kernel_of(opaque)}
+    cache = measure.cache_of(prepared, DISPATCHER.runtime())
+    for context in ("compiled/train", "compiled"):
+        record = cache.get(measure.tune_key(decl, prepared, context, grads=False))
+        if record is None or {label.split(" (")[0] for label in record.get("times_us", {})} != kernels:
+            continue
+        times = tuple((label, float(t) if t != "inf" else float("inf")) for label, t in record["times_us"].items())
+        return measure.Measurement(measure.tune_key(decl, prepared, context, grads=False), context, times, record["winner"],
+                                   "seed" if record.get("source") == "seed" else "cache")
+    return None
+
+
+def _kernel_of(route: Optional[Route]) -> str:
+    return f"{route.backend}/{route.kernel}" if route is not None else "?"
 
 
 def direct(decl: OpDecl, args: tuple) -> Any:
@@ -157,4 +235,5 @@ def _no_decision_on_fakes(decl: OpDecl, exc: Exception) -> None:
 
 
 HOOKS.loaded = tag_compile_caches
+HOOKS.for_compile = measure_for_compile
 COMPILED[:] = [traced_alternative]

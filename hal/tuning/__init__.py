@@ -13,9 +13,9 @@ from hal.tuning.cache import Record, TuneCache, cache_dir
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("tune", "TuneReport"):
+    if name in ("tune", "TuneReport", "for_compile"):
         return getattr(importlib.import_module("hal.tuning.runner"), name)
     raise AttributeError(f"module 'hal.tuning' has no attribute {name!r}")
 
 
-__all__ = ["Record", "TuneCache", "TuneReport", "cache_dir", "tune"]
+__all__ = ["Record", "TuneCache", "TuneReport", "cache_dir", "for_compile", "tune"]

@@ -10,13 +10,16 @@ measurement and what the tuning cost.
     print(report)                                  # op, context, winner, each route's time
     with hal.graphs.device_bound():                # choices for steps replayed from a CUDA graph
         hal.tune(train_step, x, y)
+    with hal.tuning.for_compile():                 # what torch.compile graphs of the step take
+        hal.tune(train_step, x, y)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hal import config
 from hal.dispatch import DISPATCHER
@@ -71,3 +74,19 @@ def tune(step: Callable[..., Any], *args: Any, **kwargs: Any) -> TuneReport:
     DISPATCHER.forget_plans()
     measured = list(LOG[first:])
     return TuneReport(measured, seconds, sum(m.spent_s for m in measured if not m.nested), result)
+
+
+@contextlib.contextmanager
+def for_compile() -> Iterator[None]:
+    """Calls made inside measure, besides their own choice, what a torch.compile graph of them
+    should run: where a call's kernel would be an opaque node in the graph and a kernel made of
+    torch's ops could run it too, the two are timed (the latter compiled by ``torch.compile``) and
+    the winner kept in the tune cache (context ``compiled``), which graphs traced later read
+    (:mod:`hal.integration.compile`). Use it around :func:`tune`; it costs one compilation per
+    such call."""
+    outer = config.current() or config.Overrides()
+    saved = config.enter(dataclasses.replace(outer, for_compile=True))
+    try:
+        yield
+    finally:
+        config.leave(saved)
