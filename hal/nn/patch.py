@@ -24,15 +24,21 @@ What is swapped (parameters, buffers and state_dict keys stay as they were):
 "Computes the same function" is checked, not assumed: a copy of the module with random parameters
 and its replacement are run on a random input; the replacement is used only if their results agree
 to the dtype's rounding (same dtype and shape). A module whose structure only looks like a known one
-(a Gemma RMSNorm scaling by ``1 + weight``, an MLP with another activation) is left alone, and so
+(an RMSNorm scaling by another function of ``weight``, an MLP with another activation) is left alone, and so
 is one the check cannot run on (parameters on the meta device). The check costs a copy of the
 module and one small forward of each (milliseconds per module).
 
-Left alone, on purpose: the rotary embedding and attention of ``transformers`` models (applied
-inside the attention module's forward through module-level functions and a per-configuration
-attention registry; swapping them would mean a process-wide monkey patch or a copy of the model's
-forward), and the LM head and its loss (``LlamaForCausalLM.forward`` returns the logits, which a
-fused linear cross-entropy never materialises).
+Hugging Face ``transformers`` decoder LMs (Llama, Mistral, Qwen2, Gemma, Mixtral; module
+:mod:`hal.nn.patch_hf`, which says what and how): Gemma's ``(1 + weight)`` RMSNorm, Gemma's GeGLU MLP,
+the attention with its rotary embedding (``hal.ops.rotary_embedding`` and
+``hal.ops.scaled_dot_product_attention``, the attention module's class changed to a subclass: no
+process-wide monkey patch, the config untouched), Mixtral's experts (``hal.ops.grouped_gemm``), and
+the LM head with its loss (``hal.ops.linear_cross_entropy``; with ``labels`` the output's ``logits``
+is None, the logits never materialised; without labels the logits are returned as before). The
+head is patched only on the model given to ``patch`` itself (the causal LM), after its submodules,
+checked by running the model on six random tokens both ways.
+
+Reporting: the logger ``hal.nn.patch`` says at INFO how many modules of each kind were swapped.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import torch
 from torch import nn
 
 import hal
+from hal.nn import patch_hf
 from hal.nn.fuse import _ACT_MODULES
 from hal.nn.modules import FusedConvBN2d, FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm as HalRMSNorm, fusion_problem
 
@@ -213,7 +220,7 @@ def _swap(m: nn.Module) -> Optional[nn.Module]:
             m.__class__ = Sequential
             return m
         return None
-    return _llama_rms_norm(m) or _swiglu_mlp(m)
+    return _llama_rms_norm(m) or _swiglu_mlp(m) or patch_hf.swap(m)
 
 
 def patch(model: nn.Module) -> nn.Module:
@@ -230,10 +237,18 @@ def patch(model: nn.Module) -> nn.Module:
         raise ValueError(f"hal.nn.patch cannot replace the model itself ({type(model).__name__}); call it on a module that contains it")
     counts: dict[str, int] = {}
     if top is not None:
-        counts[type(model).__name__] = 1
+        counts[_kind(model)] = 1
     _patch_children(model, counts, set())
+    if patch_hf.patch_lm_head(model):
+        counts[_kind(model)] = counts.get(_kind(model), 0) + 1
     log.info("hal.nn.patch: %s", ", ".join(f"{n} x{c}" for n, c in sorted(counts.items())) or "nothing to swap")
     return model
+
+
+def _kind(m: nn.Module) -> str:
+    """What a swapped module is called in the report: its class, or the kind a hal subclass of a
+    ``transformers`` class names (those subclasses may keep the original class name)."""
+    return getattr(type(m), "_hal_kind", type(m).__name__)
 
 
 def _patch_children(parent: nn.Module, counts: dict[str, int], seen: set[int]) -> None:
@@ -243,7 +258,7 @@ def _patch_children(parent: nn.Module, counts: dict[str, int], seen: set[int]) -
         seen.add(id(child))
         new = _swap(child)
         if new is not None:
-            counts[type(new).__name__] = counts.get(type(new).__name__, 0) + 1
+            counts[_kind(new)] = counts.get(_kind(new), 0) + 1
             if new is not child:
                 parent._modules[name] = new
                 seen.add(id(new))
