@@ -110,6 +110,8 @@ _LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance", "graphs", "tuning
 def __getattr__(name: str) -> Any:
     if name == "tune":  # hal.tune(step, *args): hal.tuning.tune
         return importlib.import_module("hal.tuning.runner").tune
+    if name in ("optimize", "OptimizedStep"):  # hal.optimize(model, optimizer): hal.fast
+        return getattr(importlib.import_module("hal.fast"), name)
     if name in _LAZY:
         return importlib.import_module(f"hal.{name}")
     raise AttributeError(f"module 'hal' has no attribute {name!r}")
@@ -124,6 +126,8 @@ __all__ = [
     "list_ops",
     "use",
     "tune",
+    "optimize",
+    "OptimizedStep",
     "stats",
     "reset_stats",
     "HalError",
