@@ -1,6 +1,7 @@
 """Whole-model benchmarks (``hal bench --models``): one training or inference step of a real model,
-timed for eager PyTorch, torch.compile, hal, hal under torch.compile and other peers (Liger-Kernel),
-in one run on one device.
+timed for eager PyTorch, torch.compile, hal, hal under torch.compile, the whole-step CUDA-graph
+variants of each (``+graph``, on a GPU) and other peers (Liger-Kernel), in one run on one device
+(the columns: :mod:`hal_bench.workload`).
 
 A model is a :class:`Workload`: it builds, from a seed, the model, its data and its optimizer for
 one *implementation* (``torch``, ``hal``, ``liger``, or a workload's own peer) and returns the step as
@@ -14,6 +15,7 @@ optimizer and the loss scaling stay eager) and measures every variant the same w
   before the variant was built (the timer's L2-flush buffer): parameters, optimizer state and
   activations, everything of the variant alive during a step; for a CUDA-graph variant over the
   whole variant instead (its graph's memory is allocated during the capture, in the trajectory);
+  None on the CPU, whose allocator keeps no statistics (the table says n/a);
 - **host time per step**: the host clock from the call of the step to its return, started on an idle
   device (synchronised before, outside the clock) and synchronised after (outside the clock). A
   step that does not synchronise only queues work, so this is the CPU time spent issuing it. It is a
@@ -23,7 +25,11 @@ optimizer and the loss scaling stay eager) and measures every variant the same w
 - **syncs**: the host synchronisations of one step (``torch.cuda.set_sync_debug_mode("warn")``);
 - **check**: training and forward + backward steps: the loss after 20 steps from the same seed and
   data (next to eager's); inference: the relative error ‖out − ref‖ / ‖ref‖ of the output against
-  the eager model run in float32 on the same input.
+  the eager model run in float32 on the same input;
+- **best peer / best hal** (issue 28): per model, the fastest peer (every variant that is not one of
+  hal's: eager, the torch.compile modes, the graphed peers, Liger-Kernel, a workload's own) and the
+  fastest of hal, hal+compile, hal+graph and hal+compile+graph, their ratio (peer time / hal time)
+  and the best hal step's peak memory over eager's (``row["best"]``).
 
 Sizes come from a preset (:data:`hal_bench.workload.SIZES`): ``full`` (the issue's sizes, for a GPU), ``cpu`` (small
 models that take milliseconds per step on a CPU) and ``tiny`` (the CI tests).
@@ -40,11 +46,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .models_hf import HFLlamaTrain
 from .models_llama import LlamaPrefill, LlamaTrain
 from .models_moe import MoEForwardBackward
 from .models_resnet import ResNetInference, ResNetTrain
 from .timing import Timer
-from .workload import TRAJECTORY_STEPS, NotApplicable, Step, Variant, Workload
+from .workload import HAL_VARIANTS, TRAJECTORY_STEPS, NotApplicable, Step, Variant, Workload
 
 # --- measurement ---------------------------------------------------------------------------------
 
@@ -145,8 +152,8 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
         timing = timer(step, warmup=0)
         rec["step_us"] = timing["median_us"]
         rec["timed_steps"] = timing["reps"]
-        if device.type == "cuda":
-            rec["peak_bytes"] = int(torch.cuda.max_memory_allocated(device)) - baseline
+        # the CPU allocator keeps no statistics: None (n/a in the table)
+        rec["peak_bytes"] = int(torch.cuda.max_memory_allocated(device)) - baseline if device.type == "cuda" else None
         rec["host_us"] = host_time_us(step, device)
         rec["syncs"] = count_syncs(step, device)
         rec["throughput"] = workload.items_per_step() / (rec["step_us"] * 1e-6)
@@ -162,8 +169,10 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
     return rec
 
 
-#: the peers of hal+graph: every step captured as CUDA graphs too
-GRAPHED_PEERS = ("eager+graph", "compile reduce-overhead")
+#: the peers of hal+graph and hal+compile+graph: every step captured as CUDA graphs too
+GRAPHED_PEERS = ("eager+graph", "compile reduce-overhead", "compile+graph")
+#: hal's graphed steps (``ratio_vs_graphed``: the fastest graphed peer's time / theirs)
+GRAPHED_HAL = ("hal+graph", "hal+compile+graph")
 
 
 def with_graphs(step: Step) -> Step:
@@ -192,7 +201,8 @@ def copied_outputs(step: Step) -> Step:
 
 def add_ratios(row: dict[str, Any]) -> None:
     """Each variant's ``ratio``: its step time over hal's (above 1: hal is faster); hal+compile's
-    also over compile's (``ratio_vs_compile``: compile time / hal+compile time)."""
+    also over compile's (``ratio_vs_compile``: compile time / hal+compile time); hal's graphed steps'
+    over the fastest graphed peer's (``ratio_vs_graphed``); and the row's ``best`` (:func:`best_of`)."""
     by_name = {r["variant"]: r for r in row["variants"]}
     hal_us = by_name.get("hal", {}).get("step_us")
     for r in row["variants"]:
@@ -201,10 +211,35 @@ def add_ratios(row: dict[str, Any]) -> None:
     hc, c = by_name.get("hal+compile", {}), by_name.get("compile", {})
     if hc.get("step_us") and c.get("step_us"):
         hc["ratio_vs_compile"] = c["step_us"] / hc["step_us"]
-    hg = by_name.get("hal+graph", {})
     graphed_peers = [by_name[n]["step_us"] for n in GRAPHED_PEERS if by_name.get(n, {}).get("step_us")]
-    if hg.get("step_us") and graphed_peers:
-        hg["ratio_vs_graphed"] = min(graphed_peers) / hg["step_us"]
+    for name in GRAPHED_HAL:
+        hg = by_name.get(name, {})
+        if hg.get("step_us") and graphed_peers:
+            hg["ratio_vs_graphed"] = min(graphed_peers) / hg["step_us"]
+    row["best"] = best_of(row)
+
+
+def is_peer(rec: dict[str, Any]) -> bool:
+    """A peer's record: any variant that is not a hal step (hal's own recipes, such as the decoder's
+    ``hal bf16 weights``, are neither a peer nor one of the hal steps of issue 28)."""
+    return rec["variant"] not in HAL_VARIANTS and not str(rec.get("impl") or "").startswith("hal")
+
+
+def best_of(row: dict[str, Any]) -> dict[str, Any]:
+    """Issue 28's comparison for one row: the fastest measured peer and the fastest measured hal step
+    (hal, hal+compile, hal+graph, hal+compile+graph), each ``{"variant", "step_us", "peak_bytes"}`` or
+    None, ``ratio`` = best peer time / best hal time (above 1: hal is faster) and ``peak_vs_eager`` =
+    the best hal step's peak memory / eager's (None where either is unknown, as on the CPU)."""
+    measured = [r for r in row["variants"] if r.get("step_us")]
+    peers = [r for r in measured if is_peer(r)]
+    hals = [r for r in measured if r["variant"] in HAL_VARIANTS]
+    pick = lambda rs: min(rs, key=lambda r: r["step_us"]) if rs else None  # noqa: E731
+    peer, hal = pick(peers), pick(hals)
+    eager = next((r for r in measured if r["variant"] == "eager"), {})
+    brief = lambda r: None if r is None else {"variant": r["variant"], "step_us": r["step_us"], "peak_bytes": r.get("peak_bytes")}  # noqa: E731
+    return {"peer": brief(peer), "hal": brief(hal),
+            "ratio": peer["step_us"] / hal["step_us"] if peer and hal else None,
+            "peak_vs_eager": hal["peak_bytes"] / eager["peak_bytes"] if hal and hal.get("peak_bytes") is not None and eager.get("peak_bytes") else None}
 
 
 def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: int, use_compile: bool, max_autotune: bool,
@@ -238,7 +273,7 @@ def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: i
 def all_workloads(size: str) -> list[Workload]:
     """Every workload at ``size``, in the order of the table."""
     return [ResNetTrain(size), ResNetInference(size, torch.float16), ResNetInference(size, torch.bfloat16),
-            LlamaTrain(size), LlamaPrefill(size), MoEForwardBackward(size)]
+            LlamaTrain(size), HFLlamaTrain(size), LlamaPrefill(size), MoEForwardBackward(size)]
 
 
 def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Optional[str] = None, use_compile: Optional[bool] = None,

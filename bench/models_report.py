@@ -1,5 +1,11 @@
-"""The whole-model table: targets of issue 11 judged per model, and the Markdown rendering of a
-``hal bench --models`` document (the JSON is the document itself: ``report.to_json``)."""
+"""The whole-model table: targets of issues 11 and 28 judged per model, and the Markdown rendering of
+a ``hal bench --models`` document (the JSON is the document itself: ``report.to_json``).
+
+Issue 11 compares ``hal`` with the faster of eager and torch.compile; issue 28 compares the best hal
+step (the fastest of hal, hal+compile, hal+graph, hal+compile+graph) with the best peer (the fastest
+of every other variant: eager, the torch.compile modes, the graphed peers, Liger-Kernel, a
+workload's own), and for the decoders the best hal step's peak memory with eager's. Both are GPU
+targets; on the CPU the comparison is shown, not judged."""
 
 from __future__ import annotations
 
@@ -13,8 +19,16 @@ SPEED_GOALS = {"resnet50_train": 1.3, "llama_train": 1.2, "resnet50_infer_fp16":
 MEMORY_GOALS = {"llama_train": 0.8}
 #: hal's host time per step as a multiple of eager's, at most (on a GPU)
 HOST_GOAL = 1.2
+#: issue 28: model -> the speed-up the best hal step must reach over the best peer (on a GPU)
+BEST_SPEED_GOALS = {"resnet50_train": 1.2, "llama_train": 1.2, "hf_llama_train": 1.2, "moe_fwd_bwd": 1.3,
+                    "resnet50_infer_fp16": 1.2, "resnet50_infer_bf16": 1.2, "llama_prefill": 1.2}
+#: issue 28: model -> the best hal step's peak memory as a fraction of eager's, at most (on a GPU)
+BEST_MEMORY_GOALS = {"llama_train": 0.6, "hf_llama_train": 0.6}
+BEST_SPEED_TARGET = "best hal vs best peer (issue 28)"
+BEST_MEMORY_TARGET = "best hal's peak memory / eager's (issue 28)"
 
-COLUMNS = ("eager", "compile", "compile max-autotune", "hal", "hal+compile", "liger", "eager+graph", "compile reduce-overhead", "hal+graph")
+COLUMNS = ("eager", "compile", "compile max-autotune", "hal", "hal+compile", "liger", "eager+graph", "compile reduce-overhead",
+           "compile+graph", "hal+graph", "hal+compile+graph")
 #: the peers of the speed goals: eager PyTorch and torch.compile without CUDA graphs (the issue's)
 UNGRAPHED_PEERS = ("eager", "compile", "compile max-autotune")
 
@@ -42,21 +56,29 @@ def judge(row: dict[str, Any], gpu: bool) -> list[dict[str, Any]]:
         if "hal+graph" in v:
             out.append(_target("hal+graph vs the fastest of eager and torch.compile", SPEED_GOALS[row["model"]],
                                _div(fastest, v["hal+graph"].get("step_us"))))
-    if "hal+graph" in v:
-        out.append(_target("hal+graph vs the fastest graphed peer (eager+graph, compile reduce-overhead)", 1.0,
-                           v["hal+graph"].get("ratio_vs_graphed")))
+    for name in ("hal+graph", "hal+compile+graph"):
+        if name in v:
+            out.append(_target(f"{name} vs the fastest graphed peer (eager+graph, compile reduce-overhead, compile+graph)", 1.0,
+                               v[name].get("ratio_vs_graphed")))
     if gpu and row["model"] in MEMORY_GOALS:
         out.append(_target("hal peak memory / eager's", MEMORY_GOALS[row["model"]],
                            _div(v.get("hal", {}).get("peak_bytes"), v.get("eager", {}).get("peak_bytes")), at_most=True))
     if gpu:
         out.append(_target("hal host time per step / eager's", HOST_GOAL, _div(v.get("hal", {}).get("host_us"), v.get("eager", {}).get("host_us")), at_most=True))
+    best = row.get("best") or {}
+    if gpu and row["model"] in BEST_SPEED_GOALS:
+        out.append(_target(BEST_SPEED_TARGET, BEST_SPEED_GOALS[row["model"]], best.get("ratio")))
+    if gpu and row["model"] in BEST_MEMORY_GOALS:
+        out.append(_target(BEST_MEMORY_TARGET, BEST_MEMORY_GOALS[row["model"]], best.get("peak_vs_eager"), at_most=True))
     out.append(_target("hal vs eager", 1.0, v.get("eager", {}).get("ratio")))
     out.append(_target("hal+compile vs torch.compile", 1.0, v.get("hal+compile", {}).get("ratio_vs_compile")))
     return out
 
 
-def _bytes(n: Optional[int]) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+def _bytes(n: Optional[int], cpu: bool = False) -> str:
+    if n is None:
+        return "n/a (CPU)" if cpu else "-"
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _cell(rec: Optional[dict[str, Any]]) -> str:
@@ -73,7 +95,7 @@ def _cell(rec: Optional[dict[str, Any]]) -> str:
         return f"**{text}**"
     if rec["variant"] == "hal+compile":  # its peer is torch.compile: compile time / hal+compile time
         return text + (f" ({_x(rec['ratio_vs_compile'])} vs compile)" if rec.get("ratio_vs_compile") is not None else "")
-    if rec["variant"] == "hal+graph":  # its peers are the other graphed steps: the fastest one's time / its time
+    if rec["variant"] in ("hal+graph", "hal+compile+graph"):  # its peers are the graphed steps: the fastest one's time / its time
         return text + (f" ({_x(rec['ratio_vs_graphed'])} vs the fastest graphed peer)" if rec.get("ratio_vs_graphed") is not None else "")
     return text + (f" ({_x(rec['ratio'])})" if rec.get("ratio") is not None else "")
 
@@ -98,9 +120,12 @@ def to_markdown(doc: dict[str, Any]) -> str:
         "",
         "Step time: median over batches of back-to-back steps (CUDA events on a GPU, the host clock on the CPU), after the "
         f"{doc.get('steps')} steps of the loss trajectory (compilation and autotuning happen there). Ratios are peer time / hal time: above "
-        "1× hal is faster (hal+compile: torch.compile time / hal+compile time; hal+graph: the faster of eager+graph and compile "
-        "reduce-overhead / hal+graph). The +graph variants capture the whole step once as a CUDA graph (`hal.graphs.graphed`) and "
-        "replay it; compile reduce-overhead is torch.compile's CUDA-graph mode over the model (the optimizer step stays eager). Host time: host clock from the call of a step to its return on an idle device (synchronised "
+        "1× hal is faster (hal+compile: torch.compile time / hal+compile time; hal+graph and hal+compile+graph: the fastest of "
+        "eager+graph, compile reduce-overhead and compile+graph / theirs). The +graph variants capture the whole step (the optimizer "
+        "step included) once as a CUDA graph (`hal.graphs.graphed`) and replay it; compile+graph and hal+compile+graph do so over the "
+        "model compiled by torch.compile in its default mode; compile reduce-overhead is torch.compile's CUDA-graph mode over the "
+        "model (the optimizer step stays eager). Peak memory: `torch.cuda.max_memory_allocated` during the variant's steps less what "
+        "was allocated before it was built (n/a on the CPU). Host time: host clock from the call of a step to its return on an idle device (synchronised "
         f"before and after, outside the clock); on the CPU the step time is all host time. Check: loss at step 1 → step {doc.get('steps')} "
         "from the same seed and data; for inference, the relative error of the output against the eager model in float32.",
         "",
@@ -111,30 +136,58 @@ def to_markdown(doc: dict[str, Any]) -> str:
         v = {r["variant"]: r for r in row["variants"]}
         others = "; ".join(f"{n}: {_cell(r)}" for n, r in v.items() if n not in COLUMNS) or "-"
         lines.append(f"| {row['describe']} | " + " | ".join(_cell(v.get(c)) for c in COLUMNS) + f" | {others} |")
+    lines += best_lines(doc)
+    cpu = dev.get("type") == "cpu"
     lines += ["", "## Every variant", "",
-              "| model | variant | step | throughput | peak memory | host time / step | syncs / step | first step | check |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| model | variant | step | throughput | peak memory | peak / eager's | host time / step | syncs / step | first step | check |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in doc.get("models", []):
+        eager_peak = next((r.get("peak_bytes") for r in row["variants"] if r["variant"] == "eager"), None)
         for r in row["variants"]:
             if "step_us" not in r:
-                lines.append(f"| {row['model']} | {r['variant']} | {_cell(r)} | | | | | | |")
+                lines.append(f"| {row['model']} | {r['variant']} | {_cell(r)} | | | | | | | |")
                 continue
             host = _us(r.get("host_us")) + (" (≥ 90% of the step: host-bound, or waiting on a full launch queue)" if _host_bound(r) else "")
             lines.append(
                 f"| {row['model']} | {r['variant']} | {_us(r['step_us'])} | {r['throughput']:,.0f} {row['unit']}/s | "
-                f"{_bytes(r.get('peak_bytes'))} | {host} | {'-' if r.get('syncs') is None else r['syncs']} | "
+                f"{_bytes(r.get('peak_bytes'), cpu)} | {_x(_div(r.get('peak_bytes'), eager_peak))} | {host} | {'-' if r.get('syncs') is None else r['syncs']} | "
                 f"{r['first_step_s']:.1f} s | {_check(r, row['kind'])} |")
     graphs = [(row["model"], r) for row in doc.get("models", []) for r in row["variants"] if r.get("graph")]
     if graphs:
         lines += ["", "## CUDA graphs (hal.graphs: what each +graph variant captured)", ""]
         lines += [f"- {model} {r['variant']}: " + "; ".join(s.strip() for s in r["graph"].splitlines()[1:]) for model, r in graphs]
-    lines += ["", "## Targets (issue 11)", "", "| model | target | goal | measured | |", "| --- | --- | --- | --- | --- |"]
+    lines += ["", "## Targets (issues 11 and 28)", "", "| model | target | goal | measured | |", "| --- | --- | --- | --- | --- |"]
     for row in doc.get("models", []):
         for t in row.get("targets", []):
             goal = f"{'≤' if t['at_most'] else '≥'} {t['goal']:.2f}{'' if 'memory' in t['target'] else '×'}"
             verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "**missed**")
             lines.append(f"| {row['model']} | {t['target']} | {goal} | {_x(t['value'])} | {verdict} |")
     return "\n".join(lines) + "\n"
+
+
+def best_lines(doc: dict[str, Any]) -> list[str]:
+    """The section of issue 28: per model the best peer, the best hal step, their ratio, the best hal
+    step's peak memory over eager's, each against its goal (judged on a GPU only)."""
+    gpu = doc.get("device", {}).get("type") not in (None, "cpu")
+    lines = ["", "## Best hal vs best peer (issue 28)", "",
+             "Best peer: the fastest variant that is not a hal step (eager, torch.compile in any mode, the graphed peers, Liger-Kernel, "
+             "a workload's own); best hal: the fastest of hal, hal+compile, hal+graph and hal+compile+graph. Ratio: best peer time / "
+             "best hal time. Peak memory: a +graph variant's covers the whole variant (its graph's memory is taken at the capture), the "
+             "others' their timed steps. The goals are GPU targets" + ("." if gpu else ": not judged on this CPU run."),
+             "", "| model | best peer | best hal | best peer / best hal | goal | best hal's peak / eager's | goal | |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in doc.get("models", []):
+        best = row.get("best") or {}
+        named = lambda b: "-" if not b else f"{b['variant']} {_us(b['step_us'])}"  # noqa: E731
+        targets = {t["target"]: t for t in row.get("targets", [])}
+        speed, memory = BEST_SPEED_GOALS.get(row["model"]), BEST_MEMORY_GOALS.get(row["model"])
+        verdicts = [t["met"] for n in (BEST_SPEED_TARGET, BEST_MEMORY_TARGET) if (t := targets.get(n))]
+        verdict = ("not judged (CPU)" if not gpu else "n/a" if not verdicts or None in verdicts
+                   else "met" if all(verdicts) else "**missed**")
+        lines.append(f"| {row['model']} | {named(best.get('peer'))} | {named(best.get('hal'))} | {_x(best.get('ratio'))} | "
+                     f"{'-' if speed is None else f'≥ {speed:.2f}×'} | {_x(best.get('peak_vs_eager'))} | "
+                     f"{'-' if memory is None else f'≤ {memory:.2f}×'} | {verdict} |")
+    return lines
 
 
 def _host_bound(rec: dict[str, Any]) -> bool:

@@ -1,6 +1,14 @@
 """The protocol of the whole-model benchmark (:mod:`hal_bench.models`): a :class:`Workload` builds a
 model's step for one implementation; a :class:`Variant` is one column of the table. The workloads
-(``models_resnet``, ``models_llama``, ``models_moe``) build on this module, the harness runs them."""
+(``models_resnet``, ``models_llama``, ``models_hf``, ``models_moe``) build on this module, the harness
+runs them.
+
+The columns (issue 28): the peers eager, ``compile`` (torch.compile's default mode), ``compile
+reduce-overhead`` (torch.compile's CUDA-graph mode: Inductor's cudagraph trees over the model, the
+optimizer step eager), ``compile+graph`` (the default-mode compiled model's whole training step, the
+optimizer included, captured once with ``hal.graphs.graphed`` and replayed), ``eager+graph`` and
+Liger-Kernel where it applies; hal's steps ``hal``, ``hal+compile``, ``hal+graph`` and
+``hal+compile+graph``. The ``+graph`` variants run only on a CUDA device."""
 
 from __future__ import annotations
 
@@ -52,11 +60,18 @@ COMPILE_MAX_AUTOTUNE = Variant("compile max-autotune", "torch", "max-autotune-no
 HAL = Variant("hal", "hal")
 HAL_COMPILE = Variant("hal+compile", "hal", "default")
 LIGER = Variant("liger", "liger")
-#: the whole step as one CUDA graph: torch's own step, hal's, and torch.compile's CUDA-graph mode
-#: (Inductor's cudagraph trees over the compiled model; the optimizer step stays eager there)
+#: the whole step as one CUDA graph (``hal.graphs.graphed``): torch's own step, hal's, and each of
+#: them over the model compiled by torch.compile in its default mode (the optimizer step inside the
+#: graph too)
 EAGER_GRAPH = Variant("eager+graph", "torch", graph=True)
 HAL_GRAPH = Variant("hal+graph", "hal", graph=True)
-COMPILE_GRAPH = Variant("compile reduce-overhead", "torch", "reduce-overhead")
+COMPILE_GRAPH = Variant("compile+graph", "torch", "default", graph=True)
+HAL_COMPILE_GRAPH = Variant("hal+compile+graph", "hal", "default", graph=True)
+#: torch.compile's own CUDA-graph mode (Inductor's cudagraph trees over the compiled model; the
+#: optimizer step stays eager there, outside any graph)
+COMPILE_REDUCE_OVERHEAD = Variant("compile reduce-overhead", "torch", "reduce-overhead")
+#: hal's steps (the "best hal" of a row is the fastest of these)
+HAL_VARIANTS = (HAL.name, HAL_COMPILE.name, HAL_GRAPH.name, HAL_COMPILE_GRAPH.name)
 
 
 class Workload(abc.ABC):
@@ -108,7 +123,12 @@ class Workload(abc.ABC):
             out.append(HAL_COMPILE)
         out.append(LIGER)
         if graphs:
-            out += [EAGER_GRAPH] + ([COMPILE_GRAPH] if use_compile else []) + [HAL_GRAPH]
+            out.append(EAGER_GRAPH)
+            if use_compile:
+                out += [COMPILE_REDUCE_OVERHEAD, COMPILE_GRAPH]
+            out.append(HAL_GRAPH)
+            if use_compile:
+                out.append(HAL_COMPILE_GRAPH)
         return out + [v for v in self.extra_variants() if graphs or not v.graph]
 
 

@@ -53,13 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     models = parser.add_argument_group("whole models (with --models)")
     models.add_argument("--models", metavar="a,b", nargs="?", const=[], type=_csv,
                         help="time whole models instead of ops (all, or those named: resnet50_train, resnet50_infer_fp16, "
-                             "resnet50_infer_bf16, llama_train, llama_prefill, moe_fwd_bwd); writes models.json and models.md with --out")
+                             "resnet50_infer_bf16, llama_train, hf_llama_train, llama_prefill, moe_fwd_bwd); writes models.json and models.md with --out")
     models.add_argument("--model-size", choices=("full", "cpu", "tiny"), help="model sizes (default: full on a GPU, cpu on the CPU)")
     models.add_argument("--variants", metavar="a,b", type=_csv,
                         help="only these columns (eager, compile, 'compile max-autotune', hal, hal+compile, liger, eager+graph, "
-                             "'compile reduce-overhead', hal+graph, ...)")
+                             "'compile reduce-overhead', compile+graph, hal+graph, hal+compile+graph, ...)")
     models.add_argument("--no-graphs", dest="graphs", action="store_false", default=None,
-                        help="leave out the CUDA-graph variants (eager+graph, compile reduce-overhead, hal+graph; measured by default on a GPU)")
+                        help="leave out the CUDA-graph variants (eager+graph, compile reduce-overhead, compile+graph, hal+graph, "
+                             "hal+compile+graph; measured by default on a GPU)")
     models.add_argument("--no-max-autotune", dest="max_autotune", action="store_false", help="leave out torch.compile max-autotune-no-cudagraphs for inference")
     try:
         from hal.dist import bench as dist_bench

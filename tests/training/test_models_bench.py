@@ -118,7 +118,7 @@ def test_harness_measures_every_variant_and_judges(seed: int) -> None:
     assert targets["hal vs eager"]["met"] == (by["eager"]["ratio"] >= 1.0)
     assert "hal vs the fastest of eager and torch.compile" not in targets  # a GPU target
     md = models_report.to_markdown(doc)
-    assert row["describe"] in md and "## Targets (issue 11)" in md and doc["commit"] in md
+    assert row["describe"] in md and "## Targets (issues 11 and 28)" in md and doc["commit"] in md
 
 
 def test_liger_column_says_not_installed_when_absent(seed: int) -> None:
