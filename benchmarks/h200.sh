@@ -6,6 +6,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, conformance (CONF_OPS=a,b), the whole-model table, [HOST_EXTRAS=1] optimizer host time
 #   HAL_COMMIT=<sha> benchmarks/h200.sh table   # GPU tests, the whole op table, dispatch overhead, [PROFILE_MODELS=a,b] step profiles
+#   HAL_COMMIT=<sha> benchmarks/h200.sh models28 # hal.optimize's example, then MODELS one process each with VARIANTS (issue 28's peers)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
@@ -95,6 +96,14 @@ case "$mode" in
     step overhead 50 python3 benchmarks/dispatch_overhead.py --repeat 5 --number 2000 --device cuda
     [ -n "${PROFILE_MODELS:-}" ] && step profile 100 python3 benchmarks/profile_steps.py "$out/profile" "$PROFILE_MODELS"
     tar czf "$OUT/run.tgz" -C "$out" .
+    ;;
+  models28)  # issue 28: hal.optimize's example on the GPU, then each of MODELS (one process each) with VARIANTS, tables into $OUT
+    step optimize "${OPT_LIMIT:-75}" python3 examples/train_llama_optimize.py --steps 20 --dtype bfloat16 --log-every 10
+    for m in ${MODELS:-hf_llama_train llama_train}; do
+      step "models-$m" "${MODEL_LIMIT:-230}" python3 -m hal bench --models "$m" --no-max-autotune \
+        --variants "${VARIANTS:-eager,compile reduce-overhead,compile+graph,liger,hal,hal+graph,hal+compile+graph}" --out "$out/models-$m"
+      for f in models.json models.md; do [ -f "$out/models-$m/$f" ] && cp "$out/models-$m/$f" "$OUT/$m-$f"; done
+    done
     ;;
   bench)  # the whole hal bench table with its peers (bench_table above)
     bench_table
