@@ -6,6 +6,7 @@ kernels eager explain names for a compiled call (``kernels_run(compiled=True)``)
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Any
 
@@ -209,10 +210,18 @@ def test_compile_caches_do_not_serve_a_graph_traced_with_other_choices(install_p
     import torch._inductor.config
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", True)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
-    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "user-tag")
-    install_plugins([hal_backend_cpu_ref.plugin, _fused_and_torch_softmax()])
+    # torch's config modules through their own patch(): monkeypatch's undo would delete an entry
+    # that is not in the module's __dict__, breaking every later compilation in the process
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=True))
+    stack.enter_context(torch._inductor.config.patch(fx_graph_cache=True))
+    stack.enter_context(torch.compiler.config.patch(cache_key_tag="user-tag"))
+    with stack:
+        _compile_twice(install_plugins, monkeypatch, hal_backend_cpu_ref.plugin)
+
+
+def _compile_twice(install_plugins: Any, monkeypatch: pytest.MonkeyPatch, cpu_ref: Any) -> None:
+    install_plugins([cpu_ref, _fused_and_torch_softmax()])
     assert torch.compiler.config.cache_key_tag.startswith("user-tag|hal:")
     x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
     counted = []
