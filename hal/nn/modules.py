@@ -144,8 +144,9 @@ class FusedConvBNAddReLU2d(_ConvBN):
     the module computes what the unfused chain computes.
     """
 
-    #: (x's shape, the convolution output's shape) of the last forward: its shape check costs a
-    #: comparison, not the output-size arithmetic, while x's shape stays the same
+    #: (x's shape, the convolution output's shape) of the last eager forward: its shape check costs
+    #: a comparison, not the output-size arithmetic, while x's shape stays the same (not under
+    #: torch.compile: Dynamo would guard on the cached shapes and recompile for every new size)
     _shapes: tuple = ((), ())
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -163,6 +164,8 @@ class FusedConvBNAddReLU2d(_ConvBN):
         """Whether the op takes ``residual``: a tensor of x's dtype and the convolution output's shape."""
         if not isinstance(residual, torch.Tensor) or residual.dtype != x.dtype:
             return False
+        if torch.compiler.is_compiling():  # symbolic sizes stay symbolic, nothing cached
+            return residual.shape == conv_output_shape(self.conv, x)
         if self._shapes[0] != x.shape:
             self._shapes = (x.shape, conv_output_shape(self.conv, x))
         return residual.shape == self._shapes[1]
@@ -222,14 +225,16 @@ def _parameters_need_grad(module: nn.Module) -> bool:
 
 
 def conv_output_shape(conv: nn.Conv2d, x: torch.Tensor) -> tuple[int, ...]:
-    """The shape ``conv`` gives for a batched (N, C, H, W) ``x`` (zero padding; () for other ranks)."""
+    """The shape ``conv`` gives for a batched (N, C, H, W) ``x`` (zero padding; () for other ranks).
+    Sizes are not converted with ``int()``: under torch.compile with dynamic shapes they are
+    symbolic, and ``int()`` would specialise the graph to this call's sizes."""
     if x.dim() != 4:
         return ()
     if conv.padding == "same":
-        return (int(x.shape[0]), conv.out_channels, int(x.shape[2]), int(x.shape[3]))
+        return (x.shape[0], conv.out_channels, x.shape[2], x.shape[3])
     pads = (0, 0) if conv.padding == "valid" else conv.padding
-    hw = [(int(n) + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, d, k, s in zip(x.shape[2:], pads, conv.dilation, conv.kernel_size, conv.stride)]
-    return (int(x.shape[0]), conv.out_channels, *hw)
+    hw = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, d, k, s in zip(x.shape[2:], pads, conv.dilation, conv.kernel_size, conv.stride)]
+    return (x.shape[0], conv.out_channels, *hw)
 
 
 def fusion_problem(conv: nn.Module, bn: nn.Module) -> Optional[str]:

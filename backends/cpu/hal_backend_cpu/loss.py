@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.errors import InvalidArgumentError
+from hal.tracing import traced
 from hal.integration.kept import KeptForBackward, backward_follows
 from hal_backend_eager import loss as eager
 
@@ -24,7 +25,11 @@ BLOCK_ELEMENTS = 1 << 22
 
 
 def _check_targets(op: str, target: torch.Tensor, ignore_index: int, classes: int) -> None:
-    """Class indices in range or ignored (reading them costs nothing on the CPU), as cpu_ref demands."""
+    """Class indices in range or ignored (reading them costs nothing on the CPU), as cpu_ref demands.
+    Not while torch.compile traces the kernel into a graph (its fake tensors hold no values; the
+    compiled graph then behaves as torch's cross_entropy does)."""
+    if traced((target,)):
+        return
     bad = (target != ignore_index) & ((target < 0) | (target >= classes))
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
