@@ -221,18 +221,26 @@ class _HalAttention(nn.Module):
         k = hal.ops.rotary_embedding(k, _rotary_half(cos, k), _rotary_half(sin, k), False)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        out = _attend(self, q, k.to(q.dtype), v.to(q.dtype), attention_mask, impl, kwargs.get("is_causal"))
+        out = _attend(self, q, k.to(q.dtype), v.to(q.dtype), attention_mask, impl, kwargs.get("is_causal"), bool(kwargs.get(UNPADDED)))
         return self.o_proj(out.reshape(*input_shape, -1).contiguous()), None
 
 
 def _attend(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], impl: str,
-            is_causal: Optional[bool]) -> torch.Tensor:
+            is_causal: Optional[bool], unpadded: bool = False) -> torch.Tensor:
     """HF's sdpa (or eager) attention of q (B, H, T, D) over k, v (B, Hkv, S, D) on hal's op; returns
-    (B, T, H, D). A key/value head broadcasts over its group of query heads (heads h = g * G + i)."""
+    (B, T, H, D). A key/value head broadcasts over its group of query heads (heads h = g * G + i).
+
+    ``unpadded``: the model was called without an attention mask (:data:`UNPADDED`). With as many
+    keys as queries and no sliding window, the mask HF gives is then the causal mask, which it
+    materialises while a CUDA graph is captured or a graph traced (some versions): it is replaced by
+    the op's ``is_causal``, as HF's own sdpa path does when it is not tracing, so that the fused
+    attention kernels run instead of a masked one."""
     b, h, t, d = q.shape
     groups = int(module.num_key_value_groups)
     if impl == "sdpa":
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        if unpadded and causal and mask is not None and k.shape[2] == t > 1 and not _sliding(module):
+            mask = None
         causal = bool(t > 1 and mask is None and causal)
         if causal and k.shape[2] > t:  # as HF's sdpa: the keys no query can see are cut
             k, v = k[:, :, :t], v[:, :, :t]
@@ -245,6 +253,13 @@ def _attend(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     qg = q.reshape(b, h // groups, groups, t, d)
     out = hal.ops.scaled_dot_product_attention(qg, k.unsqueeze(2), v.unsqueeze(2), mask, causal, float(module.scaling))
     return out.reshape(b, h, t, v.shape[-1]).transpose(1, 2)
+
+
+def _sliding(module: nn.Module) -> bool:
+    """Whether the attention layer has a sliding window (its mask is then not the plain causal one)."""
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window is not None
+    return getattr(getattr(module, "config", None), "sliding_window", None) is not None
 
 
 def _llama_attention(m: nn.Module) -> Optional[nn.Module]:
@@ -356,6 +371,11 @@ class _HalHead(nn.Linear):
         return None
 
 
+#: the keyword the patched causal LM passes down to its attention layers (transformers forwards
+#: extra keywords to them) when it was called without an attention mask
+UNPADDED = "hal_unpadded"
+
+
 class _HalCausalLM(nn.Module):
     """A causal LM whose forward with ``labels`` computes the loss with ``hal.ops.linear_cross_entropy``
     from the last hidden states, never materialising the logits (``logits`` is None in its output)."""
@@ -363,6 +383,8 @@ class _HalCausalLM(nn.Module):
     _hal_kind = "LMHead+loss(linear_cross_entropy)"
 
     def forward(self, *args: Any, labels: Optional[torch.Tensor] = None, **kwargs: Any) -> Any:
+        if len(args) < 2 and kwargs.get("attention_mask") is None:  # no padding: hal's attention may take is_causal
+            kwargs[UNPADDED] = True
         if labels is None or len(args) > 5 or not getattr(self, "_hal_loss", True):  # labels may be the 6th positional
             return super().forward(*args, labels=labels, **kwargs)
         return_dict = kwargs.pop("return_dict", None)

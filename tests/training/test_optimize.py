@@ -63,10 +63,21 @@ def _eager(model: nn.Module, opt: torch.optim.Optimizer, batches: list, loss_of)
 
 
 def _assert_same_state(got: nn.Module, want: nn.Module, atol: float = ATOL, rtol: float = RTOL) -> None:
+    """Every tensor of the two state dicts agrees: integers exactly; floats within atol + rtol * |want|
+    for at least 99% of the elements and within atol on average. An element whose gradient is a
+    cancellation (its value near rounding noise) can take another AdamW direction under another
+    summation order, by up to about lr; a missed or doubled step, or a state not restored, moves
+    nearly every element by about lr (and the mean far past atol)."""
     g, w = got.state_dict(), want.state_dict()
     assert g.keys() == w.keys()
     for name in w:
-        torch.testing.assert_close(g[name], w[name], atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+        if not w[name].is_floating_point():
+            assert torch.equal(g[name], w[name]), name
+            continue
+        diff = (g[name].double() - w[name].double()).abs()
+        outside = (diff > atol + rtol * w[name].double().abs()).double().mean().item()
+        assert torch.isfinite(diff).all(), name
+        assert outside <= 0.01 and diff.mean().item() <= atol, f"{name}: {outside:.2%} of elements outside tolerance, mean |diff| {diff.mean().item():.2e}, max {diff.max().item():.2e}"
 
 
 def test_cnn_matches_eager_and_explains_measured_choice(seed: int) -> None:

@@ -223,3 +223,28 @@ def test_gemma_look_alikes_are_left_alone() -> None:
     model = nn.ModuleDict({"mlp": tanh_mlp})
     hal.nn.patch(model)
     assert type(model["mlp"]) is GeGLUMLP and not isinstance(model["mlp"], SwiGLUMLP)
+
+
+def test_unpadded_attention_takes_is_causal_in_place_of_a_materialised_mask(seed: int) -> None:
+    """A model called without an attention mask tells its attention layers so: the mask transformers
+    materialises anyway (while a CUDA graph is captured, or a graph traced, in some versions) is then
+    the causal one, and hal's attention takes the op's is_causal instead (a fused kernel instead of a
+    masked one). Not where a sliding window makes the mask more than causal."""
+    from hal.nn.patch_hf import _attend
+
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 10, 16, generator=gen)
+    k, v = torch.randn(2, 2, 10, 16, generator=gen), torch.randn(2, 2, 10, 16, generator=gen)
+    causal = torch.ones(10, 10, dtype=torch.bool).tril().expand(2, 1, 10, 10)
+    nothing_masked = torch.ones(2, 1, 10, 10, dtype=torch.bool)
+    for family, replaced in (("llama", True), ("mistral", False)):  # mistral's window (6) is shorter than 10
+        model = _model(family, seed)
+        hal.nn.patch(model)
+        attn = model.model.layers[0].self_attn
+        with torch.no_grad():
+            want = _attend(attn, q, k, v, None, "sdpa", None)
+            torch.testing.assert_close(_attend(attn, q, k, v, causal, "sdpa", None, unpadded=True), want)
+            got = _attend(attn, q, k, v, nothing_masked, "sdpa", None, unpadded=True)
+            given = _attend(attn, q, k, v, nothing_masked, "sdpa", None)
+        assert not torch.allclose(want, given), "the two masks must give different results for this test to mean anything"
+        torch.testing.assert_close(got, want if replaced else given)
