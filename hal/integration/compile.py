@@ -67,12 +67,7 @@ def traced_kernel(decl: OpDecl, args: tuple) -> Optional[Callable[[], Any]]:
     composite = route.kind == "decomposition"  # its ops are decided in turn, as in eager
     if not (route.traceable or composite):
         return None
-    target = route.option.fn
-    prepared = decided.prepared
-    checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
-    if prepared.unbatched is not None and not composite:  # a composite takes the call's own arguments
-        target = rebatching(target, prepared.unbatched)
-    run = canonical(decl.name, target, prepared.subs, checks)
+    run = _inlined_call(decl, route, decided.prepared, rebatch=not composite)  # a composite takes the call's own arguments
     return lambda: run(*args)
 
 
@@ -149,7 +144,7 @@ def measure_for_compile(decl: OpDecl, args: Sequence[Any], decided: Decided) -> 
     if second is None:
         return
     torch_ops = second.route
-    compiled = torch.compile(_torch_ops_call(decl, torch_ops, decided.prepared), dynamic=False)
+    compiled = torch.compile(_inlined_call(decl, torch_ops, decided.prepared), dynamic=False)
 
     def runner(route: Route) -> Callable[..., Any]:
         return compiled if route is torch_ops else DISPATCHER.plan_of(decl, route, decided.prepared, counted=False)[1]
@@ -167,10 +162,11 @@ def _torch_ops_decision(decl: OpDecl, args: Sequence[Any], choice: Choice, prepa
     return second
 
 
-def _torch_ops_call(decl: OpDecl, route: Route, prepared: Prepared) -> Callable[..., Any]:
-    """What a graph inlines for a torch-ops kernel: its function on the canonical arguments."""
+def _inlined_call(decl: OpDecl, route: Route, prepared: Prepared, rebatch: bool = True) -> Callable[..., Any]:
+    """What a graph inlines for a route made of torch's ops: its function on the canonical arguments
+    (``rebatch``: a call given without its batch dimension gets it, as the kernel expects)."""
     target = route.option.fn
-    if prepared.unbatched is not None:
+    if rebatch and prepared.unbatched is not None:
         target = rebatching(target, prepared.unbatched)
     checks = [(decl.index(name), name, check) for name, check in decl.volatile.items()]
     return canonical(decl.name, target, prepared.subs, checks)
@@ -184,12 +180,12 @@ def _measured(decl: OpDecl, prepared: Prepared, torch_ops: Route, opaque: Option
     kernels = {_kernel_of(torch_ops), _kernel_of(opaque)}
     cache = measure.cache_of(prepared, DISPATCHER.runtime())
     for context in ("compiled/train", "compiled"):
-        record = cache.get(measure.tune_key(decl, prepared, context, grads=False))
+        key = measure.tune_key(decl, prepared, context, grads=False)
+        record = cache.get(key)
         if record is None or {label.split(" (")[0] for label in record.get("times_us", {})} != kernels:
             continue
         times = tuple((label, float(t) if t != "inf" else float("inf")) for label, t in record["times_us"].items())
-        return measure.Measurement(measure.tune_key(decl, prepared, context, grads=False), context, times, record["winner"],
-                                   "seed" if record.get("source") == "seed" else "cache")
+        return measure.Measurement(key, context, times, record["winner"], "seed" if record.get("source") == "seed" else "cache")
     return None
 
 
