@@ -9,11 +9,12 @@ error at the first decision, never silently ignored.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import threading
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 from hal.errors import InvalidArgumentError
 from hal.registry import OPS
@@ -89,6 +90,18 @@ def leave(saved: Optional[Overrides]) -> None:
     _local.overrides = saved
     with _scopes_lock:
         ACTIVE_SCOPES[0] -= 1
+
+
+@contextlib.contextmanager
+def scope(**changes: Any) -> Iterator[None]:
+    """This thread's current scope with ``changes`` (fields of :class:`Overrides`) for the duration
+    of the block: how :func:`hal.graphs.device_bound`, :func:`hal.tuning.tune`,
+    :func:`hal.tuning.for_compile` and measurement mark the calls made inside them."""
+    saved = enter(dataclasses.replace(current() or Overrides(), **changes))
+    try:
+        yield
+    finally:
+        leave(saved)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,12 +72,8 @@ def device_bound() -> Iterator[None]:
     CUDA graph: ranked by their graph priority, where host time per launch does not count. For a
     capture of your own (``torch.cuda.graph``) run the warm-up and the capture inside it;
     :func:`graphed` does."""
-    outer = config.current() or config.Overrides()
-    saved = config.enter(dataclasses.replace(outer, device_bound=True))
-    try:
+    with config.scope(device_bound=True):
         yield
-    finally:
-        config.leave(saved)
 
 
 @dataclasses.dataclass

@@ -171,12 +171,10 @@ def choose(
     if copied > COPY_BUDGET:
         return Outcome(first, note=f"not measured: it writes {copied / 2**30:.1f} GiB in place, which measuring would copy")
     _BUSY.keys = busy | {key}
-    outer = config.current() or config.Overrides()
-    saved = config.enter(dataclasses.replace(outer, measuring=True))  # nothing it runs counts in hal.stats()
     try:
-        measured = _measure(decl, args, routes, context, runner, inputs.device)
+        with config.scope(measuring=True):  # nothing it runs counts in hal.stats()
+            measured = _measure(decl, args, routes, context, runner, inputs.device)
     finally:
-        config.leave(saved)
         _BUSY.keys = busy
     if measured is None:
         return Outcome(first, note="not measured: hal's first choice raised while timed (the call raises as it would untuned)")

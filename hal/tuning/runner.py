@@ -62,14 +62,10 @@ def tune(step: Callable[..., Any], *args: Any, **kwargs: Any) -> TuneReport:
     Decisions cached before the call are dropped afterwards, so later calls take the measured
     choices (a step tuned under :func:`hal.graphs.device_bound` measures device time, as replays of
     a CUDA graph pay)."""
-    outer = config.current() or config.Overrides()
     first = len(LOG)
-    saved = config.enter(dataclasses.replace(outer, tune="on"))
     started = time.perf_counter()
-    try:
+    with config.scope(tune="on"):
         result = step(*args, **kwargs)
-    finally:
-        config.leave(saved)
     seconds = time.perf_counter() - started
     DISPATCHER.forget_plans()
     measured = list(LOG[first:])
@@ -84,9 +80,5 @@ def for_compile() -> Iterator[None]:
     the winner kept in the tune cache (context ``compiled``), which graphs traced later read
     (:mod:`hal.integration.compile`). Use it around :func:`tune`; it costs one compilation per
     such call."""
-    outer = config.current() or config.Overrides()
-    saved = config.enter(dataclasses.replace(outer, for_compile=True))
-    try:
+    with config.scope(for_compile=True):
         yield
-    finally:
-        config.leave(saved)
