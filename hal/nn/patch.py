@@ -43,7 +43,6 @@ Reporting: the logger ``hal.nn.patch`` says at INFO how many modules of each kin
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Callable, Optional
 
@@ -52,13 +51,13 @@ from torch import nn
 
 import hal
 from hal.nn import patch_hf
+from hal.nn.agreement import has_hooks, probe, random_copy, same, state_is
 from hal.nn.fuse import _ACT_MODULES
 from hal.nn.modules import FusedConvBN2d, FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm as HalRMSNorm, fusion_problem
 
 log = logging.getLogger("hal.nn.patch")
 
 #: (rtol, atol) within which a replacement must agree with the module it replaces
-_AGREEMENT = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-10, 1e-12), torch.float16: (1e-2, 1e-3), torch.bfloat16: (3e-2, 1e-2)}
 
 
 class RMSNorm(nn.Module):
@@ -112,16 +111,12 @@ class Sequential(nn.Sequential):
 
 
 def _plan_key(children: tuple[nn.Module, ...]) -> tuple:
-    return tuple((id(m), id(getattr(m, "weight", None)), id(getattr(m, "bias", None)), _has_hooks(m)) for m in children)
-
-
-def _has_hooks(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or getattr(m, "_backward_pre_hooks", None))
+    return tuple((id(m), id(getattr(m, "weight", None)), id(getattr(m, "bias", None)), has_hooks(m)) for m in children)
 
 
 def _activation(m: nn.Module) -> Optional[str]:
     rule = _ACT_MODULES.get(type(m))
-    return rule(m) if rule is not None and not _has_hooks(m) else None
+    return rule(m) if rule is not None and not has_hooks(m) else None
 
 
 def _plan(children: tuple[nn.Module, ...]) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
@@ -132,14 +127,14 @@ def _plan(children: tuple[nn.Module, ...]) -> tuple[Callable[[torch.Tensor], tor
         m = children[i]
         nxt = children[i + 1] if i + 1 < len(children) else None
         after = children[i + 2] if i + 2 < len(children) else None
-        conv_bn = type(m) is nn.Conv2d and nxt is not None and not fusion_problem(m, nxt) and not _has_hooks(m) and not _has_hooks(nxt)
+        conv_bn = type(m) is nn.Conv2d and nxt is not None and not fusion_problem(m, nxt) and not has_hooks(m) and not has_hooks(nxt)
         if conv_bn and after is not None and _activation(after) == "relu":
             steps.append(FusedConvBNReLU2d.from_modules(m, nxt))
             i += 3
         elif conv_bn:
             steps.append(FusedConvBN2d.from_modules(m, nxt))
             i += 2
-        elif type(m) is nn.Linear and nxt is not None and _activation(nxt) is not None and not _has_hooks(m):
+        elif type(m) is nn.Linear and nxt is not None and _activation(nxt) is not None and not has_hooks(m):
             steps.append(Linear.from_linear(m, _activation(nxt)))
             i += 2
         else:
@@ -148,57 +143,27 @@ def _plan(children: tuple[nn.Module, ...]) -> tuple[Callable[[torch.Tensor], tor
     return tuple(steps)
 
 
-def _randomised(m: nn.Module, gen: torch.Generator) -> nn.Module:
-    """A deep copy of ``m`` whose floating parameters are drawn at random (an initial weight of
-    ones or zeros would hide what the module does with it)."""
-    trial = copy.deepcopy(m)
-    with torch.no_grad():
-        for p in trial.parameters():
-            if p.is_floating_point():
-                p.copy_((torch.randn(p.shape, generator=gen) * 0.5 + 1.0).to(p.dtype))
-    return trial
-
-
-def _agrees(original: nn.Module, replacement: nn.Module, width: int, ref: torch.Tensor) -> bool:
-    """Both modules give the same dtype, shape and values (to rounding) on a random input."""
-    gen = torch.Generator().manual_seed(0)
-    try:
-        x = torch.randn(2, 3, width, generator=gen).to(device=ref.device, dtype=ref.dtype)
-        with torch.no_grad(), torch.autocast(ref.device.type, enabled=False):
-            want, got = original(x), replacement(x)
-        if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor) or want.dtype != got.dtype or want.shape != got.shape:
-            return False
-        rtol, atol = _AGREEMENT.get(want.dtype, (1e-4, 1e-5))
-        return bool(torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol))
-    except Exception as exc:  # noqa: BLE001 - a module that does not run on the probe (meta tensors, odd inputs) is left alone
-        log.debug("hal.nn.patch: probe of %s failed: %s", type(original).__name__, exc)
-        return False
-
-
-def _state_is(m: nn.Module, params: set[str], children: set[str]) -> bool:
-    return ({n for n, _ in m.named_parameters(recurse=False)} == params and not list(m.buffers(recurse=False))
-            and set(m._modules) == children)
-
-
 def _llama_rms_norm(m: nn.Module) -> Optional[nn.Module]:
     weight = getattr(m, "weight", None)
-    if not (_state_is(m, {"weight"}, set()) and isinstance(getattr(m, "variance_epsilon", None), float) and weight.dim() == 1):
+    if not (state_is(m, {"weight"}, set()) and isinstance(getattr(m, "variance_epsilon", None), float) and weight.dim() == 1):
         return None
-    trial = _randomised(m, torch.Generator().manual_seed(1))
-    if not _agrees(trial, RMSNorm(trial.weight, trial.variance_epsilon), weight.shape[0], weight):
+    trial = random_copy(m, 1, 0.5, 1.0)
+    x = probe((2, 3, weight.shape[0]), weight, 0)
+    if not same("Llama RMSNorm", lambda: (trial(x), RMSNorm(trial.weight, trial.variance_epsilon)(x)), weight):
         return None
     return RMSNorm(m.weight, m.variance_epsilon)
 
 
 def _swiglu_mlp(m: nn.Module) -> Optional[nn.Module]:
     names = ("gate_proj", "up_proj", "down_proj")
-    if not _state_is(m, set(), {*names, "act_fn"}) or not all(type(m._modules[n]) is nn.Linear for n in names):
+    if not state_is(m, set(), {*names, "act_fn"}) or not all(type(m._modules[n]) is nn.Linear for n in names):
         return None
-    if any(_has_hooks(c) for c in m.modules()):
+    if any(has_hooks(c) for c in m.modules()):
         return None
-    trial = _randomised(m, torch.Generator().manual_seed(2))
+    trial = random_copy(m, 2, 0.5, 1.0)
     gate = m._modules["gate_proj"]
-    if not _agrees(trial, SwiGLUMLP(*(trial._modules[n] for n in names)), gate.in_features, gate.weight):
+    x = probe((2, 3, gate.in_features), gate.weight, 0)
+    if not same("SwiGLU MLP", lambda: (trial(x), SwiGLUMLP(*(trial._modules[n] for n in names))(x)), gate.weight):
         return None
     replacement = SwiGLUMLP(*(m._modules[n] for n in names))
     replacement.train(m.training)
@@ -207,7 +172,7 @@ def _swiglu_mlp(m: nn.Module) -> Optional[nn.Module]:
 
 def _swap(m: nn.Module) -> Optional[nn.Module]:
     """The module to put in ``m``'s place (``m`` itself when its class was changed), or None."""
-    if _has_hooks(m):
+    if has_hooks(m):
         return None
     if type(m) is nn.LayerNorm:
         m.__class__ = LayerNorm

@@ -34,8 +34,6 @@ to the dtype's rounding. Parameters are shared, never copied; state_dict keys do
 
 from __future__ import annotations
 
-import copy
-import logging
 from typing import Any, Callable, Optional
 
 import torch
@@ -43,60 +41,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import hal
+from hal.nn.agreement import has_hooks, own_state, probe, random_copy, same
 from hal.nn.modules import _cast, autocast_dtype
 
-log = logging.getLogger("hal.nn.patch")
-
-#: (rtol, atol) within which a replacement must agree with the module it replaces
-_AGREEMENT = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-10, 1e-12), torch.float16: (1e-2, 1e-3), torch.bfloat16: (3e-2, 1e-2)}
 _HALF = (torch.float16, torch.bfloat16)
 
 
-# --- checks -------------------------------------------------------------------------------------
-
-
-def _close(want: Any, got: Any) -> bool:
-    if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor) or want.dtype != got.dtype or want.shape != got.shape:
-        return False
-    rtol, atol = _AGREEMENT.get(want.dtype, (1e-4, 1e-5))
-    return bool(torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol))
-
-
-def _same(kind: str, run: Callable[[], tuple[Any, Any]], ref: torch.Tensor) -> bool:
-    """``run()`` gives (original's result, replacement's result): they agree to the dtype's rounding
-    (outside autocast on ``ref``'s device). A probe that raises (meta tensors, an unexpected layout)
-    counts as disagreement."""
-    try:
-        with torch.no_grad(), torch.autocast(ref.device.type, enabled=False):
-            want, got = run()
-        return _close(want, got)
-    except Exception as exc:  # noqa: BLE001 - a module the probe cannot run is left alone
-        log.debug("hal.nn.patch: probe of %s failed: %s", kind, exc)
-        return False
-
-
-def _random_copy(m: nn.Module, seed: int, scale: float, offset: float = 0.0) -> nn.Module:
-    """A deep copy of ``m`` with floating parameters drawn at random (never the initial ones or zeros)."""
-    gen = torch.Generator().manual_seed(seed)
-    trial = copy.deepcopy(m)
-    with torch.no_grad():
-        for p in trial.parameters():
-            if p.is_floating_point():
-                p.copy_((torch.randn(p.shape, generator=gen) * scale + offset).to(p.dtype))
-    return trial
-
-
-def _probe(shape: tuple[int, ...], like: torch.Tensor, seed: int) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device=like.device, dtype=like.dtype)
-
-
-def _has_hooks(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or getattr(m, "_backward_pre_hooks", None))
-
-
-def _own_state(m: nn.Module) -> tuple[set[str], set[str], bool]:
-    """(own parameter names, child names, has own buffers)."""
-    return {n for n, _ in m.named_parameters(recurse=False)}, set(m._modules), bool(list(m.buffers(recurse=False)))
+# --- checks ---------------------------------------------------------------------------------------
 
 
 def _is_function(act: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
@@ -157,28 +108,28 @@ class GeGLUMLP(nn.Module):
 
 
 def _gemma_rms_norm(m: nn.Module) -> Optional[nn.Module]:
-    params, children, buffers = _own_state(m)
+    params, children, buffers = own_state(m)
     weight, eps = getattr(m, "weight", None), getattr(m, "eps", None)
     if params != {"weight"} or children or buffers or not isinstance(eps, float) or weight.dim() != 1 or hasattr(m, "variance_epsilon"):
         return None
-    trial = _random_copy(m, 11, 0.5)
-    x = _probe((2, 3, weight.shape[0]), weight, 12)
-    if not _same("Gemma RMSNorm", lambda: (trial(x), OffsetRMSNorm(trial.weight, eps)(x)), weight):
+    trial = random_copy(m, 11, 0.5)
+    x = probe((2, 3, weight.shape[0]), weight, 12)
+    if not same("Gemma RMSNorm", lambda: (trial(x), OffsetRMSNorm(trial.weight, eps)(x)), weight):
         return None
     return OffsetRMSNorm(m.weight, eps)
 
 
 def _geglu_mlp(m: nn.Module) -> Optional[nn.Module]:
     names = ("gate_proj", "up_proj", "down_proj")
-    params, children, buffers = _own_state(m)
+    params, children, buffers = own_state(m)
     if params or buffers or children != {*names, "act_fn"} or not all(type(m._modules[n]) is nn.Linear for n in names):
         return None
-    if any(_has_hooks(c) for c in m.modules()) or not _is_function(m._modules["act_fn"], lambda t: F.gelu(t, approximate="tanh")):
+    if any(has_hooks(c) for c in m.modules()) or not _is_function(m._modules["act_fn"], lambda t: F.gelu(t, approximate="tanh")):
         return None
-    trial = _random_copy(m, 13, 0.2)
+    trial = random_copy(m, 13, 0.2)
     gate = m._modules["gate_proj"]
-    x = _probe((2, 3, gate.in_features), gate.weight, 14)
-    if not _same("GeGLU MLP", lambda: (trial(x), GeGLUMLP(*(trial._modules[n] for n in names))(x)), gate.weight):
+    x = probe((2, 3, gate.in_features), gate.weight, 14)
+    if not same("GeGLU MLP", lambda: (trial(x), GeGLUMLP(*(trial._modules[n] for n in names))(x)), gate.weight):
         return None
     replacement = GeGLUMLP(*(m._modules[n] for n in names))
     replacement.train(m.training)
@@ -264,7 +215,7 @@ def _sliding(module: nn.Module) -> bool:
 
 def _llama_attention(m: nn.Module) -> Optional[nn.Module]:
     names = {"q_proj", "k_proj", "v_proj", "o_proj"}
-    params, children, buffers = _own_state(m)
+    params, children, buffers = own_state(m)
     if params or buffers or children != names or not all(type(m._modules[n]) is nn.Linear for n in names):
         return None
     if not type(m).__module__.startswith("transformers.") or isinstance(m, _HalAttention):
@@ -273,7 +224,7 @@ def _llama_attention(m: nn.Module) -> Optional[nn.Module]:
     if not all(isinstance(getattr(m, a, None), (int, float)) for a in ("head_dim", "num_key_value_groups", "scaling")) or config is None:
         return None
     hal_cls = _subclass(type(m), _HalAttention)
-    if not _same(type(m).__name__, lambda: _attention_pair(m, hal_cls), m.q_proj.weight):
+    if not same(type(m).__name__, lambda: _attention_pair(m, hal_cls), m.q_proj.weight):
         return None
     m.__class__ = hal_cls
     return m
@@ -281,11 +232,11 @@ def _llama_attention(m: nn.Module) -> Optional[nn.Module]:
 
 def _attention_pair(m: nn.Module, hal_cls: type) -> tuple[torch.Tensor, torch.Tensor]:
     """The original attention and its hal subclass on random hidden states and rotary angles."""
-    trial = _random_copy(m, 15, 0.05).eval()
+    trial = random_copy(m, 15, 0.05).eval()
     ref = m.q_proj.weight
     b, t, hd = 2, 5, int(m.head_dim)
-    x = _probe((b, t, m.q_proj.in_features), ref, 16)
-    angles = _probe((b, t, hd // 2), ref, 17).float() * 3.0
+    x = probe((b, t, m.q_proj.in_features), ref, 16)
+    angles = probe((b, t, hd // 2), ref, 17).float() * 3.0
     emb = torch.cat((angles, angles), dim=-1)
     pe = (emb.cos().to(ref.dtype), emb.sin().to(ref.dtype))
     want = trial(x, position_embeddings=pe, attention_mask=None)[0]
@@ -324,7 +275,7 @@ class _HalExperts(nn.Module):
 
 
 def _mixtral_experts(m: nn.Module) -> Optional[nn.Module]:
-    params, children, buffers = _own_state(m)
+    params, children, buffers = own_state(m)
     if params != {"gate_up_proj", "down_proj"} or buffers or children != {"act_fn"} or isinstance(m, _HalExperts):
         return None
     up, down, e = m.gate_up_proj, m.down_proj, getattr(m, "num_experts", None)
@@ -335,7 +286,7 @@ def _mixtral_experts(m: nn.Module) -> Optional[nn.Module]:
         return None
     hal_cls = _subclass(type(m), _HalExperts)
     silu = _is_function(m._modules["act_fn"], F.silu)
-    if not _same(type(m).__name__, lambda: _experts_pair(m, hal_cls, silu), m.gate_up_proj):
+    if not same(type(m).__name__, lambda: _experts_pair(m, hal_cls, silu), m.gate_up_proj):
         return None
     m.__class__ = hal_cls
     m._hal_silu = silu
@@ -343,10 +294,10 @@ def _mixtral_experts(m: nn.Module) -> Optional[nn.Module]:
 
 
 def _experts_pair(m: nn.Module, hal_cls: type, silu: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    trial = _random_copy(m, 18, 0.2)
+    trial = random_copy(m, 18, 0.2)
     e, hidden = int(m.num_experts), int(m.gate_up_proj.shape[2])
     tokens, k = 7, min(2, e)
-    x = _probe((tokens, hidden), m.gate_up_proj, 19)
+    x = probe((tokens, hidden), m.gate_up_proj, 19)
     gen = torch.Generator().manual_seed(20)
     index = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)]).to(x.device)
     weights = torch.rand(tokens, k, generator=gen).to(x.device)
@@ -429,7 +380,7 @@ def patch_lm_head(model: nn.Module) -> bool:
     """Give ``model`` (a ``transformers`` causal LM) the fused LM head + loss if it computes the same
     loss on six random tokens (module docstring). Returns whether it did."""
     head = getattr(model, "lm_head", None)
-    if type(head) is not nn.Linear or isinstance(model, _HalCausalLM) or _has_hooks(head) or _has_hooks(model):
+    if type(head) is not nn.Linear or isinstance(model, _HalCausalLM) or has_hooks(head) or has_hooks(model):
         return False
     try:
         from transformers.loss.loss_utils import ForCausalLMLoss
@@ -455,7 +406,7 @@ def patch_lm_head(model: nn.Module) -> bool:
             model.__class__ = _subclass(original, _HalCausalLM, original.__name__)
             return want, model(input_ids=ids, labels=labels, use_cache=False).loss.float()
 
-        agree = _same(original.__name__, pair, head.weight)
+        agree = same(original.__name__, pair, head.weight)
     finally:
         for m, training in modes.items():
             m.training = training
@@ -467,6 +418,6 @@ def patch_lm_head(model: nn.Module) -> bool:
 def swap(m: nn.Module) -> Optional[nn.Module]:
     """The ``transformers`` module kinds above: the module to put in ``m``'s place (``m`` itself when
     its class was changed), or None."""
-    if _has_hooks(m):
+    if has_hooks(m):
         return None
     return _gemma_rms_norm(m) or _geglu_mlp(m) or _llama_attention(m) or _mixtral_experts(m)
