@@ -22,6 +22,7 @@ A peer that cannot run says why (not installed, no GPU, an option Liger lacks); 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -49,9 +50,10 @@ def _library() -> Any:
     return liger_kernel.ops
 
 
-def _import_reason() -> Optional[str]:
+def import_reason(module: str = "liger_kernel.ops") -> Optional[str]:
+    """Why ``module`` of Liger-Kernel does not import (not installed, or broken), or None."""
     try:
-        _library()
+        importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] == "liger_kernel":
             return "Liger-Kernel not installed"
@@ -193,7 +195,7 @@ def peer(op: str, mode: str, canon: tuple, wrt: Sequence[str] = (), grad_out: Op
     adapter = ADAPTERS.get(op)
     if adapter is None:
         return Peer(reason=f"Liger-Kernel has no kernel for {op}")
-    reason = _import_reason()
+    reason = import_reason()
     if reason is None and _device(canon).type != "cuda":
         reason = f"Liger-Kernel's Triton kernels need a GPU (this run is on {_device(canon).type})"
     if reason is None:

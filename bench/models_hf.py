@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import nn
 
+from . import liger
 from .models_llama import CONFIGS, LlamaConfig
 from .workload import NotApplicable, Step, Workload, compiled, data_generator
 
@@ -87,14 +88,11 @@ def apply_liger(model: nn.Module, device: torch.device) -> Callable[[], contextl
     Liger-Kernel does not import or there is no GPU for its Triton kernels."""
     if device.type != "cuda":
         raise NotApplicable(f"Liger-Kernel's Triton kernels need a GPU (this run is on {device.type})")
-    try:
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] == "liger_kernel":
-            raise NotApplicable("Liger-Kernel not installed") from exc
-        raise NotApplicable(f"Liger-Kernel does not import: {type(exc).__name__}: {exc}"[:200]) from exc
-    except Exception as exc:  # noqa: BLE001 - a broken install is reported in the table
-        raise NotApplicable(f"Liger-Kernel does not import: {type(exc).__name__}: {exc}"[:200]) from exc
+    reason = liger.import_reason("liger_kernel.transformers")
+    if reason is not None:
+        raise NotApplicable(reason)
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+
     return isolated_patch(lambda m: apply_liger_kernel_to_llama(model=m), model)
 
 
