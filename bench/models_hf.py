@@ -11,6 +11,9 @@ head compute the loss without the full logits. The implementations:
   optimizer in every workload);
 - ``hal``: ``hal.nn.patch(model)`` (hal's modules swapped in by structure, whatever it recognises in
   this model) and ``hal.optim.AdamW``;
+- ``hal.optimize``: the model as built and ``torch.optim.AdamW(fused=True)`` handed to
+  ``hal.optimize(model, optimizer, amp=...)``, the one call that rewrites, compiles and captures as
+  its measurements on the first call decide (the measuring is inside the variant's warm-up);
 - ``liger``: Liger-Kernel's Llama patch applied to this model instance
   (``apply_liger_kernel_to_llama(model=...)``: its RMSNorm, SwiGLU MLP, RoPE and the fused linear
   cross-entropy forward), ``torch.optim.AdamW(fused=True)``.
@@ -33,9 +36,9 @@ from torch import nn
 
 from . import liger
 from .models_llama import CONFIGS, LlamaConfig
-from .workload import NotApplicable, Step, Workload, compiled, data_generator
+from .workload import HAL_OPTIMIZE, NotApplicable, Step, Variant, Workload, compiled, data_generator
 
-IMPLS = ("torch", "hal", "liger")
+IMPLS = ("torch", "hal", "liger", "hal.optimize")
 
 
 def _transformers() -> Any:
@@ -147,6 +150,9 @@ class HFLlamaTrain(Workload):
         return (f"Hugging Face LlamaForCausalLM training step ({c.layers} layers, d={c.dim}, {c.heads} heads, SwiGLU {c.ffn}, "
                 f"T={c.seq}, batch {c.batch}, vocab {c.vocab}), loss in the model's forward, {amp}, AdamW; hal: hal.nn.patch")
 
+    def extra_variants(self) -> list[Variant]:
+        return [HAL_OPTIMIZE]
+
     def tokens(self, seed: int, device: torch.device) -> torch.Tensor:
         """The batch of token ids (inputs and labels: the model shifts the labels itself)."""
         c = self.cfg
@@ -167,8 +173,13 @@ class HFLlamaTrain(Workload):
                 forward_context = apply_liger(model, device)
             opt = torch.optim.AdamW(model.parameters(), lr=self.lr, eps=self.eps, fused=True)
         tokens = self.tokens(seed, device)
-        forward = compiled(model, compile_mode)
         amp = self.amp_dtype
+        if impl == "hal.optimize":
+            import hal
+
+            fast = hal.optimize(model, opt, amp=amp)
+            return Step(lambda: fast(input_ids=tokens, labels=tokens), model, fast.optimizer)
+        forward = compiled(model, compile_mode)
 
         def step() -> torch.Tensor:
             with forward_context(), torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):

@@ -70,8 +70,11 @@ HAL_COMPILE_GRAPH = Variant("hal+compile+graph", "hal", "default", graph=True)
 #: torch.compile's own CUDA-graph mode (Inductor's cudagraph trees over the compiled model; the
 #: optimizer step stays eager there, outside any graph)
 COMPILE_REDUCE_OVERHEAD = Variant("compile reduce-overhead", "torch", "reduce-overhead")
+#: the one-call step, ``hal.optimize(model, optimizer)``: hal picks rewrite, compile and graph itself
+#: by measuring them on its first call (a workload offers it where its step fits that call)
+HAL_OPTIMIZE = Variant("hal.optimize", "hal.optimize")
 #: hal's steps (the "best hal" of a row is the fastest of these)
-HAL_VARIANTS = (HAL.name, HAL_COMPILE.name, HAL_GRAPH.name, HAL_COMPILE_GRAPH.name)
+HAL_VARIANTS = (HAL.name, HAL_COMPILE.name, HAL_GRAPH.name, HAL_COMPILE_GRAPH.name, HAL_OPTIMIZE.name)
 
 
 class Workload(abc.ABC):

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 from hal_bench import models, models_report  # noqa: E402
 from hal_bench.models_hf import HFLlamaTrain, build_model, isolated_patch  # noqa: E402
 from hal_bench.timing import Timer  # noqa: E402
-from hal_bench.workload import COMPILE_GRAPH, HAL_COMPILE_GRAPH  # noqa: E402
+from hal_bench.workload import COMPILE_GRAPH, EAGER, HAL_COMPILE_GRAPH, HAL_OPTIMIZE  # noqa: E402
 
 CPU = torch.device("cpu")
 #: AdamW's eps in the comparisons (as in test_models_bench: above the rounding noise of vanishing gradients)
@@ -100,7 +100,8 @@ def test_harness_runs_hf_llama_and_reports_best_peer_and_peak_memory(seed: int) 
     """A run of the harness on hf_llama_train: eager and hal measured, Liger-Kernel's reason on the CPU,
     the issue-28 comparison in the row and in the Markdown (not judged on the CPU), peak memory per
     variant (None on the CPU, n/a in the table)."""
-    doc = models.run(CPU, ["hf_llama_train"], "tiny", use_compile=False, seed=seed % 1000, steps=2, budget_s=0.01)
+    doc = models.run(CPU, ["hf_llama_train"], "tiny", use_compile=False, seed=seed % 1000, steps=2, budget_s=0.01,
+                     variants=["eager", "hal", "liger"])
     (row,) = doc["models"]
     by = {r["variant"]: r for r in row["variants"]}
     assert list(by) == ["eager", "hal", "liger"]
@@ -128,12 +129,24 @@ def test_graph_variants_are_offered_and_skipped_without_cuda(seed: int) -> None:
     w = HFLlamaTrain("tiny")
     names = [v.name for v in w.variants(use_compile=True, max_autotune=True, graphs=True)]
     assert names == ["eager", "compile", "hal", "hal+compile", "liger", "eager+graph", "compile reduce-overhead", "compile+graph",
-                     "hal+graph", "hal+compile+graph"]
+                     "hal+graph", "hal+compile+graph", "hal.optimize"]
     assert (COMPILE_GRAPH.impl, COMPILE_GRAPH.compile_mode, COMPILE_GRAPH.graph) == ("torch", "default", True)
     assert (HAL_COMPILE_GRAPH.impl, HAL_COMPILE_GRAPH.compile_mode, HAL_COMPILE_GRAPH.graph) == ("hal", "default", True)
-    assert [v.name for v in w.variants(use_compile=False, max_autotune=True, graphs=True)] == ["eager", "hal", "liger", "eager+graph", "hal+graph"]
+    assert [v.name for v in w.variants(use_compile=False, max_autotune=True, graphs=True)] == ["eager", "hal", "liger", "eager+graph", "hal+graph",
+                                                                                            "hal.optimize"]
     rec = models.measure_variant(w, HAL_COMPILE_GRAPH, CPU, Timer(CPU), seed, None)
     assert "CUDA" in rec["skipped"]
+
+
+def test_one_call_step_is_a_hal_variant_that_trains_like_eager(seed: int) -> None:
+    """The ``hal.optimize`` column: the one-call step (its measuring inside the warm-up) trains the
+    same model from the same batch to the same first loss as eager, and counts as a hal step, not a peer."""
+    w = HFLlamaTrain("tiny")
+    eager = models.measure_variant(w, EAGER, CPU, Timer(CPU), seed % 1000, None, steps=2)
+    fast = models.measure_variant(w, HAL_OPTIMIZE, CPU, Timer(CPU), seed % 1000, None, steps=2)
+    assert fast.get("step_us", 0) > 0, fast
+    assert fast["loss_first"] == pytest.approx(eager["loss_first"], rel=1e-4)
+    assert not models.is_peer(fast)
 
 
 def test_issue28_targets_on_a_gpu_row() -> None:
