@@ -7,6 +7,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh final   # GPU tests, conformance (CONF_OPS=a,b), the whole-model table, [HOST_EXTRAS=1] optimizer host time
 #   HAL_COMMIT=<sha> benchmarks/h200.sh table   # GPU tests, the whole op table, dispatch overhead, [PROFILE_MODELS=a,b] step profiles
 #   HAL_COMMIT=<sha> benchmarks/h200.sh models28 # hal.optimize's example, then MODELS one process each with VARIANTS (issue 28's peers)
+#   HAL_COMMIT=<sha> benchmarks/h200.sh table28 # issue 28's model table: MODELS one process each, every variant (VARIANTS to pick), [CONF_OPS=a,b|all] conformance
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
@@ -105,6 +106,18 @@ case "$mode" in
       for f in models.json models.md; do [ -f "$out/models-$m/$f" ] && cp "$out/models-$m/$f" "$OUT/$m-$f"; done
     done
     ;;
+  table28)  # issue 28's model table: each of MODELS (one process each) with every peer and hal step that applies, then
+    # [CONF_OPS=a,b|all] conformance; MODEL_LIMIT seconds per model
+    for m in ${MODELS:-resnet50_train hf_llama_train llama_train moe_fwd_bwd resnet50_infer_bf16 llama_prefill}; do
+      step "models-$m" "${MODEL_LIMIT:-200}" python3 -m hal bench --models "$m" --no-max-autotune ${VARIANTS:+--variants "$VARIANTS"} --out "$out/models-$m"
+      for f in models.json models.md; do [ -f "$out/models-$m/$f" ] && cp "$out/models-$m/$f" "$OUT/$m-$f"; done
+      [ -f "$out/models-$m/models.md" ] && grep -A3 "^| model | best peer" "$out/models-$m/models.md" | tail -1
+    done
+    if [ -n "${CONF_OPS:-}" ]; then
+      OMP_NUM_THREADS=2 step conformance "${CONF_LIMIT:-200}" python3 -m hal conformance --backend cuda --jobs 8 $([ "$CONF_OPS" != all ] && echo --ops "$CONF_OPS") --report-dir "$out/conformance"
+      for f in report.md report.json; do [ -f "$out/conformance/$f" ] && cp "$out/conformance/$f" "$OUT/conformance-$f"; done
+    fi
+    ;;
   bench)  # the whole hal bench table with its peers (bench_table above)
     bench_table
     ;;
@@ -169,6 +182,6 @@ PY
     for f in "$out"/seeds/*.json; do [ -f "$f" ] && cp "$f" "$OUT/seed-$(basename "$f")"; done
     [ -f "$out/models/models.md" ] && sed -n '/^| model | eager/,/^$/p' "$out/models/models.md"
     ;;
-  *) echo "unknown mode $mode (check, verify, final, bench, host, explore, cmd, tune, tunemodels)"; exit 2 ;;
+  *) echo "unknown mode $mode (check, verify, final, table, models28, table28, bench, host, explore, cmd, tune, tunemodels)"; exit 2 ;;
 esac
 ls -la "$OUT"
