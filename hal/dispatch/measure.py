@@ -323,7 +323,16 @@ def _rounded(t: float) -> Any:
 def _measure(decl: OpDecl, args: Sequence[Any], routes: Sequence[Route], context: str,
              runner: Callable[[Route], Callable[..., Any]], device: Any) -> Optional[tuple[list[float], float]]:
     """Median microseconds of each route over interleaved rounds, and the seconds spent; None when
-    hal's first choice raised."""
+    hal's first choice raised. torch's random streams (CPU, and the call's GPU) are as they were
+    before: measuring draws gradients and may run random kernels, and a step measured on its first
+    call must draw the same dropout masks as any other (activation checkpointing replays them)."""
+    gpus = [device] if isinstance(device, torch.device) and device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus, device_type="cuda"):
+        return _measure_routes(decl, args, routes, context, runner, device)
+
+
+def _measure_routes(decl: OpDecl, args: Sequence[Any], routes: Sequence[Route], context: str,
+                    runner: Callable[[Route], Callable[..., Any]], device: Any) -> Optional[tuple[list[float], float]]:
     started = time.perf_counter()
     on_device = isinstance(device, torch.device) and device.type != "cpu"
     graph = context.startswith("graph")

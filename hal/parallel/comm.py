@@ -49,9 +49,8 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
         return x
     if x.shape[dim] % n:
         raise InvalidArgumentError(
-            f"reduce-scatter along dim {dim}: size {x.shape[dim]} is not divisible by the group's {n} ranks; "
-            "pad the sequence (or hidden size) to a multiple of the parallel degree"
-        )
+            "reduce_scatter_to_parallel", "x", f"of a size along dim {dim} divisible by the group's {n} ranks "
+            "(pad the sequence or hidden size to a multiple of the parallel degree)", f"size {x.shape[dim]}")
     moved = x.movedim(dim, 0).contiguous()
     out = hd.reduce_scatter(moved, group=group)
     return out.movedim(0, dim).contiguous()
@@ -64,9 +63,8 @@ def _split(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
         return x
     if x.shape[dim] % n:
         raise InvalidArgumentError(
-            f"split along dim {dim}: size {x.shape[dim]} is not divisible by the group's {n} ranks; "
-            "choose a size that is a multiple of the parallel degree"
-        )
+            "scatter_to_parallel", "x", f"of a size along dim {dim} divisible by the group's {n} ranks "
+            "(choose a size that is a multiple of the parallel degree)", f"size {x.shape[dim]}")
     return x.chunk(n, dim)[group_rank(group)].contiguous()
 
 

@@ -95,7 +95,19 @@ def _check_all(rank: int, n: int, seed: int) -> dict[str, str]:
             back.append(wj.split([sizes[r][j] for r in range(n)])[rank])
         torch.testing.assert_close(g, torch.cat(back))
 
-    for name, fn in [("copy_to", copy_to), ("reduce_from", reduce_from), ("gather_reduce", gather_reduce),
+    def indivisible() -> None:
+        import hal
+
+        odd = torch.ones(2 * n + 1, 3, dtype=torch.float64)
+        for op in (lambda: comm.scatter_to_parallel(odd, 0), lambda: comm.reduce_scatter_to_parallel(odd, 0)):
+            try:
+                op()
+            except hal.InvalidArgumentError as exc:
+                assert "divisible" in str(exc) and f"size {2 * n + 1}" in str(exc), exc
+            else:
+                raise AssertionError("an indivisible split was accepted")
+
+    for name, fn in [("indivisible", indivisible), ("copy_to", copy_to), ("reduce_from", reduce_from), ("gather_reduce", gather_reduce),
                      ("gather_split", gather_split), ("reduce_scatter", reduce_scatter), ("scatter", scatter),
                      ("all_to_all_uneven", all_to_all_uneven)]:
         case(name, fn)

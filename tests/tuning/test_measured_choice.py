@@ -318,3 +318,22 @@ def test_a_plugins_seeds_answer_before_any_measurement(tuning, install_plugins, 
     assert RAN == ["slow"] and len(measure.LOG) == before
     d = hal.explain("softmax", torch.randn(4, 8), 1)
     assert d.measurement.source == "seed" and "seeded" in str(d)
+
+
+def test_measuring_leaves_torchs_random_stream_where_it_was(tuning, install_plugins):
+    """A first call that measures its kernels (drawing gradients, running them again) must not move
+    torch's global generator: the next draw is the one a run without measuring makes, so dropout
+    masks do not depend on whether a shape was measured yet (activation checkpointing replays them)."""
+    p = Plugin("rng", "1.0")
+    p.define_backend(priority=1000, device_types=("cpu",))
+    p.kernel("softmax", name="a", priority=10)(sleeping_softmax("a", 0.0))
+    p.kernel("softmax", name="b", priority=5)(sleeping_softmax("b", 0.0005))
+    p.kernel("softmax_backward", name="plain")(lambda grad_out, out, dim: out * (grad_out - (grad_out * out).sum(dim, keepdim=True)))
+    install_plugins([p])
+    x = torch.randn(4, 8, requires_grad=True)
+    torch.manual_seed(1234)
+    expected = torch.rand(5)
+    torch.manual_seed(1234)
+    hal.ops.softmax(x, 1).sum().backward()
+    assert hal.explain("softmax", x, 1).measurement is not None, "the call was meant to be measured"
+    torch.testing.assert_close(torch.rand(5), expected, rtol=0, atol=0)
