@@ -96,6 +96,11 @@ def _write(folder: str, result: RankResult) -> None:
 def _rank_main(rank: int, spec: _Spec) -> None:
     os.environ.update(spec.env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(spec.world_size))
+    # numba's thread pool (hal's CPU kernels) would take every core in every rank: as torch, `threads`
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(spec.threads))
+    if "numba" in sys.modules:  # imported by the fork server already: its pool size is fixed, use fewer
+        numba = sys.modules["numba"]
+        numba.set_num_threads(min(spec.threads, numba.config.NUMBA_NUM_THREADS))
     sys.path[:0] = [p for p in spec.paths if p not in sys.path]
     import torch
     import torch.distributed as dist
@@ -180,8 +185,9 @@ def launch(
 
     ``fn`` is a module-level function (or "module:function"); its return value must pickle.
     ``env`` is set in every rank (e.g. ``{"LOCAL_WORLD_SIZE": "4"}``). ``backend``: "gloo", or
-    "nccl" for one rank per local GPU ("rccl" names the same on a ROCm build: :func:`torch_backend`). ``threads``: torch threads per rank (1 keeps ranks from
-    oversubscribing the cores). The launch returns when every rank of ``wait_ranks`` (default: all)
+    "nccl" for one rank per local GPU ("rccl" names the same on a ROCm build: :func:`torch_backend`).
+    ``threads``: torch's and numba's threads per rank (1 keeps ranks from oversubscribing the cores;
+    ``env`` may set ``NUMBA_NUM_THREADS`` otherwise). The launch returns when every rank of ``wait_ranks`` (default: all)
     has ended or ``timeout_s`` passed; ranks still running then are killed. A rank whose function
     returned waits for the others in a barrier before it exits (``final_barrier=False`` skips it:
     for runs where a rank is meant to fail or hang).
