@@ -28,7 +28,7 @@ rounding of the grouped GEMM over fewer rows.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -304,7 +304,7 @@ class ExpertParallelMoE(nn.Module):
 
         A copy's place in its expert's queue: copies of earlier choice slots (all ranks), then this
         slot's copies of earlier ranks, then this rank's earlier tokens."""
-        k, e = self.top_k, self.num_experts
+        e = self.num_experts
         before_slot = counts.sum(0).cumsum(0) - counts.sum(0)  # (k, E)
         before_rank = counts.cumsum(0) - counts  # (n, k, E)
         start = before_slot[None] + before_rank  # queue position of each rank's first copy, per slot and expert

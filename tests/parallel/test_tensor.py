@@ -74,7 +74,7 @@ def shard(t: Optional[torch.Tensor], dim: Optional[int], n: int, rank: int) -> O
 
 def shard_map(module: nn.Module) -> dict[str, Optional[int]]:
     """{parameter name: split dimension or None} of a module holding parallel layers."""
-    from hal.parallel.plan import _shards
+    from hal.parallel.state import _shards
 
     return {k: dim for k, (dim, _) in _shards(module).items()}
 
