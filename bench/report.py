@@ -16,6 +16,10 @@ def _us(v: Optional[float]) -> str:
     return f"{v / 1000:.2f} ms" if v >= 10000 else f"{v:.1f} µs"
 
 
+def _spread(v: Optional[float]) -> str:
+    return "" if v is None else f" ±{100 * v:.0f}%"
+
+
 def _x(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2f}×"
 
@@ -63,7 +67,11 @@ def to_markdown(doc: dict[str, Any]) -> str:
         "",
         "Times: on the GPU the median over 5 batches of back-to-back runs timed with CUDA events (host clock on the CPU); ratios are peer time / hal time. "
         "† the median of single runs, each timed with events after its overwritten inputs were restored (outside the timing). "
-        "Training rows (train fwd+bwd) time forward and backward through autograd per run in every column.",
+        "Training rows (train fwd+bwd) time forward and backward through autograd per run in every column. "
+        "hal's time shows its spread (± the interquartile range over the median); ⚠ marks a noisy row (a spread above 10%: its ratios are "
+        "not reliable, see below). % copy BW: the case's bytes (read + written) per second over those of a copy of the same footprint "
+        "timed on this device, so that a row whose arrays stay in a cache is measured against the cache (on the CPU) and a row beyond "
+        "it against DRAM/HBM.",
         "",
         "| op | case | dtype | kernel | hal | eager | torch.compile | other peers | % copy BW | % matmul rate |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -73,10 +81,17 @@ def to_markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {r['op']} | {r['case']} | {r['dtype']} | {r.get('kernel', '-')} | error: {r['error']} | | | | | |")
             continue
         others = _others(r)
+        mark = " ⚠" if r.get("noisy") else ""
         lines.append(
-            f"| {r['op']} | {r['case']} | {r['dtype']} | {r.get('kernel', '-')} | {_us(r.get('hal_us'))} | {_peer(r, 'eager')} | "
+            f"| {r['op']} | {r['case']}{mark} | {r['dtype']} | {r.get('kernel', '-')} | {_us(r.get('hal_us'))}{_spread(r.get('hal_spread'))} | {_peer(r, 'eager')} | "
             f"{_peer(r, 'compile')} | {others} | {_pct(r.get('bw_fraction'))} | {_pct(r.get('rate_fraction'))} |"
         )
+    noisy = [r for r in doc.get("results", []) if r.get("noisy")]
+    if noisy:
+        lines += ["", f"## Noisy rows ({len(noisy)})", "",
+                  "Timings whose samples scatter by more than 10% of their median (another process, frequency scaling, a "
+                  "cold cache): rerun these on an idle machine before reading their ratios.", ""]
+        lines += [f"- {r['op']}, {r['case']}: {', '.join(r['noisy'])}" for r in noisy]
     targets = [(r, t) for r in doc.get("results", []) for t in r.get("targets", [])]
     if targets:
         lines += ["", "## Targets (issues 5 and 13)", "", "| op | case | target | goal | measured | |", "| --- | --- | --- | --- | --- | --- |"]

@@ -15,6 +15,11 @@ reads as the fraction of the ceiling that limits them:
   flops / time; their gap under the flat roof is their fraction of the matrix rate.
 
 Cases that failed, or count neither, are listed under the legend as not placed, never left out.
+
+The roof drawn is the device's (the copy bandwidth measured beyond its last-level cache); each
+point's fraction is of the roof at its own footprint, the bandwidth of a copy of its bytes
+(``copy_bytes_per_s`` of its row), as the table's "% copy BW" is: a CPU row whose arrays stay in
+cache can sit above the drawn roof and still read below 100%.
 """
 
 from __future__ import annotations
@@ -99,7 +104,9 @@ def place(doc: dict[str, Any]) -> Placement:
         else:
             x, y = next(nominal[kind]), r["flops"] / seconds
         peer, peer_us = _fastest_peer(r)
-        points.append(Point(i, r["op"], r["case"], kind, x, y, y / min(rate, x * bandwidth), peer,
+        row_bw = float(r.get("copy_bytes_per_s") or bandwidth)  # the slanted roof at the row's own footprint
+        fraction = (y / x) / row_bw if kind == "bytes only" else (y / rate if kind == "flops only" else y / min(rate, x * row_bw))
+        points.append(Point(i, r["op"], r["case"], kind, x, y, fraction, peer,
                             None if peer_us is None else y * r["hal_us"] / peer_us))
     return Placement(points, not_placed, bandwidth, rate, bands)
 

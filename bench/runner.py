@@ -1,7 +1,13 @@
 """Running benchmark cases: each case's hal call, its peers, ratios, fractions of the ceilings, and
 the issues' targets judged met or missed. One case failing (out of memory, a peer that does not
 exist on this torch) is recorded and the run goes on; a peer that cannot run here is recorded with
-its reason. Each record keeps the wall time its case took (setup, compilation, timing)."""
+its reason. Each record keeps the wall time its case took (setup, compilation, timing).
+
+Every time comes with its spread (:func:`hal_bench.timing.spread`); a row where hal's or a timed
+peer's spread exceeds :data:`hal_bench.timing.NOISY_SPREAD` is marked ``noisy`` (its ratios are not
+to be trusted: another process, frequency scaling). The fraction of copy bandwidth is taken against
+a copy of the case's own footprint (:func:`hal_bench.ceilings.copy_at`), recorded as the row's
+``copy_bytes_per_s``."""
 
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ import hal
 from . import ceilings, liger
 from .cases import Case, all_cases
 from .peer import Peer, as_peer
-from .timing import Timer, host_overhead_us
+from .timing import NOISY_SPREAD, Timer, host_overhead_us
 
 
 def _error(exc: BaseException) -> str:
@@ -42,10 +48,12 @@ def _ratio(peer_us: Optional[float], hal_us: Optional[float]) -> Optional[float]
     return peer_us / hal_us
 
 
-def run_case(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any], compile_mode: Optional[str], use_compile: bool) -> dict[str, Any]:
-    """One result record: times in microseconds, ratios peer/hal (> 1 means hal is faster)."""
+def run_case(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any], compile_mode: Optional[str], use_compile: bool,
+             copies: Optional[dict[int, float]] = None) -> dict[str, Any]:
+    """One result record: times in microseconds, ratios peer/hal (> 1 means hal is faster).
+    ``copies``: copy bandwidths by footprint measured so far in this run (filled here)."""
     t0 = time.perf_counter()
-    rec = _measure(case, device, timer, ceil, compile_mode, use_compile)
+    rec = _measure(case, device, timer, ceil, compile_mode, use_compile, {} if copies is None else copies)
     rec["wall_s"] = round(time.perf_counter() - t0, 2)
     return rec
 
@@ -55,16 +63,18 @@ def _time_peer(timer: Timer, peer: Peer, hal_us: float) -> dict[str, Any]:
         return {"skipped": peer.reason}
     out: dict[str, Any] = {"detail": peer.detail} if peer.detail else {}
     try:
-        us = timer(peer.run, before=peer.restore)["median_us"]
+        timed = timer(peer.run, before=peer.restore)
     except Exception as exc:  # noqa: BLE001
         return out | {"error": _error(exc)}
-    out |= {"us": us, "ratio": _ratio(us, hal_us)}
+    us = timed["median_us"]
+    out |= {"us": us, "ratio": _ratio(us, hal_us), "spread": timed["spread"]}
     if peer.restore is not None:
         out["per_run"] = True  # timed run by run, its inputs restored before each (outside the timing)
     return out
 
 
-def _measure(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any], compile_mode: Optional[str], use_compile: bool) -> dict[str, Any]:
+def _measure(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any], compile_mode: Optional[str], use_compile: bool,
+             copies: dict[int, float]) -> dict[str, Any]:
     rec: dict[str, Any] = {"op": case.op, "case": case.name, "dtype": case.dtype, "bytes": case.bytes, "flops": case.flops}
     if case.published:
         rec["published"] = [dataclasses.asdict(p) for p in case.published]
@@ -77,7 +87,8 @@ def _measure(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any
         op, args, kwargs = setup.explain
         decision = hal.explain(op, *args, **kwargs)
         rec["kernel"] = f"{decision.backend}/{decision.kernel}" + (f" ({decision.fallback} fallback)" if decision.fallback else "")
-        rec["hal_us"] = timer(setup.hal)["median_us"]
+        timed = timer(setup.hal)
+        rec["hal_us"], rec["hal_spread"] = timed["median_us"], timed["spread"]
     except Exception as exc:  # noqa: BLE001
         rec["error"] = f"hal: {_error(exc)}"
         traceback.print_exc()
@@ -98,13 +109,24 @@ def _measure(case: Case, device: torch.device, timer: Timer, ceil: dict[str, Any
     for name, p in setup.peers.items():
         peers[f"peer:{name}"] = _time_peer(timer, as_peer(p), hal_us)
     rec["peers"] = peers
-    if case.bytes and ceil.get("copy_bytes_per_s"):
-        rec["bw_fraction"] = case.bytes / (hal_us * 1e-6) / ceil["copy_bytes_per_s"]
+    if case.bytes:
+        footprint = int(case.bytes)
+        if footprint not in copies:
+            copies[footprint] = ceilings.copy_at(device, footprint, timer)
+        rec["copy_bytes_per_s"] = copies[footprint]
+        rec["bw_fraction"] = case.bytes / (hal_us * 1e-6) / copies[footprint]
     if case.flops and ceil.get("matmul_flops_per_s"):
         rec["rate_fraction"] = case.flops / (hal_us * 1e-6) / ceil["matmul_flops_per_s"]
     rec["targets"] = judge(case.targets, rec)
+    rec["noisy"] = noisy(rec)
     del setup
     return rec
+
+
+def noisy(rec: dict[str, Any]) -> list[str]:
+    """The timings of a record whose spread exceeds NOISY_SPREAD ("hal ±14%", "eager ±22%")."""
+    spreads = [("hal", rec.get("hal_spread"))] + [(k.removeprefix("peer:"), p.get("spread")) for k, p in rec.get("peers", {}).items()]
+    return [f"{name} ±{100 * s:.0f}%" for name, s in spreads if s is not None and s > NOISY_SPREAD]
 
 
 def judge(targets: dict[str, float], rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -218,11 +240,14 @@ def run(
     wanted = set(ops) if ops else None
     results: list[dict[str, Any]] = []
     doc["results"] = results
+    copies: dict[int, float] = {}
     for case in all_cases(gpu):
         if wanted and case.op not in wanted and case.op.removesuffix("_backward") not in wanted:
             continue
         progress(f"{case.op}: {case.name}")
-        results.append(run_case(case, device, timer, doc["ceilings"], compile_mode, use_compile))
+        results.append(run_case(case, device, timer, doc["ceilings"], compile_mode, use_compile, copies))
+        if results[-1].get("noisy"):
+            progress(f"warning: noisy timings ({', '.join(results[-1]['noisy'])}): this row's ratios are not reliable")
         _free(device)
         doc["wall_s"] = round(time.perf_counter() - started, 1)
         on_case(doc)

@@ -17,6 +17,21 @@ import torch
 
 #: bytes written between GPU runs so that no input stays in L2 (50 MB on an H100/H200)
 L2_FLUSH_BYTES = 256 << 20
+#: a measurement whose spread (:func:`spread`) exceeds this is noisy: its ratios are not to be trusted
+NOISY_SPREAD = 0.10
+
+
+def spread(times: list[float]) -> float:
+    """How far a measurement's samples scatter, relative to their median: the interquartile range
+    over the median (the middle half of the samples lies within it), or the whole range for fewer
+    than four samples. 0.02 reads "within 2%"; above :data:`NOISY_SPREAD` the row is noisy."""
+    med = statistics.median(times)
+    if med <= 0 or len(times) < 2:
+        return 0.0
+    if len(times) < 4:
+        return (max(times) - min(times)) / med
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return (q3 - q1) / med
 
 
 class Timer:
@@ -72,8 +87,9 @@ class Timer:
         return self._once_cpu(fn)
 
     def __call__(self, fn: Callable[[], Any], warmup: int = 2, before: Optional[Callable[[], Any]] = None) -> dict[str, float]:
-        """{"median_us", "min_us", "reps"} of ``fn()``; with ``before``, each run timed on its own
-        after ``before()`` (untimed)."""
+        """{"median_us", "min_us", "reps", "spread"} of ``fn()`` (:func:`spread` over the timed
+        samples: single runs on the CPU, batches on a GPU); with ``before``, each run timed on its
+        own after ``before()`` (untimed)."""
         for _ in range(warmup):
             if before is not None:
                 before()
@@ -85,11 +101,11 @@ class Timer:
             first = self._batch_gpu(fn, 1)
             per_batch = int(max(1, min(50, self.budget_s / 5 * 1e6 / max(first, 1.0))))
             times = [self._batch_gpu(fn, per_batch) for _ in range(5)]
-            return {"median_us": statistics.median(times), "min_us": min(times), "reps": 5 * per_batch}
+            return {"median_us": statistics.median(times), "min_us": min(times), "reps": 5 * per_batch, "spread": spread(times)}
         first = self._once_cpu(fn)
         reps = int(max(self.min_reps, min(self.max_reps, self.budget_s * 1e6 / max(first, 1.0))))
         times = [first] + [self._once_cpu(fn) for _ in range(reps - 1)]
-        return {"median_us": statistics.median(times), "min_us": min(times), "reps": len(times)}
+        return {"median_us": statistics.median(times), "min_us": min(times), "reps": len(times), "spread": spread(times)}
 
 
     def _timed_each(self, fn: Callable[[], Any], before: Callable[[], Any]) -> dict[str, float]:
@@ -101,7 +117,7 @@ class Timer:
             first = self._each_cpu(fn, before)
             reps = int(max(self.min_reps, min(self.max_reps, self.budget_s * 1e6 / max(first, 1.0))))
             times = [first] + [self._each_cpu(fn, before) for _ in range(reps - 1)]
-        return {"median_us": statistics.median(times), "min_us": min(times), "reps": len(times)}
+        return {"median_us": statistics.median(times), "min_us": min(times), "reps": len(times), "spread": spread(times)}
 
 
 def host_overhead_us(fn: Callable[[], Any], calls: int = 2000) -> float:

@@ -9,7 +9,12 @@ whether the device computes what the reference computes. The pieces:
 - ``xfail``: known failures per backend (``xfail/<backend>.txt``);
 - ``runner``: planning and running a backend's cases; ``report``: report.json, report.md, junit.xml;
 - ``cli``: ``hal conformance``; ``pytest_plugin``: ``pytest --hal-backend NAME``;
-- ``collectives`` (written with hal.dist): multi-process collective cases, run with --world-size.
+- ``collectives`` (written with hal.dist): multi-process collective cases, run with --world-size;
+- the model mode, ``hal conformance --model``: ``model`` (a model's training steps on a backend
+  against the reference, bisected to the diverging call), ``model_zoo`` (the models),
+  ``model_record`` (recording every hal call, forcing calls to the reference), ``model_compare``
+  (call-by-call budgets), ``model_report`` (its three reports), ``model_golden`` (golden loss
+  curves per device, ``golden/<device>/``), ``model_cli`` (its options).
 
 This package imports nothing heavy until used (pytest loads its plugin in every session).
 """

@@ -26,7 +26,7 @@ def _csv(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", metavar="NAME", help="backend to check (default: the best usable device backend: cuda or rocm, else cpu_ref)")
+    parser.add_argument("--backend", metavar="NAME", help="backend to check (default: the best usable backend: cuda or rocm where a GPU is usable, else the highest-priority CPU backend: cpu, or cpu_ref where cpu is not installed)")
     parser.add_argument("--device", metavar="N", type=int, default=0, help="device index of the backend (default 0)")
     parser.add_argument("--ops", metavar="a,b", type=_csv, help="ops to check, comma separated; shell patterns allowed (conv2d*)")
     parser.add_argument("--dtypes", metavar="a,b", type=_csv, help="dtypes to check, comma separated (float16,bfloat16,float32,float64,int8,uint8)")
@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-poison", action="store_true", help="do not poison output allocations (to see whether a failure depends on it)")
     parser.add_argument("--jobs", metavar="N", type=int, help="run the cases in N worker processes, whole ops each (default: 1 for a CPU backend, up to 8 for a GPU backend, whose run is bound by kernel compilation on the host)")
     parser.add_argument("--list", action="store_true", help="print the case ids that would run, and exit")
+    from .model_cli import add_arguments as add_model_arguments
+
+    add_model_arguments(parser)
 
 
 class Progress:
@@ -95,6 +98,14 @@ def full_report_in(directory: Path) -> Optional[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from . import model_cli
+
+    if getattr(args, "model", None):  # the model mode: hal.conformance.model
+        return model_cli.run(args)
+    extra = model_cli.misplaced(args)
+    if extra:
+        print(f"hal conformance: {', '.join(extra)} only apply with --model NAME", file=sys.stderr)
+        return 2
     from . import report
     from .parallel import run_parallel
     from .runner import Suite, run_collectives

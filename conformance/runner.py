@@ -185,7 +185,8 @@ def untuned() -> Iterator[None]:
 
 def default_backend() -> str:
     """The best available device backend: the highest-priority usable non-CPU backend (cuda,
-    rocm), else the highest-priority usable CPU backend (cpu_ref)."""
+    rocm), else the highest-priority usable CPU backend (cpu, or cpu_ref where cpu is not
+    installed)."""
     states = sorted(DISPATCHER.runtime().backends.values(), key=lambda s: -s.info.priority)
     for want_cpu in (False, True):
         for s in states:

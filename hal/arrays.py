@@ -239,3 +239,52 @@ def from_numpy(a: np.ndarray | np.generic) -> torch.Tensor:
     if any(s < 0 for s in a.strides) or not a.flags.writeable:
         a = a.copy()
     return torch.from_numpy(a)
+
+
+#: element counts up to which :func:`overlaps` lists every element's offset to decide (int64
+#: offsets: 32 MiB), where the cheaper tests cannot
+_OFFSETS_LIMIT = 1 << 22
+
+
+def overlaps(a: torch.Tensor | np.ndarray) -> bool:
+    """Whether two elements of ``a`` share memory (an expanded or ``as_strided`` view): what an op
+    writing ``a`` in place must refuse, since the result would depend on the order of the writes.
+
+    torch's own test (``torch._debug_has_internal_overlap``) answers "too hard" for views such as
+    ``as_strided((4, 4), (2, 1))``, and torch's in-place ops then write them. Here such views are
+    decided: by counting (more elements than the memory they span holds: they overlap), by the
+    sufficient condition of a non-overlapping layout (sorted by stride, each stride beyond the
+    extent of the smaller ones), and otherwise, up to :data:`_OFFSETS_LIMIT` elements, by listing
+    the offsets; beyond that a view that passes the counting test is taken as not overlapping."""
+    if isinstance(a, np.ndarray):
+        item = a.itemsize
+        if any(s % item for s in a.strides):
+            return False  # a byte-strided view of a record: not something an op writes
+        shape, strides = tuple(a.shape), tuple(s // item for s in a.strides)
+    else:
+        known = torch._debug_has_internal_overlap(a)
+        if known != 2:  # 0: no overlap, 1: overlap, 2: too hard for torch
+            return known == 1
+        shape, strides = tuple(a.shape), tuple(a.stride())
+    if 0 in shape:
+        return False  # no element at all
+    dims = sorted((abs(st), n) for n, st in zip(shape, strides) if n > 1)
+    if not dims:
+        return False
+    numel = math.prod(n for _, n in dims)
+    span = 1 + sum(st * (n - 1) for st, n in dims)
+    if numel > span or any(st == 0 for st, _ in dims):
+        return True
+    extent = 1
+    for st, n in dims:
+        if st < extent:
+            break
+        extent += st * (n - 1)
+    else:
+        return False
+    if numel > _OFFSETS_LIMIT:
+        return False
+    offsets = torch.zeros((), dtype=torch.int64)
+    for st, n in dims:
+        offsets = (offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st).reshape(-1)
+    return int(torch.unique(offsets).numel()) < numel

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from hal.errors import InvalidArgumentError
 from hal.registry import OPS
@@ -48,6 +48,10 @@ class Overrides:
     measuring: bool = False
     #: calls of a step measured for torch.compile graphs (:func:`hal.tuning.for_compile`).
     for_compile: bool = False
+    #: sees every call planned in the scope, ``observer(decl, route, run, args) -> result``: it runs
+    #: the call (``run(*args)``, or otherwise) and returns its result. ``hal conformance --model``
+    #: records a model's calls with it (:mod:`hal.conformance.model_record`); never set by ``hal.use``.
+    observer: Optional[Callable[..., Any]] = None
 
     @property
     def forces(self) -> bool:

@@ -99,6 +99,31 @@ class Decomposition:
         return self.training and (self.when is None or bool(self.when(named)))
 
 
+@dataclasses.dataclass(frozen=True)
+class Autocast:
+    """How an op behaves under ``torch.autocast``: as the PyTorch function it names does there
+    (API.md: the result dtype is that function's under the same autocast, eagerly and compiled).
+
+    ``policy`` is torch's cast policy for that function: ``"lower"`` (torch's lower_precision_fp:
+    the floating tensors among ``args`` are cast to the autocast dtype, as for ``F.linear``,
+    ``torch.matmul``, ``F.conv2d``, SDPA) or ``"fp32"`` (cast to float32, as for
+    ``F.cross_entropy``, and for ``F.layer_norm`` and ``F.softmax`` on CUDA). ``args``: the parameters
+    cast (None: every tensor parameter); float64 tensors and tensors on another device type stay as
+    they are, as torch leaves them. ``devices``: the device types (``"cpu"``, ``"cuda"``; ROCm is
+    ``"cuda"`` to torch) where the policy holds, None for every one: torch's CPU and CUDA lists
+    differ. An op without a rule is not an autocast op (torch's fallthrough): its kernels run on the
+    arrays as given. Either way its kernels run with autocast disabled, as torch's autocast wrappers
+    run the op they wrap (:mod:`hal.dispatch.autocast`)."""
+
+    policy: str
+    args: Optional[tuple[str, ...]] = None
+    devices: Optional[tuple[str, ...]] = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("lower", "fp32"):
+            raise ValueError(f"autocast policy must be 'lower' or 'fp32', not {self.policy!r}")
+
+
 @dataclasses.dataclass(eq=False)
 class OpDecl:
     """The declaration of one op (fields ``name``, ``signature``, ``dtypes``, ``tolerances``, ``doc``
@@ -141,6 +166,8 @@ class OpDecl:
     halves: Optional[tuple[str, str]] = None
     #: reduction length K of a call (canonical arguments by name), used to widen tolerances.
     reduction: Optional[Callable[[Named], int]] = None
+    #: what the op does under torch.autocast (None: not an autocast op; see :class:`Autocast`).
+    autocast: Optional[Autocast] = None
     #: parameters whose values change from call to call (a learning rate, a step count): the decision
     #: cache keys them by type only, and these validators (op, name, value) -> canonical value check
     #: them on every call instead of once per input signature.
@@ -265,13 +292,14 @@ def declare(
     halves: Optional[tuple[str, str]] = None,
     reduction: Optional[Callable[[Named], int]] = None,
     volatile: Optional[Mapping[str, Callable[[str, str, Any], Any]]] = None,
+    autocast: Optional[Autocast] = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare an op from a typed function (its signature is the schema, its docstring the doc).
 
     Returns the public dispatching function. A trainable op names its ``backward`` op and the
     ``gradients`` that op returns (a tuple of parameter names, or one name when it returns a single
     tensor). ``dtype_from`` names the parameter whose dtype is the op's dtype (default: the first
-    tensor parameter).
+    tensor parameter). ``autocast``: the op's cast policy under ``torch.autocast`` (:class:`Autocast`).
     """
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -281,7 +309,8 @@ def declare(
         params = _params_of(fn)
         names = {p.name for p in params}
         grads = (gradients,) if isinstance(gradients, str) else tuple(gradients or ())
-        for m in [*mutates, *(volatile or {}), *grads, *([mutates_when] if mutates_when else [])]:
+        cast = list(autocast.args or ()) if autocast is not None else []
+        for m in [*mutates, *(volatile or {}), *grads, *([mutates_when] if mutates_when else []), *cast]:
             if m not in names:
                 raise ValueError(f"op {name!r}: a field of its declaration names an unknown parameter {m!r}")
         kinds = {p.name: p.kind for p in params}
@@ -309,6 +338,7 @@ def declare(
             halves=tuple(halves) if halves else None,
             reduction=reduction,
             volatile=dict(volatile or {}),
+            autocast=_autocast_of(autocast, params),
         )
         if not _ENTRY_FACTORY:
             raise RuntimeError("hal.registry.declare needs the dispatcher: import hal first")
@@ -324,6 +354,14 @@ def declare(
         return entry
 
     return wrap
+
+
+def _autocast_of(rule: Optional[Autocast], params: tuple[Param, ...]) -> Optional[Autocast]:
+    """The rule with its ``args`` spelled out (every tensor parameter where it names none)."""
+    if rule is None or rule.args is not None:
+        return rule
+    tensors = tuple(p.name for p in params if p.kind in (Kind.TENSOR, Kind.OPTIONAL_TENSOR))
+    return dataclasses.replace(rule, args=tensors)
 
 
 def attach_decorators(entry: Any, decl: OpDecl) -> None:

@@ -5,6 +5,10 @@ never at ``import hal``. A plugin that fails to import, raises while registering
 another major plugin-API version is kept as a :class:`LoadedPlugin` with its error: ``hal info``
 shows it and every dispatch error concerning its device repeats it. Tests build a Runtime from
 plugin objects directly (:meth:`Runtime.from_plugins`) and install it with :func:`hal.dispatch.install`.
+
+Plugins made in the running process (:mod:`hal.library`: ops declared and kernels registered from
+user code) are kept in :data:`IN_PROCESS` and join every discovered runtime; adding one to a runtime
+already built makes a new runtime (:meth:`Runtime.with_in_process`), since a runtime does not change.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from hal.version import API_VERSION, __version__
 ENTRY_POINT_GROUP = "hal.backends"
 log = logging.getLogger("hal")
 
+#: plugins made in this process by :mod:`hal.library`, by name: part of every discovered runtime
+IN_PROCESS: dict[str, Plugin] = {}
+
 
 @dataclasses.dataclass
 class LoadedPlugin:
@@ -36,6 +43,8 @@ class LoadedPlugin:
     plugin: Optional[Plugin] = None
     error: Optional[PluginError] = None
     disabled: bool = False
+    #: made in this process (:mod:`hal.library`), not found through an entry point
+    in_process: bool = False
 
 
 class BackendState:
@@ -155,6 +164,10 @@ def _resolve_name_clashes(loaded: list[LoadedPlugin]) -> list[LoadedPlugin]:
     return loaded
 
 
+def _in_process_plugins() -> list[LoadedPlugin]:
+    return [LoadedPlugin(p.name, None, p.version, p, in_process=True) for p in IN_PROCESS.values()]
+
+
 def disabled_names() -> set[str]:
     """Plugin names listed in HAL_DISABLE_PLUGINS (comma separated)."""
     return {n.strip() for n in os.environ.get("HAL_DISABLE_PLUGINS", "").split(",") if n.strip()}
@@ -163,14 +176,16 @@ def disabled_names() -> set[str]:
 class Runtime:
     """Plugins, backends and kernels as loaded; immutable once built."""
 
-    def __init__(self, loaded: Iterable[LoadedPlugin]) -> None:
+    def __init__(self, loaded: Iterable[LoadedPlugin], states: Optional[dict[str, BackendState]] = None) -> None:
         self.plugins: list[LoadedPlugin] = list(loaded)
         self.backends: dict[str, BackendState] = {}
         self._kernels: dict[tuple[str, str], list[KernelSpec]] = {}
         self._signature: Optional[str] = None
         for lp in self.plugins:
             if lp.plugin is not None and lp.plugin.backend is not None:
-                self.backends[lp.plugin.backend.name] = BackendState(lp.plugin.backend, lp.plugin.version)
+                known = (states or {}).get(lp.plugin.backend.name)  # probed already: not again
+                keep = known is not None and known.info is lp.plugin.backend
+                self.backends[lp.plugin.backend.name] = known if keep else BackendState(lp.plugin.backend, lp.plugin.version)
         for lp in self.plugins:
             if lp.plugin is None:
                 continue
@@ -228,7 +243,13 @@ class Runtime:
                         lp.plugin = obj
                         lp.version = obj.version
             out.append(lp)
-        return cls(_resolve_name_clashes(out))
+        return cls(_resolve_name_clashes(out) + _in_process_plugins())
+
+    def with_in_process(self) -> "Runtime":
+        """This runtime with the plugins of :data:`IN_PROCESS` as they are now (in place of those it
+        had), its other plugins and their probed backends unchanged."""
+        kept = [lp for lp in self.plugins if not lp.in_process]
+        return Runtime(kept + _in_process_plugins(), states=self.backends)
 
     # --- queries ------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from hal.arrays import FLOAT_DTYPES, dtype_name
-from hal.registry import declare
+from hal.registry import Autocast, declare
 from hal.types import OptionalTensor, Tensor
 
 from . import _checks as c
@@ -29,7 +29,8 @@ def _softmax_k(x: Any, dim: int) -> int:
     return int(x.shape[dim]) if x.ndim else 1
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="softmax_backward", gradients="x", reduction=lambda a: _softmax_k(a["x"], a["dim"]))
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="softmax_backward", gradients="x", reduction=lambda a: _softmax_k(a["x"], a["dim"]),
+         autocast=Autocast("fp32", devices=("cuda",)))  # torch's CUDA list (fp32_set_opt_dtype); not on the CPU's
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     """Softmax along ``dim``, as ``F.softmax`` (kernels get dim >= 0). A 0-d x is a softmax over
     one value: 1 (NaN for NaN), with dim 0 or -1, as torch."""
@@ -106,7 +107,7 @@ def _attention_k(a: dict) -> int:
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="scaled_dot_product_attention_backward", gradients=("q", "k", "v"),
-         reduction=_attention_k)
+         reduction=_attention_k, autocast=Autocast("lower"))
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,

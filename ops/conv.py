@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hal.arrays import FLOAT_DTYPES, dtype_name
-from hal.registry import declare
+from hal.registry import Autocast, declare
 from hal.types import IntPair, OptionalTensor, OutputMask, Padding, Tensor
 
 from . import _checks as c
@@ -143,7 +143,7 @@ def check_bn_options(
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="conv2d_backward", gradients=("x", "weight", "bias"), unbatched=("x", 3),
-         reduction=_conv_k)
+         reduction=_conv_k, autocast=Autocast("lower"))
 def conv2d(
     x: Tensor,
     weight: Tensor,
@@ -366,6 +366,7 @@ def _fused_k(a: Mapping[str, Any]) -> int:
     mutates_when="training",
     mutates_statistics=True,
     reduction=_fused_k,
+    autocast=Autocast("lower", args=("x", "conv_weight", "conv_bias")),  # conv2d's cast; batch norm is on no list
 )
 def fused_conv_bn_relu(
     x: Tensor,
@@ -490,6 +491,9 @@ def _check_residual(op: str, residual: Any, out_shape: tuple[int, ...], x: Any) 
     mutates_when="training",
     mutates_statistics=True,
     reduction=_fused_k,
+    # conv2d's cast, and the residual with x: the op adds in x's dtype (a float32 residual, which
+    # torch's unfused add would promote the sum to, is rounded to the autocast dtype first)
+    autocast=Autocast("lower", args=("x", "conv_weight", "conv_bias", "residual")),
 )
 def fused_conv_bn_add_relu(
     x: Tensor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hal.arrays import FLOAT_DTYPES
-from hal.registry import declare
+from hal.registry import Autocast, declare
 from hal.types import OptionalTensor, OutputMask, Tensor
 
 from . import _checks as c
@@ -35,7 +35,8 @@ def _linear_k(a: dict) -> int:
     return int(a["x"].shape[-1])
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="linear_backward", gradients=("x", "weight", "bias"), reduction=_linear_k)
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="linear_backward", gradients=("x", "weight", "bias"), reduction=_linear_k,
+         autocast=Autocast("lower"))
 def linear(x: Tensor, weight: Tensor, bias: OptionalTensor = None, act: str = "none") -> Tensor:
     """``act(x @ weight.T + bias)`` as ``F.linear`` followed by an activation (a GEMM epilogue).
 
@@ -170,7 +171,8 @@ def matmul_shape(op: str, a: Any, b: Any) -> tuple[int, ...]:
     return batch + rows + cols
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="matmul_backward", gradients=("a", "b"), reduction=lambda a: int(a["a"].shape[-1]))
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="matmul_backward", gradients=("a", "b"), reduction=lambda a: int(a["a"].shape[-1]),
+         autocast=Autocast("lower"))
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with torch.matmul's rules: 1-D operands, batch broadcasting, 0-d for two vectors."""
 
@@ -231,7 +233,8 @@ def _check_grouped(op: str, x: Any, weight: Any, group_sizes: Any) -> None:
     c.int_dtype(op, "group_sizes", group_sizes, ("int32", "int64"))
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="grouped_gemm_backward", gradients=("x", "weight"), reduction=lambda a: int(a["x"].shape[1]))
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="grouped_gemm_backward", gradients=("x", "weight"), reduction=lambda a: int(a["x"].shape[1]),
+         autocast=Autocast("lower"))  # a GEMM per group: torch's matmul family
 def grouped_gemm(x: Tensor, weight: Tensor, group_sizes: Tensor) -> Tensor:
     """Ragged grouped GEMM (horizontal fusion of MoE experts): rows of group g times ``weight[g]``.
 

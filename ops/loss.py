@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from hal.arrays import FLOAT_DTYPES, dtype_name, from_numpy, to_numpy
-from hal.registry import declare
+from hal.registry import Autocast, declare
 from hal.types import OptionalTensor, Tensor
 
 from . import _checks as c
@@ -69,6 +69,9 @@ def _check_grad_out(op: str, grad_out: Any, reduction: str, n: int, dtype: torch
 # --- cross_entropy ------------------------------------------------------------------------------
 
 
+# No autocast rule: torch casts the logits of F.cross_entropy to float32 under autocast (its fp32
+# list), and the loss here is float32 for half-precision logits already, computed in float32; the
+# same dtype without a float32 copy of the logits.
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="cross_entropy_backward", gradients="logits",
          reduction=lambda a: int(a["logits"].shape[1]))
 def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
@@ -160,7 +163,7 @@ def _lce_k(a: Any) -> int:
 
 
 @declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="linear_cross_entropy_backward", gradients=("x", "weight", "bias"),
-         reduction=_lce_k)
+         reduction=_lce_k, autocast=Autocast("lower", args=("x", "weight", "bias")))  # linear's cast; the loss is float32 already
 def linear_cross_entropy(x: Tensor, weight: Tensor, target: Tensor, bias: OptionalTensor = None, ignore_index: int = -100,
                          label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """``cross_entropy(linear(x, weight, bias), target, ...)`` for x (N, K), weight (V, K), bias (V,):

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from hal.arrays import FLOAT_DTYPES, dtype_name
-from hal.registry import declare
+from hal.registry import Autocast, declare
 from hal.types import OptionalTensor, ShapeLike, Tensor
 
 from . import _checks as c
@@ -43,7 +43,8 @@ def default_rms_eps(x: Any) -> float:
     return float(torch.finfo(torch.float64 if dtype_name(x) == "float64" else torch.float32).eps)
 
 
-@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="layer_norm_backward", gradients=("x", "weight", "bias"), reduction=_norm_k)
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="layer_norm_backward", gradients=("x", "weight", "bias"), reduction=_norm_k,
+         autocast=Autocast("fp32", devices=("cuda",)))  # torch's CUDA list; not on the CPU's
 def layer_norm(
     x: Tensor,
     normalized_shape: ShapeLike,

@@ -5,7 +5,8 @@ A call that misses the cache of its entry function (:mod:`hal.dispatch.entry`) c
 
 1. :mod:`~hal.dispatch.validate`: the arguments checked and canonicalised;
 2. :mod:`~hal.dispatch.select`: backend and kernel by priority, with the other kernels that could
-   run the call (arrays adapted by :mod:`~hal.dispatch.adapt`);
+   run the call (arrays adapted by :mod:`~hal.dispatch.adapt`); :mod:`~hal.dispatch.memory`: a
+   call whose results cannot fit in its device's free memory fails here, before any allocation;
 3. :mod:`~hal.dispatch.route`: the routes that could serve the call (kernel, torch-recorded, hal's
    autograd node, decomposition), hal's preference first;
 4. :mod:`~hal.dispatch.measure`: the fastest of them, measured once per device and shape bucket;
@@ -29,9 +30,9 @@ from hal.errors import HalError
 from hal.registry import OPS, OpDecl
 from hal.runtime import Runtime
 
-from . import measure
+from . import measure, memory
 from .explain import recording_plan
-from .plan import NO_COUNT, Counter, Plan, build
+from .plan import NO_COUNT, Counter, Plan, build, observed
 from .route import Route, routes
 from .select import FALLBACK_WORDS, Selection, select
 from .validate import Prepared, prepare
@@ -181,10 +182,15 @@ class Dispatcher:
         by priority (a capture, a trace, explain's walk through a decomposition)."""
         prepared = prepared or prepare(decl, args)
         selection = select(decl, prepared.inputs, choice, self.runtime())
+        traced = tracing.traced(prepared.inputs.args)
+        if selection.error is None and not traced:
+            too_big = memory.check(decl, prepared.inputs)
+            if too_big is not None:
+                selection = dataclasses.replace(selection, chosen=None, alternatives=(), error=too_big)
         options = routes(decl, prepared, args, choice, selection)
         if not options:
             return Decided(prepared, choice, selection, None)
-        may_measure = may_measure and not (tracing.capturing() or tracing.traced(prepared.inputs.args))
+        may_measure = may_measure and not (tracing.capturing() or traced)
         outcome = measure.choose(decl, prepared, args, options, choice.tune, choice.device_bound, may_measure,
                                  self.runtime(), lambda route: self.plan_of(decl, route, prepared, counted=False)[1],
                                  nested=choice.measuring)
@@ -214,6 +220,8 @@ class Dispatcher:
         if route.fallback and not choice.measuring:
             self._warn_fallback(decl, route, decided.selection)
         plan = self.plan_of(decl, route, decided.prepared, counted=not choice.measuring)
+        if overrides is not None and overrides.observer is not None and not choice.measuring:
+            plan = observed(plan, overrides.observer, decl, route)
         if key is not None and decided.outcome is not None and decided.outcome.final:
             with self._lock:
                 if len(self._cache) >= MAX_CACHE_ENTRIES:

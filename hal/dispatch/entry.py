@@ -4,12 +4,15 @@ A call's key holds, for every argument, what can change the decision: for arrays
 dtype, device, shape, strides and requires_grad (and, for NumPy arrays an op writes, whether they
 are writeable); for other values their type and value; plus the ``hal.use`` scope and grad mode.
 On a hit the call is that key, one dictionary lookup and the cached plan; on a miss
-:meth:`hal.dispatch.dispatcher.Dispatcher.plan` decides and caches. Fake and functional tensors
+:meth:`hal.dispatch.dispatcher.Dispatcher.plan` decides and caches. An argument whose key cannot be
+computed (unhashable; a sparse or nested tensor, which has no strides) is decided without caching,
+so that validation says what is wrong with it, not the key. Fake and functional tensors
 (torch.compile tracing) are tensor subclasses, so they never share a key with real tensors.
 
 Why generated: the entry function is the hot path of every op call, and generating it from the
 declaration lets Python itself bind the arguments and computes the key inline (no
-``inspect.Signature.bind``, no per-argument function calls). Its source is registered with
+``inspect.Signature.bind``, no per-argument function calls). Under ``torch.autocast`` a call leaves
+the hot path for :mod:`hal.dispatch.autocast` (one C call tells). Its source is registered with
 ``linecache`` so tracebacks show it.
 """
 
@@ -27,6 +30,7 @@ from hal import arrays, config, registry, tracing
 from hal.registry import OpDecl, Param
 from hal.types import Kind
 
+from . import autocast
 from .dispatcher import DISPATCHER, traced_call
 
 _Tensor = torch.Tensor
@@ -176,11 +180,15 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
             doc,
             "    if _is_compiling():  # Dynamo is tracing: one torch.ops.hal.<name> node",
             f"        return _traced(_decl, {arg_tuple})",
-            *key_lines,
-            f"    key = (_decl, _local.overrides if _scopes[0] else None, _grad_enabled(){keys})",
+            "    if _autocast_any():  # torch.autocast is on: cast as torch casts the function the op names (hal.dispatch.autocast)",
+            f"        kind = _autocast_device(_decl, {arg_tuple})",
+            "        if kind is not None:",
+            f"            return _autocast_run(_decl, {arg_tuple}, kind)",
             "    try:",
+            *("    " + line for line in key_lines),
+            f"        key = (_decl, _local.overrides if _scopes[0] else None, _grad_enabled(){keys})",
             "        plan = _cache_get(key)",
-            "    except TypeError:  # an unhashable argument: decide without caching",
+            "    except Exception:  # unhashable, or a tensor without strides (sparse, nested): validation refuses it",
             "        key = plan = None",
             "    if plan is None:",
             f"        plan = _plan(_decl, {arg_tuple}, key)",
@@ -195,6 +203,9 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
         "_cache_get": DISPATCHER._cache.get,
         "_decl": decl,
         "_is_compiling": tracing.is_compiling,
+        "_autocast_any": autocast.any_enabled,
+        "_autocast_device": autocast.device_type,
+        "_autocast_run": autocast.run,
         "_traced": traced_call,
         "_local": config._local,
         "_scopes": config.ACTIVE_SCOPES,

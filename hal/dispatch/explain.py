@@ -26,7 +26,7 @@ from hal.registry import OPS, OpDecl, get_op
 from .adapt import fake_results, map_outputs
 from .decision import Decision
 from .plan import NO_COUNT, Plan
-from .select import Candidate, describe_inputs
+from .select import Candidate, describe_inputs, passed_over
 from .validate import prepare
 
 if TYPE_CHECKING:  # the dispatcher imports this module
@@ -67,14 +67,16 @@ def explain(dispatcher: "Dispatcher", decl: OpDecl, args: Sequence[Any], may_mea
         alternative = COMPILED[0](decl, args, decided) if COMPILED and not (scope is not None and scope.forces) else None
         if alternative is not None:
             compiled = decision_of(decl, alternative, reason=alternative.route.reason)
-    return decision_of(decl, decided, steps=steps, backward=backward, compiled=compiled)
+    unseen = passed_over(decl, decided.prepared.inputs, decided.choice, dispatcher.runtime(), decided.selection)
+    return decision_of(decl, decided, steps=steps, backward=backward, compiled=compiled, unseen=unseen)
 
 
 def decision_of(decl: OpDecl, decided: "Decided", *, steps: Sequence[Decision] = (), backward: Optional[Decision] = None,
-                compiled: Optional[Decision] = None, reason: Optional[str] = None) -> Decision:
-    """The public record of a decided call."""
+                compiled: Optional[Decision] = None, reason: Optional[str] = None, unseen: Sequence[Candidate] = ()) -> Decision:
+    """The public record of a decided call; ``unseen``: the candidates selection never tried
+    (:func:`hal.dispatch.select.passed_over`), listed after the others."""
     sel, route, choice = decided.selection, decided.route, decided.choice
-    candidates = list(sel.candidates)
+    candidates = list(sel.candidates) + list(unseen)
     common = dict(op=decl.name, inputs=describe_inputs(decl, decided.prepared.inputs), device=sel.device, forced=list(sel.forced),
                   strict=choice.strict, device_bound=choice.device_bound)
     if route is None:

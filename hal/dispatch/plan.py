@@ -96,6 +96,17 @@ def build(decl: OpDecl, route: Route, prepared: Prepared, counter: Optional[Coun
     return NO_COUNT, run_checked
 
 
+def observed(plan: Plan, observer: Callable[..., Any], decl: OpDecl, route: Route) -> Plan:
+    """``plan`` with its runs handed to ``observer(decl, route, run, args)``, which runs the call
+    and returns its result (a ``hal.use`` scope's observer: :attr:`hal.config.Overrides.observer`)."""
+    count, run = plan
+
+    def run_observed(*args: Any) -> Any:
+        return observer(decl, route, run, args)
+
+    return count, run_observed
+
+
 def canonical(op: str, fn: Callable[..., Any], subs: Sequence[tuple[int, Any]], checks: Sequence[tuple[int, str, Any]]) -> Callable[..., Any]:
     """``fn`` called with the checker's canonical static values substituted into the arguments (and
     the volatile ones validated)."""

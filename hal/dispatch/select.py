@@ -280,6 +280,51 @@ class _Search:
         return Option(state.name, k.name, fn, fallback, recordable)
 
 
+def passed_over(decl: OpDecl, inputs: Inputs, choice: Choice, runtime: Runtime, selection: Selection) -> list[Candidate]:
+    """The kernels a selection never tried, each with the reasons it was passed over, for
+    ``hal.explain`` (which promises every candidate): those of the lower-priority backends of the
+    device (and, for device tensors, of the CPU backends a host fallback would use), or of the
+    other backends where one was forced. Each says why it was not tried; a kernel of a native
+    backend also gets its own capability reasons (none: it could run the call if chosen), computed
+    on the call's arrays as selection would (views, no copies). Host backends' checks are not run:
+    they would need copies of device arrays. Backends that serve neither the device nor (for device
+    tensors) the host are no candidates and are not listed."""
+    tried = {c.backend for c in selection.candidates}
+    chosen = selection.chosen
+    if chosen is None:
+        return []  # an error: every backend that could serve the call was tried
+    if choice.backend:
+        why = f"not tried: backend {choice.backend} is forced ({choice.backend_source})"
+    else:
+        why = f"not tried: backend {chosen.backend} ranks first and runs the call"
+    others = [(s, "native") for s in runtime.backends_for(inputs.device_kind)]
+    if inputs.device_kind != "cpu" and inputs.array_type == "torch":
+        others += [(s, "host") for s in runtime.backends_for("cpu")]
+    search = _Search(decl, inputs, choice, runtime, selection.device)
+    out: list[Candidate] = []
+    for state, mode in others:
+        if state.name in tried:
+            continue
+        tried.add(state.name)
+        if not state.available:
+            out.append(Candidate(state.name, "*", [f"backend unavailable: {state.reason}"]))
+            continue
+        kernels = runtime.kernels(decl.name, state.name, choice.device_bound)
+        if not kernels:
+            out.append(Candidate(state.name, "*", [why, f"no kernel of {decl.name} registered"]))
+            continue
+        note = "host fallback" if mode == "host" else ""
+        if mode == "host":
+            out += [Candidate(state.name, k.name, [why], note=note) for k in kernels]
+            continue
+        native = search._inputs_for(state, "native")
+        views: dict[str, Inputs] = {}
+        for k in kernels:
+            api = k.array_api or state.info.array_api
+            out.append(Candidate(state.name, k.name, [why, *_reasons(k, inputs_as(native, api, views))], note=note))
+    return out
+
+
 def _forced(choice: Choice) -> tuple[str, ...]:
     out = []
     if choice.backend:

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from hal import arrays
+from hal import arrays, tracing
 from hal.errors import HalError, InvalidArgumentError
 from hal.plugin import Inputs
 from hal.registry import OpDecl
@@ -124,12 +124,28 @@ def _expect(decl: OpDecl, name: str, ok: bool, expected: str, value: Any) -> Non
 
 
 def _check_array(decl: OpDecl, name: str, a: Any) -> None:
-    """An array hal can hand to kernels: a strided, non-nested torch tensor or a NumPy array."""
-    if isinstance(a, torch.Tensor) and (a.is_nested or a.layout != torch.strided):
+    """An array hal can hand to kernels: a strided, non-nested torch tensor holding its own memory
+    (a plain tensor, a parameter, a subclass made with ``as_subclass``) or a NumPy array.
+
+    A wrapper subclass (one that intercepts torch's dispatch, such as ``DTensor`` or a subclass made
+    with ``_make_wrapper_subclass``) has no memory a kernel could read: NumPy kernels would fail on
+    it and torch kernels would compute through its dispatch, not hal's. Fake and functional tensors
+    (a call torch.compile traces, decided on them: :mod:`hal.tracing`) are no such arrays."""
+    if not isinstance(a, torch.Tensor):
+        return
+    if a.is_nested or a.layout != torch.strided:
         what = "a nested tensor" if a.is_nested else f"a tensor of layout {a.layout}"
+        fix = "unbind it into dense tensors first" if a.is_nested else "convert it with .to_dense() first"
+        raise InvalidArgumentError(decl.name, name, "a dense (strided) torch.Tensor or numpy.ndarray", f"{what}; {fix}")
+    if type(a) not in _PLAIN_TENSORS and torch._C._dispatch_keys(a).has(torch._C.DispatchKey.Python) and not tracing.traced((a,)):
         raise InvalidArgumentError(
-            decl.name, name, "a dense (strided) torch.Tensor or numpy.ndarray", f"{what}; convert it with .to_dense() first"
+            decl.name, name, "a torch.Tensor holding its own memory (a plain tensor, a parameter or a subclass made with as_subclass)",
+            f"a {type(a).__name__}, a tensor subclass that intercepts torch's dispatch; give hal its plain tensor "
+            "(DTensor: .to_local() or .full_tensor())",
         )
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _check_written(decl: OpDecl, name: str, a: Any, grad: bool) -> None:
@@ -138,8 +154,9 @@ def _check_written(decl: OpDecl, name: str, a: Any, grad: bool) -> None:
     if isinstance(a, np.ndarray):
         if not a.flags.writeable:
             raise InvalidArgumentError(decl.name, name, "a writeable array (the op updates it in place)", f"a read-only {arrays.describe(a)}")
-        if 0 in a.strides and a.size > 1:
-            raise InvalidArgumentError(decl.name, name, "an array without repeated elements (it is written in place)", f"a broadcast view {arrays.describe(a)}")
+        if arrays.overlaps(a):
+            raise InvalidArgumentError(decl.name, name, "an array without repeated elements (it is written in place)",
+                                       f"{arrays.describe(a)} with byte strides {a.strides}, whose elements share memory")
         return
     if grad and a.requires_grad:
         raise InvalidArgumentError(
@@ -148,8 +165,10 @@ def _check_written(decl: OpDecl, name: str, a: Any, grad: bool) -> None:
             "call it under torch.no_grad() or on .detach()ed tensors",
             arrays.describe(a) + " requiring grad",
         )
-    if torch._debug_has_internal_overlap(a) == 1:
-        raise InvalidArgumentError(decl.name, name, "a tensor without overlapping elements (it is written in place)", f"an expanded view {arrays.describe(a)}")
+    if arrays.overlaps(a):
+        raise InvalidArgumentError(decl.name, name, "a tensor without overlapping elements (it is written in place)",
+                                   f"{arrays.describe(a)} with strides {tuple(a.stride())}, whose elements share memory "
+                                   "(an expanded or as_strided view); write into a .contiguous() copy")
 
 
 def _validate_generic(decl: OpDecl, args: Sequence[Any]) -> tuple[str, str, Any, Optional[str]]:

@@ -6,7 +6,8 @@
   autograd formula, the nodes torch.compile records;
 - :mod:`~hal.integration.compile`: what hal decides while torch.compile traces a call, what an
   opaque node runs, and torch.compile's caches keyed on hal's choices;
-- :mod:`~hal.integration.kept`: what a forward kernel keeps for the backward kernel of the same call.
+- :mod:`~hal.integration.kept`: what a forward kernel keeps for the backward kernel of the same call;
+- :mod:`~hal.integration.errors`: hal's errors met while torch.compile traces, raised as hal errors.
 
 The dispatcher does not import this package; importing it installs its hooks
 (:data:`hal.dispatch.HOOKS`). ``import hal`` does.
@@ -14,6 +15,6 @@ The dispatcher does not import this package; importing it installs its hooks
 
 from __future__ import annotations
 
-from . import autograd, compile, kept, library
+from . import autograd, compile, errors, kept, library
 
-__all__ = ["autograd", "compile", "kept", "library"]
+__all__ = ["autograd", "compile", "errors", "kept", "library"]

@@ -27,16 +27,19 @@ mutating operator is a ``CompositeImplicitAutograd`` kernel calling the twin and
 statistics back in place. Autograd and torch.compile's functionalisation both see the twin.
 
 With dynamic shapes the fake kernels run the op's checker on meta tensors of the sizes' hints (it
-reads sizes as ints, which would specialise every dimension), while the fake rules compute with the
-symbolic sizes; the kernels validate the real sizes when they run.
+reads sizes as ints, which would specialise every dimension), and on the hints of symbolic numbers
+(a float argument Dynamo does not specialise), while the fake rules compute with the symbolic
+values; the kernels validate the real values when they run.
 
 Limits: results are contiguous (a kernel's output is made so on this path, as the fake rules say);
-backward ops have no autograd formula of their own (no double backward); hal ops are not autocast
-ops (``hal.nn`` modules cast their inputs under autocast).
+backward ops have no autograd formula of their own (no double backward). Under autocast a call is
+cast by its op's rule before the node (:func:`traced_call`), so the operators themselves are not
+autocast ops.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -48,12 +51,15 @@ except ImportError:  # pragma: no cover - depends on the torch version
     from torch.fx.experimental.symbolic_shapes import hint_int as optimization_hint
 
 from hal import config
-from hal.dispatch import HOOKS, needs_autograd
+from hal.dispatch import HOOKS, autocast, needs_autograd
 from hal.gradients import OUT, gradients_of
 from hal.registry import OPS, OpDecl, on_declare
 
+from hal.errors import HalError
+
 from . import kept
 from .compile import direct, traced_kernel
+from .errors import while_tracing
 from .schema import Codec, TorchOp, codec, returns
 
 NAMESPACE = "hal"
@@ -119,16 +125,27 @@ def _distinct_in(out: Any, slots: Sequence[Any], layout: torch.memory_format) ->
 # --- fake kernels -------------------------------------------------------------------------------
 
 
+_SYMBOLS = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def _symbolic(v: Any) -> bool:
+    """Whether a traced argument is symbolic: a tensor with symbolic sizes, or a number Dynamo made
+    a symbol of (a float argument under ``dynamic=True``: torch 2.13 does not specialise floats)."""
     if isinstance(v, (list, tuple)):
         return any(map(_symbolic, v))
+    if isinstance(v, _SYMBOLS):
+        return True
     return isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape)
 
 
 def _probe(v: Any) -> Any:
-    """A tensor with symbolic sizes as a meta tensor of their hints (lists too); others as they are."""
+    """A tensor with symbolic sizes as a meta tensor of their hints, a symbolic number as its hint
+    (lists too); others as they are. Nothing is guarded on: the kernels check the real values."""
     if isinstance(v, (list, tuple)):
         return type(v)(map(_probe, v))
+    if isinstance(v, _SYMBOLS):
+        hint = getattr(getattr(v, "node", None), "hint", None)
+        return v if hint is None else type(hint)(hint)
     if isinstance(v, torch.Tensor) and _symbolic(v):
         return torch.empty([optimization_hint(s) for s in v.shape], dtype=v.dtype, device="meta")
     return v
@@ -150,11 +167,20 @@ def _fake_rule(decl: OpDecl) -> Callable[[dict[str, Any]], Any]:
     return decl.fake
 
 
+def _checked(decl: OpDecl, args: tuple) -> dict[str, Any]:
+    """:func:`canonical` in a fake kernel: a hal error raised as one torch.compile lets reach the
+    user as a hal error (:mod:`hal.integration.errors`)."""
+    try:
+        return canonical(decl, args)
+    except HalError as exc:
+        raise while_tracing(exc) from exc.__cause__
+
+
 def _fake_kernel(top: TorchOp) -> Callable[..., Any]:
     decl = top.decl
 
     def fake(*slots: Any) -> Any:
-        return _in_layout(_fake_rule(decl)(canonical(decl, top.decode(slots))), _layout_of(slots))
+        return _in_layout(_fake_rule(decl)(_checked(decl, top.decode(slots))), _layout_of(slots))
 
     return fake
 
@@ -165,7 +191,7 @@ def _fake_twin_kernel(top: TorchOp, mutated: list[str]) -> Callable[..., Any]:
     decl = top.decl
 
     def fake(*slots: Any) -> Any:
-        a = canonical(decl, top.decode(slots))
+        a = _checked(decl, top.decode(slots))
         out = _in_layout(_fake_rule(decl)(a), _layout_of(slots))
         writes = decl.writes(a)
         fresh = [a[n].new_empty(a[n].shape) if (writes and a[n] is not None) else out.new_empty(0) for n in mutated]
@@ -175,6 +201,29 @@ def _fake_twin_kernel(top: TorchOp, mutated: list[str]) -> Callable[..., Any]:
 
 
 # --- registration -------------------------------------------------------------------------------
+
+
+def _untraced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """An operator's Python body, which Dynamo must never trace: it runs hal's dispatcher (or, on
+    fake tensors, hal's decisions), never code for a graph. Dynamo does not trace into operators,
+    but after a graph break it runs the breaking call eagerly with frame evaluation still on, and
+    would compile the frames of a body called there, in which ``hal.ops`` would think itself traced
+    and call the operator again, without end. ``torch.compiler.disable`` turns frame evaluation off
+    for the call (about 0.7 us a call on the CI machine); it is made on the first call that finds
+    Dynamo imported (before, nothing can be compiling: ``import hal`` imports neither Dynamo nor,
+    through it, Triton)."""
+    disabled: list[Callable[..., Any]] = []
+
+    def body(*slots: Any) -> Any:
+        if "torch._dynamo" not in sys.modules:
+            return fn(*slots)
+        if not disabled:
+            disable = getattr(torch.compiler, "disable", None) or torch._dynamo.disable
+            disabled.append(disable(fn, recursive=True))
+        return disabled[0](*slots)
+
+    return body
+
 
 
 def _library() -> torch.library.Library:
@@ -209,7 +258,7 @@ def _define_decide(top: TorchOp) -> None:
         return run()
 
     _library().define(f"{name}({top.schema_args()}) -> {returns(decl)}")
-    _library().impl(name, decide_impl, "CompositeImplicitAutograd")
+    _library().impl(name, _untraced(decide_impl), "CompositeImplicitAutograd")
     top.decide = getattr(getattr(torch.ops, NAMESPACE), name).default
 
 
@@ -240,7 +289,7 @@ def _define_kernel(decl: OpDecl) -> TorchOp:
         def impl(*slots: Any) -> Any:
             return _distinct(_direct(decl, top.decode(slots)), slots)
 
-        lib.impl(decl.name, impl, "CompositeExplicitAutograd")
+        lib.impl(decl.name, _untraced(impl), "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{decl.name}", _fake_kernel(top), lib=lib)
         top.overload = getattr(packet, decl.name).default
         top.autograd_name = f"{NAMESPACE}::{decl.name}" if decl.trainable else None
@@ -262,7 +311,7 @@ def _define_kernel(decl: OpDecl) -> TorchOp:
         out = _distinct(_direct(decl, tuple(args)), slots)
         return (out, *(f if f is not None else out.new_empty(0) for f in fresh))
 
-    lib.impl(twin, twin_impl, "CompositeExplicitAutograd")
+    lib.impl(twin, _untraced(twin_impl), "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::{twin}", _fake_twin_kernel(top, mutated), lib=lib)
     top.overload = getattr(packet, twin).default
     top.autograd_name = f"{NAMESPACE}::{twin}"
@@ -276,7 +325,7 @@ def _define_kernel(decl: OpDecl) -> TorchOp:
                     target.copy_(new.detach())
         return results[0]
 
-    lib.impl(decl.name, mutating_impl, "CompositeImplicitAutograd")
+    lib.impl(decl.name, _untraced(mutating_impl), "CompositeImplicitAutograd")
     top.mutating = getattr(packet, decl.name).default
     return top
 
@@ -351,7 +400,18 @@ def traced_call(decl: OpDecl, args: tuple) -> Any:
     read is a guard checked on every call of the compiled code). Inside a ``hal.use`` scope (which
     Dynamo guards on) the call is the training decomposition where eager takes it, else the opaque
     ``torch.ops.hal.<name>`` node, deciding as each run of the compiled code reaches it, so that the
-    scope of that run is obeyed."""
+    scope of that run is obeyed. Under ``torch.autocast`` the arguments are cast by the op's rule
+    and the node runs with autocast off, as an eager call does (:mod:`hal.dispatch.autocast`)."""
+    kind = autocast.device_type(decl, args)
+    if kind is None:
+        return _traced_node(decl, args)
+    args = autocast.cast(decl, args, kind)
+    with torch.autocast(kind, enabled=False):
+        return _traced_node(decl, args)
+
+
+def _traced_node(decl: OpDecl, args: tuple) -> Any:
+    """The graph node(s) of a traced call (see :func:`traced_call`)."""
     top = TORCH_OPS[decl.name]
     if not _SCOPES[0]:
         return top.decide(*top.encode(args))

@@ -6,20 +6,24 @@ has exactly one user (the next link) and each module of the chain is called from
 so that replacing it cannot change another computation. A ReLU module called from several places
 (torchvision's ResNet blocks reuse ``self.relu``) is fine: the ReLU *call* is what a chain absorbs.
 
-- ``nn.Conv2d`` -> ``nn.BatchNorm2d`` -> ReLU becomes :class:`FusedConvBNReLU2d` at the conv's
-  path, holding the same conv and batch-norm modules (its state_dict keys are the conv's path with
-  ``.0.`` for the conv and ``.1.`` for the batch norm, as ``torch.ao.quantization.fuse_modules``
-  names them); the batch norm's old path is removed.
+- ``nn.Conv2d`` -> ``nn.BatchNorm2d`` -> ReLU becomes one call of a :class:`FusedConvBNReLU2d`
+  that borrows the conv and batch-norm modules (``from_modules(..., borrow=True)``), registered
+  beside the conv as ``<conv name>_fused``. The conv and the batch norm stay at their paths, so
+  every state_dict key of the model stays as it was (API.md): a checkpoint of the original model
+  loads into the fused one and back; the fused module has no state of its own.
 - ``nn.Conv2d`` -> ``nn.BatchNorm2d`` -> add another tensor -> ReLU (a ResNet block's tail,
   ``relu(bn3(conv3(y)) + identity)``) becomes :class:`FusedConvBNAddReLU2d` called on the conv's
-  input and the other tensor, with the same state_dict rule. The add is ``+``, ``+=``,
+  input and the other tensor, placed the same way. The add is ``+``, ``+=``,
   ``torch.add`` or ``.add``/``.add_`` without further arguments, the batch norm's result either
   operand (the one written by an in-place add), and the sum must have the ReLU as its only user.
 - Any other ``nn.Conv2d`` -> ``nn.BatchNorm2d`` (torchvision's downsample ``nn.Sequential(conv,
-  bn)``, a tail whose sum is used elsewhere too) becomes :class:`FusedConvBN2d`, same state_dict
-  rule; the batch norm's result may have several users.
+  bn)``, a tail whose sum is used elsewhere too) becomes :class:`FusedConvBN2d`, placed the same
+  way; the batch norm's result may have several users.
 - ``nn.Linear`` -> activation becomes :class:`hal.nn.Linear` with that activation, at the linear's
   path with the same parameters (state_dict unchanged).
+
+A fused conv module's train/eval mode is its batch norm's (``model.train()`` and ``.eval()`` reach
+both; a batch norm put in eval on its own, to freeze its statistics, stays frozen).
 
 ReLU is ``nn.ReLU``, ``F.relu``, ``torch.relu`` or ``.relu()``; the activations of a linear are those
 of ``hal.ops.linear`` (relu, gelu, gelu_tanh, silu, sigmoid, tanh) as modules, functions or methods.
@@ -139,15 +143,27 @@ def _fuse_conv_bn(gm: fx.GraphModule, conv_node: fx.Node, calls: dict[str, int])
         residual = None  # both operands end conv -> bn chains: the first one takes the add (``out += identity``: the block's own branch)
     relu_after_add = _only_user(after) if residual is not None else None
     if _activation(gm, after, bn_node) == "relu":
-        fused, chain, args = FusedConvBNReLU2d.from_modules(conv, bn), [conv_node, bn_node, after], (conv_node.args[0],)
+        fused, chain, args = FusedConvBNReLU2d.from_modules(conv, bn, borrow=True), [conv_node, bn_node, after], (conv_node.args[0],)
     elif residual is not None and _activation(gm, relu_after_add, after) == "relu":
-        fused, chain, args = FusedConvBNAddReLU2d.from_modules(conv, bn), [conv_node, bn_node, after, relu_after_add], (conv_node.args[0], residual)
+        fused, chain, args = (FusedConvBNAddReLU2d.from_modules(conv, bn, borrow=True), [conv_node, bn_node, after, relu_after_add],
+                              (conv_node.args[0], residual))
     else:
-        fused, chain, args = FusedConvBN2d.from_modules(conv, bn), [conv_node, bn_node], (conv_node.args[0],)
-    gm.delete_submodule(bn_node.target)
-    gm.delete_submodule(conv_node.target)
-    gm.add_submodule(conv_node.target, fused)
-    return _replace(gm, chain, conv_node.target, args)
+        fused, chain, args = FusedConvBN2d.from_modules(conv, bn, borrow=True), [conv_node, bn_node], (conv_node.args[0],)
+    target = _free_path(gm, f"{conv_node.target}_fused")
+    gm.add_submodule(target, fused)
+    return _replace(gm, chain, target, args)
+
+
+def _free_path(gm: fx.GraphModule, path: str) -> str:
+    """``path``, or ``path`` with a number appended where a module of that path exists already."""
+    candidate, n = path, 1
+    while True:
+        try:
+            gm.get_submodule(candidate)
+        except AttributeError:
+            return candidate
+        n += 1
+        candidate = f"{path}{n}"
 
 
 def _conv_of(gm: fx.GraphModule, bn_node: fx.Node, calls: dict[str, int]) -> Optional[fx.Node]:

@@ -42,7 +42,15 @@ _Fused = TypeVar("_Fused", bound="_ConvBN")
 class _ConvBN(nn.Module):
     """An ``nn.Conv2d`` at child ``"0"`` and an ``nn.BatchNorm2d`` at child ``"1"`` (also reachable
     as ``.conv`` and ``.bn``): the state_dict of ``nn.Sequential(conv, bn, ...)``, and the batch
-    norm's bookkeeping of ``nn.BatchNorm2d`` for the fused modules built on it."""
+    norm's bookkeeping of ``nn.BatchNorm2d`` for the fused modules built on it.
+
+    Or, made with ``from_modules(conv, bn, borrow=True)``, a fused module that borrows a model's
+    conv and batch norm without registering them: it has no state of its own, and the two modules
+    stay where they are in the model, with their state_dict keys (:func:`hal.nn.fuse`,
+    :func:`hal.nn.patch`). Its train/eval mode is the batch norm's, as in ``nn.Sequential(conv, bn)``."""
+
+    #: (conv, bn) of a module that borrows them (None: its own children "0" and "1")
+    _hal_borrowed: Optional[tuple[nn.Conv2d, nn.BatchNorm2d]] = None
 
     def __init__(
         self,
@@ -68,39 +76,50 @@ class _ConvBN(nn.Module):
         self.add_module("1", bn)
 
     @classmethod
-    def from_modules(cls: type[_Fused], conv: nn.Conv2d, bn: nn.BatchNorm2d) -> _Fused:
-        """A fused module around existing modules (shared, not copied); raises ValueError when
-        they cannot be fused."""
+    def from_modules(cls: type[_Fused], conv: nn.Conv2d, bn: nn.BatchNorm2d, borrow: bool = False) -> _Fused:
+        """A fused module around existing modules (shared, not copied): as its children "0" and
+        "1", or with ``borrow`` held without registering them (see the class docstring). Raises
+        ValueError when they cannot be fused."""
         problem = fusion_problem(conv, bn)
         if problem:
             raise ValueError(f"cannot fuse {conv} and {bn}: {problem}")
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
-        fused.add_module("0", conv)
-        fused.add_module("1", bn)
+        if borrow:
+            fused._hal_borrowed = (conv, bn)
+        else:
+            fused.add_module("0", conv)
+            fused.add_module("1", bn)
         fused.train(bn.training)
         return fused
 
     @property
     def conv(self) -> nn.Conv2d:
-        return self._modules["0"]  # type: ignore[return-value]
+        borrowed = self._hal_borrowed
+        return borrowed[0] if borrowed is not None else self._modules["0"]  # type: ignore[return-value]
 
     @property
     def bn(self) -> nn.BatchNorm2d:
-        return self._modules["1"]  # type: ignore[return-value]
+        borrowed = self._hal_borrowed
+        return borrowed[1] if borrowed is not None else self._modules["1"]  # type: ignore[return-value]
+
+    def extra_repr(self) -> str:
+        borrowed = self._hal_borrowed
+        return "" if borrowed is None else f"borrows conv={borrowed[0]}, bn={borrowed[1]}"
 
     def _batch_norm_state(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], float, bool]:
         """(running_mean, running_var, momentum, use batch statistics) of this forward, as
         ``nn.BatchNorm2d`` computes them; in training ``num_batches_tracked`` counts the batch
         (momentum None: the cumulative average)."""
         bn = self.bn
+        training = bn.training  # the batch norm's mode, as nn.Sequential(conv, bn) would use it
         momentum = 0.0 if bn.momentum is None else bn.momentum
-        if self.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        if training and bn.track_running_stats and bn.num_batches_tracked is not None:
             bn.num_batches_tracked.add_(1)
             if bn.momentum is None:
                 momentum = 1.0 / float(bn.num_batches_tracked)
-        use_batch_stats = self.training or (bn.running_mean is None and bn.running_var is None)
-        keep_running = not self.training or bn.track_running_stats
+        use_batch_stats = training or (bn.running_mean is None and bn.running_var is None)
+        keep_running = not training or bn.track_running_stats
         return (bn.running_mean if keep_running else None, bn.running_var if keep_running else None, momentum, use_batch_stats)
 
     def _conv_args(self, x: torch.Tensor) -> tuple:
@@ -211,7 +230,7 @@ class FusedConvBN2d(_ConvBN):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         state = self._batch_norm_state()
         running_mean, running_var, _, use_batch_stats = state
-        if use_batch_stats or _parameters_need_grad(self) or torch.compiler.is_compiling():
+        if use_batch_stats or _parameters_need_grad(self.conv, self.bn) or torch.compiler.is_compiling():
             return self._conv_then_bn(x, state)
         x, _, _, *geometry = self._conv_args(x)
         conv, bn = self.conv, self.bn
@@ -219,9 +238,9 @@ class FusedConvBN2d(_ConvBN):
         return hal.ops.conv2d(x, weight, bias, *geometry)
 
 
-def _parameters_need_grad(module: nn.Module) -> bool:
-    """Whether autograd would differentiate a forward with respect to the module's parameters."""
-    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+def _parameters_need_grad(*modules: nn.Module) -> bool:
+    """Whether autograd would differentiate a forward with respect to the modules' parameters."""
+    return torch.is_grad_enabled() and any(p.requires_grad for m in modules for p in m.parameters())
 
 
 def conv_output_shape(conv: nn.Conv2d, x: torch.Tensor) -> tuple[int, ...]:
@@ -281,24 +300,44 @@ class Linear(nn.Linear):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = autocast_dtype(x)
-        return hal.ops.linear(_cast(x, dtype), _cast(self.weight, dtype), _cast(self.bias, dtype), self.act)
+        return linear_act(self, self.act, x)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, act={self.act}"
 
 
+def linear_act(linear: nn.Linear, act: str, x: torch.Tensor) -> torch.Tensor:
+    """``act(linear(x))`` as one ``hal.ops.linear`` call on ``linear``'s parameters as they are
+    now (the computation of :class:`Linear`, also for an ``nn.Linear`` it borrows)."""
+    dtype = autocast_dtype(x)
+    return hal.ops.linear(_cast(x, dtype), _cast(linear.weight, dtype), _cast(linear.bias, dtype), act)
+
+
+def _half_beside_float32(x: torch.Tensor, *params: Optional[torch.Tensor]) -> bool:
+    """A half-precision x with float32 parameters: what ``nn.LayerNorm`` and ``nn.RMSNorm`` accept
+    (torch's mixed-dtype kernels compute in float32 and return x's dtype), and hal's norm ops, whose
+    arrays share one dtype, do not take as they are."""
+    return x.dtype in (torch.float16, torch.bfloat16) and any(p is not None and p.dtype == torch.float32 for p in params)
+
+
 class LayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` computed by ``hal.ops.layer_norm`` (float32 under autocast)."""
+    """``nn.LayerNorm`` computed by ``hal.ops.layer_norm`` (float32 under autocast). A half-precision
+    input beside float32 parameters (a model in bfloat16 whose norms were kept in float32) is
+    normalised in float32 and returned in its own dtype, as ``nn.LayerNorm`` does."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         up = torch.float32 if autocast_dtype(x) is not None else None
+        if up is None and _half_beside_float32(x, self.weight, self.bias):
+            return hal.ops.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps).to(x.dtype)
         return hal.ops.layer_norm(_cast(x, up), self.normalized_shape, _cast(self.weight, up), _cast(self.bias, up), self.eps)
 
 
 class RMSNorm(nn.RMSNorm):
-    """``nn.RMSNorm`` computed by ``hal.ops.rms_norm`` (float32 under autocast)."""
+    """``nn.RMSNorm`` computed by ``hal.ops.rms_norm`` (float32 under autocast); a half-precision
+    input beside a float32 weight as :class:`LayerNorm`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         up = torch.float32 if autocast_dtype(x) is not None else None
+        if up is None and _half_beside_float32(x, self.weight):
+            return hal.ops.rms_norm(x.float(), self.normalized_shape, self.weight, self.eps).to(x.dtype)
         return hal.ops.rms_norm(_cast(x, up), self.normalized_shape, _cast(self.weight, up), self.eps)

@@ -53,7 +53,7 @@ import hal
 from hal.nn import patch_hf
 from hal.nn.agreement import has_hooks, probe, random_copy, same, state_is
 from hal.nn.fuse import _ACT_MODULES
-from hal.nn.modules import FusedConvBN2d, FusedConvBNReLU2d, LayerNorm, Linear, RMSNorm as HalRMSNorm, fusion_problem
+from hal.nn.modules import FusedConvBN2d, FusedConvBNReLU2d, LayerNorm, RMSNorm as HalRMSNorm, fusion_problem, linear_act
 
 log = logging.getLogger("hal.nn.patch")
 
@@ -92,26 +92,50 @@ class SwiGLUMLP(nn.Module):
 
 class Sequential(nn.Sequential):
     """``nn.Sequential`` whose conv -> batch-norm (-> ReLU) and linear -> activation runs are each one
-    fused hal module over the same child modules. The plan follows the children: it is rebuilt when
-    a child or its weight or bias is replaced, or a child gains or loses hooks."""
+    fused hal computation over the same child modules, which it borrows (their parameters read as
+    each call finds them; the fused conv modules take their mode from the batch norm).
 
-    _hal_key: Optional[tuple] = None
+    The plan is made when the module is patched (:meth:`plan`), not in ``forward``: building
+    modules inside a forward that torch.compile traces breaks its graph (and under
+    ``fullgraph=True`` fails), and an attribute first set by a traced forward costs a recompilation
+    at the next step. It follows the children: an eager forward that finds a child replaced, or one
+    that gained or lost hooks, plans again; a compiled one runs the children as ``nn.Sequential``
+    does until an eager call has planned again."""
+
     _hal_steps: tuple = ()
+    _hal_children: tuple = ()
+    _hal_hooks: tuple = ()
+
+    def plan(self) -> None:
+        """Plan the fused steps over the current children (see the class docstring)."""
+        children = tuple(self._modules.values())
+        self._hal_steps, self._hal_children, self._hal_hooks = _plan(children), children, tuple(map(has_hooks, children))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Sequential's name
         children = tuple(self._modules.values())
-        key = _plan_key(children)
-        if key != self._hal_key:
-            self._hal_steps, self._hal_key = _plan(children), key
+        if not self._planned_for(children):
+            if torch.compiler.is_compiling():
+                return super().forward(input)
+            self.plan()
         for run in self._hal_steps:
-            if isinstance(run, (FusedConvBNReLU2d, FusedConvBN2d)):
-                run.training = self.training  # the wrapper is not a child: .train() does not reach it
             input = run(input)
         return input
 
+    def _planned_for(self, children: tuple[nn.Module, ...]) -> bool:
+        built = self._hal_children
+        return (len(built) == len(children) and all(a is b for a, b in zip(built, children))
+                and self._hal_hooks == tuple(map(has_hooks, children)))
 
-def _plan_key(children: tuple[nn.Module, ...]) -> tuple:
-    return tuple((id(m), id(getattr(m, "weight", None)), id(getattr(m, "bias", None)), has_hooks(m)) for m in children)
+
+class _LinearAct:
+    """linear -> activation as one ``hal.ops.linear`` call over the ``nn.Linear`` it borrows (its
+    parameters read at each call); a plain object, made without a module or a parameter."""
+
+    def __init__(self, linear: nn.Linear, act: str) -> None:
+        self.linear, self.act = linear, act
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_act(self.linear, self.act, x)
 
 
 def _activation(m: nn.Module) -> Optional[str]:
@@ -129,13 +153,13 @@ def _plan(children: tuple[nn.Module, ...]) -> tuple[Callable[[torch.Tensor], tor
         after = children[i + 2] if i + 2 < len(children) else None
         conv_bn = type(m) is nn.Conv2d and nxt is not None and not fusion_problem(m, nxt) and not has_hooks(m) and not has_hooks(nxt)
         if conv_bn and after is not None and _activation(after) == "relu":
-            steps.append(FusedConvBNReLU2d.from_modules(m, nxt))
+            steps.append(FusedConvBNReLU2d.from_modules(m, nxt, borrow=True))
             i += 3
         elif conv_bn:
-            steps.append(FusedConvBN2d.from_modules(m, nxt))
+            steps.append(FusedConvBN2d.from_modules(m, nxt, borrow=True))
             i += 2
         elif type(m) is nn.Linear and nxt is not None and _activation(nxt) is not None and not has_hooks(m):
-            steps.append(Linear.from_linear(m, _activation(nxt)))
+            steps.append(_LinearAct(m, _activation(nxt)))
             i += 2
         else:
             steps.append(m)
@@ -183,6 +207,7 @@ def _swap(m: nn.Module) -> Optional[nn.Module]:
     if type(m) is nn.Sequential:
         if any(s is not c for s, c in zip(_plan(tuple(m._modules.values())), m._modules.values())):
             m.__class__ = Sequential
+            m.plan()
             return m
         return None
     return _llama_rms_norm(m) or _swiglu_mlp(m) or patch_hf.swap(m)

@@ -286,12 +286,14 @@ def test_fuse_resnet_style_model(seed: int) -> None:
     reference = copy.deepcopy(model)
     fused = hal.nn.fuse(model, inplace=True)  # shares model's parameters: compare by model's names
     kinds = {name: type(m).__name__ for name, m in fused.named_modules()}
-    assert [n for n, k in kinds.items() if k == "FusedConvBNReLU2d"] == ["stem.0", "layer1.conv1", "layer2.conv1"]
-    assert [n for n, k in kinds.items() if k == "FusedConvBNAddReLU2d"] == ["layer1.conv2", "layer2.conv2"]
-    assert [n for n, k in kinds.items() if k == "FusedConvBN2d"] == ["layer2.downsample.0"]
+    assert [n for n, k in kinds.items() if k == "FusedConvBNReLU2d"] == ["stem.0_fused", "layer1.conv1_fused", "layer2.conv1_fused"]
+    assert [n for n, k in kinds.items() if k == "FusedConvBNAddReLU2d"] == ["layer1.conv2_fused", "layer2.conv2_fused"]
+    assert [n for n, k in kinds.items() if k == "FusedConvBN2d"] == ["layer2.downsample.0_fused"]
     assert kinds["fc1"] == "Linear" and isinstance(fused.fc1, hal.nn.Linear) and fused.fc1.act == "gelu"
     assert type(fused.fc2) is nn.Linear
-    assert not {"layer1.bn1", "layer1.bn2", "layer2.downsample.1"} & set(kinds)
+    # the fused modules borrow the convolutions and batch norms, which keep their paths and keys
+    assert fused.get_submodule("layer1.conv2_fused").bn is fused.get_submodule("layer1.bn2")
+    assert set(fused.state_dict()) == set(reference.state_dict())
 
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     fused.eval()
@@ -380,8 +382,8 @@ def test_fuse_finds_residual_tails_written_every_way(seed: int) -> None:
     model = randomize_batch_norms(_Tails().double())
     reference = copy.deepcopy(model)
     fused = hal.nn.fuse(model, inplace=True)
-    kinds = {name: type(m).__name__ for name, m in fused.named_children() if name.startswith("conv")}
-    assert kinds == {**{f"conv{i}": "FusedConvBNAddReLU2d" for i in range(5)}, "conv5": "FusedConvBN2d", "conv6": "FusedConvBN2d"}, kinds
+    kinds = {name: type(m).__name__ for name, m in fused.named_children() if name.endswith("_fused")}
+    assert kinds == {**{f"conv{i}_fused": "FusedConvBNAddReLU2d" for i in range(5)}, "conv5_fused": "FusedConvBN2d", "conv6_fused": "FusedConvBN2d"}, kinds
     x = torch.randn(2, 4, 5, 5, dtype=torch.float64)
     for training in (True, False):
         fused.train(training)

@@ -170,8 +170,8 @@ def test_sequential_chains_fuse_and_match(train: bool, seed: int) -> None:
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"grad of {n}: {m}")
         for a, b in zip(model.buffers(), plain.buffers()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    steps = [type(s).__name__ + (f"({s.act})" if isinstance(s, hal.nn.Linear) else "") for s in model._hal_steps]
-    assert steps == ["FusedConvBNReLU2d", "FusedConvBNReLU2d", "Flatten", "Linear(gelu)", "Linear"], steps
+    steps = [type(s).__name__ + (f"({s.act})" if hasattr(s, "act") else "") for s in model._hal_steps]
+    assert steps == ["FusedConvBNReLU2d", "FusedConvBNReLU2d", "Flatten", "_LinearAct(gelu)", "Linear"], steps
     ran = {op for (op, _, _), c in hal.stats().items() if c["calls"]}
     assert "linear" in ran and ran & {"fused_conv_bn_relu", "conv2d"}, ran
 

@@ -151,12 +151,13 @@ def test_fuse_resnet_places_the_three_fused_modules() -> None:
     kinds: dict[str, list[str]] = {}
     for name, m in fused.named_modules():
         kinds.setdefault(type(m).__name__, []).append(name)
-    assert kinds["FusedConvBNAddReLU2d"] == ["layers.0.0.conv3", "layers.1.0.conv3", "layers.1.1.conv3"]  # every block's tail
-    assert kinds["FusedConvBN2d"] == ["layers.0.0.downsample.0", "layers.1.0.downsample.0"]
+    assert kinds["FusedConvBNAddReLU2d"] == ["layers.0.0.conv3_fused", "layers.1.0.conv3_fused", "layers.1.1.conv3_fused"]  # every block's tail
+    assert kinds["FusedConvBN2d"] == ["layers.0.0.downsample.0_fused", "layers.1.0.downsample.0_fused"]
     assert len(kinds["FusedConvBNReLU2d"]) == 1 + 2 * 3  # the stem, conv1 and conv2 of each block
-    fused_paths = set(kinds["FusedConvBNAddReLU2d"] + kinds["FusedConvBN2d"] + kinds["FusedConvBNReLU2d"])
-    loose = [n for n in kinds["Conv2d"] + kinds["BatchNorm2d"] if n.rpartition(".")[0] not in fused_paths]
-    assert not loose, loose  # every convolution and batch norm is inside a fused module
+    wrappers = [fused.get_submodule(n) for n in kinds["FusedConvBNAddReLU2d"] + kinds["FusedConvBN2d"] + kinds["FusedConvBNReLU2d"]]
+    borrowed = {id(m) for w in wrappers for m in (w.conv, w.bn)}
+    loose = [n for n in kinds["Conv2d"] + kinds["BatchNorm2d"] if id(fused.get_submodule(n)) not in borrowed]
+    assert not loose, loose  # every convolution and batch norm is borrowed by a fused module
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
@@ -204,30 +205,17 @@ def test_fused_resnet_trains_like_the_unfused_model(seed: int) -> None:
         torch.testing.assert_close(fused.eval()(x), reference.eval()(x), rtol=1e-9, atol=1e-11)
 
 
-def _fused_key(key: str, fused_paths: set[str]) -> str:
-    """The state_dict key a fused model holds for an unfused model's ``key``: a convolution at a
-    fused path P keeps P with ``.0.``, its batch norm (the sibling named after it, or the next child of
-    a Sequential) moves to ``P.1.``."""
-    module, _, leaf = key.rpartition(".")
-    for path in fused_paths:
-        parent, _, name = path.rpartition(".")
-        bn = f"{parent}.{name.replace('conv', 'bn')}" if name.startswith("conv") else f"{parent}.{int(name) + 1}"
-        if module == path:
-            return f"{path}.0.{leaf}"
-        if module == bn.lstrip("."):
-            return f"{path}.1.{leaf}"
-    return key
-
-
-def test_fused_resnet_state_dict_is_the_unfused_one_renamed(seed: int) -> None:
-    """Every entry of the unfused model's state_dict is in the fused model's under the fused path
-    (conv ``P.0.``, batch norm ``P.1.``), and loads into it: the fused model then computes what
-    the unfused one does."""
+def test_fused_resnet_keeps_the_state_dict_of_the_unfused_one(seed: int) -> None:
+    """hal.nn.fuse keeps every state_dict key (API.md v1.2): the unfused model's checkpoint loads
+    into the fused model (strictly), which then computes what the unfused one does, and the fused
+    model's checkpoint loads back into an unfused model."""
     source, target = _resnet(torch.float64), hal.nn.fuse(_resnet(torch.float64))
-    fused_paths = {n for n, m in target.named_modules() if isinstance(m, (hal.nn.FusedConvBNReLU2d, hal.nn.FusedConvBNAddReLU2d, hal.nn.FusedConvBN2d))}
-    renamed = {_fused_key(k, fused_paths): v for k, v in source.state_dict().items()}
-    assert set(renamed) == set(target.state_dict())
-    target.load_state_dict(renamed)
+    assert set(target.state_dict()) == set(source.state_dict())  # (the order is torch.fx's, which follows the calls)
+    target.load_state_dict(source.state_dict())
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(target.eval()(x), source.eval()(x), **TOLERANCE[torch.float64])
+    back = _resnet(torch.float64)
+    back.load_state_dict(target.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(x), source(x), **TOLERANCE[torch.float64])

@@ -6,7 +6,8 @@ fused_conv_bn_relu:
 - eval, ``onednn``: the batch norm folds into the convolution (``w * gamma / sqrt(var + eps)``,
   bias ``(b - mean) * gamma / sqrt(var + eps) + beta``, computed in float32, float64 for float64,
   and rounded once), cached per parameter set (:class:`hal_backend_eager.fold.ParamCache`), and oneDNN runs
-  convolution + bias + ReLU as one primitive (``mkldnn._convolution_pointwise`` with a ReLU post-op);
+  convolution + bias as one primitive (``mkldnn._convolution_pointwise``), then an in-place ReLU:
+  oneDNN's ReLU post-op turns NaN into 0, where torch's ReLU keeps NaN (torch 2.13's oneDNN);
 - ``torch``: the same folded convolution then an in-place ReLU in eval, and in training the
   convolution, ``F.batch_norm`` with the batch statistics (running statistics updated in place) and
   an in-place ReLU;
@@ -14,7 +15,7 @@ fused_conv_bn_relu:
   (never chosen by eager calls).
 
 fused_conv_bn_add_relu has the same three kernels, the residual added before the ReLU: oneDNN's
-primitive with a binary add and a ReLU post-op (eval, float32), the folded convolution or the
+primitive with a binary add post-op, then an in-place ReLU (eval, float32), the folded convolution or the
 convolution and batch norm then an in-place add and ReLU (``torch``), and ``unfused``; half
 precision computes in float32 and rounds once (the sum may cancel).
 
@@ -188,7 +189,8 @@ def _eval_only(inputs: Inputs) -> list[str]:
 def fused_conv_bn_relu_onednn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
     xp, pad = _padded(x, padding)
-    return torch.ops.mkldnn._convolution_pointwise(xp, w, b, pad, list(stride), list(dilation), groups, "relu", [], "")
+    y = torch.ops.mkldnn._convolution_pointwise(xp, w, b, pad, list(stride), list(dilation), groups, "none", [], "")
+    return y.relu_()  # not the ReLU post-op, which turns NaN into 0 (module docstring)
 
 
 def _recorded_in_training(inputs: Inputs) -> list[str]:
@@ -276,7 +278,8 @@ def fused_conv_bn_add_relu_onednn(x, conv_weight, conv_bias, bn_weight, bn_bias,
                                   momentum, training):
     w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
     xp, pad = _padded(x, padding)
-    return torch.ops.mkldnn._convolution_pointwise.binary(xp, residual, w, b, pad, list(stride), list(dilation), groups, "add", 1.0, "relu", [], "")
+    y = torch.ops.mkldnn._convolution_pointwise.binary(xp, residual, w, b, pad, list(stride), list(dilation), groups, "add", 1.0, None, [], None)
+    return y.relu_()  # not the ReLU post-op, which turns NaN into 0 (module docstring)
 
 
 @kernel("fused_conv_bn_add_relu", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])

@@ -3,7 +3,10 @@
 linear has two kernels:
 
 - ``onednn``: ``mkldnn._linear_pointwise``, oneDNN's inner product with the activation as a
-  post-op (relu, gelu erf and tanh, silu, sigmoid, tanh) or none: one GEMM, no extra pass;
+  post-op (gelu erf and tanh, silu, sigmoid, tanh) or none: one GEMM, no extra pass; relu runs as
+  ``relu_`` on the GEMM's result, because oneDNN's relu post-op (and its leaky_relu and hardtanh)
+  turns NaN into 0 where torch's relu keeps NaN (measured on torch 2.13's oneDNN, float32 and
+  bfloat16; the other post-ops keep NaN and infinities as torch does);
 - ``torch``: ``F.linear`` (MKL) and the activation as a separate vectorised pass (every dtype,
   float64 included, which oneDNN does not take).
 
@@ -35,7 +38,7 @@ from .elementwise import act_backward, activate_
 #: hal's activation -> (oneDNN post-op, its algorithm argument).
 _POST_OPS = {
     "none": ("none", ""),
-    "relu": ("relu", ""),
+    "relu": ("none", ""),  # then relu_: oneDNN's relu post-op maps NaN to 0 (module docstring)
     "gelu": ("gelu", "none"),
     "gelu_tanh": ("gelu", "tanh"),
     "silu": ("swish", ""),
@@ -71,6 +74,8 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def linear_onednn(x, weight, bias, act):
     attr, algorithm = _POST_OPS[act]
     y = torch.ops.mkldnn._linear_pointwise(_rows(x), weight, bias, attr, [], algorithm)
+    if act == "relu":
+        y.relu_()
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
