@@ -42,7 +42,7 @@ What each step gives:
 
 Registrations last for the process (like ``torch.library``); a name used twice is refused. A
 runtime installed by hand (``hal.dispatch.install``) gets this process's registrations only when
-they are made after it. See docs/api-inprocess.md.
+they are made after it. See docs/library.md.
 """
 
 from __future__ import annotations

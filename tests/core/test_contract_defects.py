@@ -452,7 +452,7 @@ IN_PROCESS = textwrap.dedent(
 def test_ops_and_kernels_can_be_declared_and_registered_in_process(seed: int) -> None:
     """Before: there was no documented way to declare an op and register a kernel in-process (as
     torch.library.custom_op allows): only entry-point plugins were loaded, and a runtime built by
-    hand replaced them all. hal.library (docs/api-inprocess.md) declares, registers on installed
+    hand replaced them all. hal.library (docs/library.md) declares, registers on installed
     backends or on a backend of the process, and takes effect at once: hal.ops, torch.ops.hal
     (opcheck), autograd through the declared backward, torch.compile, explain, the conformance
     suite against a reference registered the same way; bad registrations are refused. In a fresh
