@@ -8,6 +8,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh table   # GPU tests, the whole op table, dispatch overhead, [PROFILE_MODELS=a,b] step profiles
 #   HAL_COMMIT=<sha> benchmarks/h200.sh models28 # hal.optimize's example, then MODELS one process each with VARIANTS (issue 28's peers)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh table28 # issue 28's model table: MODELS one process each, every variant (VARIANTS to pick), [CONF_OPS=a,b|all] conformance
+#   HAL_COMMIT=<sha> benchmarks/h200.sh models30 # hal conformance --model all on CUDA, loss curves against conformance/golden/h200
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
@@ -118,6 +119,12 @@ case "$mode" in
       for f in report.md report.json; do [ -f "$out/conformance/$f" ] && cp "$out/conformance/$f" "$OUT/conformance-$f"; done
     fi
     ;;
+  models30)  # issue 30: the built-in models' training steps on CUDA against cpu_ref call by call, and their loss curves
+    # against the committed H200 golden curves (GOLDEN_WRITE=1 writes new ones into $OUT instead)
+    step model-conformance "${CONF_LIMIT:-150}" python3 -m hal conformance --model "${MODELS:-all}" --report-dir "$out/model-conformance" \
+      $([ -n "${GOLDEN_WRITE:-}" ] && echo --write-golden "$OUT/golden-h200" || echo --golden conformance/golden/h200/loss_curves.json)
+    for f in model-report.md model-report.json model-junit.xml; do [ -f "$out/model-conformance/$f" ] && cp "$out/model-conformance/$f" "$OUT/"; done
+    ;;
   bench)  # the whole hal bench table with its peers (bench_table above)
     bench_table
     ;;
@@ -182,6 +189,6 @@ PY
     for f in "$out"/seeds/*.json; do [ -f "$f" ] && cp "$f" "$OUT/seed-$(basename "$f")"; done
     [ -f "$out/models/models.md" ] && sed -n '/^| model | eager/,/^$/p' "$out/models/models.md"
     ;;
-  *) echo "unknown mode $mode (check, verify, final, table, models28, table28, bench, host, explore, cmd, tune, tunemodels)"; exit 2 ;;
+  *) echo "unknown mode $mode (check, verify, final, table, models28, table28, models30, bench, host, explore, cmd, tune, tunemodels)"; exit 2 ;;
 esac
 ls -la "$OUT"
