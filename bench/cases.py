@@ -771,8 +771,42 @@ def int8_case(gpu: bool) -> Case:
                 targets={"peer:bf16_linear": 1.6} if gpu else {}, compile_mode="off")
 
 
+def fp8_cases(gpu: bool) -> list[Case]:
+    """FP8 quantisation (row-wise, amax fused in), dequantisation and the scaled GEMM (per-tensor
+    scales, bf16 out), against torch._scaled_mm and the bfloat16 GEMM on CUDA (issue 31's targets)."""
+    r, c = (8192, 8192) if gpu else (128, 256)
+    m = k = n = 8192 if gpu else 64
+    dt = "bfloat16" if gpu else "float32"
+
+    def quantize(device: torch.device) -> Setup:
+        return forward("fp8_quantize", (_randn((r, c), DT[dt], device, std=3.0), "e4m3fn", "row"))
+
+    def dequantize(device: torch.device) -> Setup:
+        q, s = hal.ops.fp8_quantize(_randn((r, c), DT[dt], device, std=3.0), "e4m3fn", "row")
+        return forward("fp8_dequantize", (q, s, "e4m3fn", 128, dt))
+
+    def scaled_mm(device: torch.device) -> Setup:
+        a, sa = hal.ops.fp8_quantize(_randn((m, k), DT[dt], device), "e4m3fn")
+        b, sb = hal.ops.fp8_quantize(_randn((n, k), DT[dt], device), "e4m3fn")
+        peers = {}
+        if device.type == "cuda" and not torch.version.hip:
+            a8, b8 = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)
+            xb, wb = torch.randn(m, k, device=device, dtype=torch.bfloat16), torch.randn(n, k, device=device, dtype=torch.bfloat16)
+            peers["bf16_linear"] = lambda: F.linear(xb, wb)
+            peers["torch_scaled_mm"] = lambda: torch._scaled_mm(a8, b8.t(), sa, sb, out_dtype=torch.bfloat16)
+        return forward("fp8_scaled_mm", (a, b, sa, sb, None, "e4m3fn", "e4m3fn", "bfloat16"), peers=peers)
+
+    n_el = r * c
+    return [
+        Case("fp8_quantize", f"({r}, {c}) e4m3fn row-wise", dt, quantize, _nbytes((r, c), dt) + n_el + 4 * r),
+        Case("fp8_dequantize", f"({r}, {c}) e4m3fn row-wise", "uint8", dequantize, n_el + _nbytes((r, c), dt) + 4 * r),
+        Case("fp8_scaled_mm", f"{m}^3 e4m3fn, per-tensor scales, bf16 out", "uint8", scaled_mm, flops=2.0 * m * n * k,
+             targets={"peer:bf16_linear": 1.7, "peer:torch_scaled_mm": 0.9} if gpu else {}, compile_mode="off"),
+    ]
+
+
 def all_cases(gpu: bool) -> list[Case]:
     """Every benchmark case, GPU-sized or CPU-sized; the rows compared with Liger-Kernel come early
     (a run cut short by its time limit keeps them)."""
     return (conv_cases(gpu) + rowwise_cases(gpu) + transformer_cases(gpu) + loss_cases(gpu) + gemm_cases(gpu) + attention_cases(gpu)
-            + optimizer_cases(gpu) + quant_cases(gpu))
+            + optimizer_cases(gpu) + quant_cases(gpu) + fp8_cases(gpu))

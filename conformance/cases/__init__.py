@@ -26,7 +26,7 @@ from hal.registry import get_op
 
 from ..draw import Draw
 
-_FAMILIES = ("conv", "elementwise", "gemm", "norm", "attention", "mixed_precision", "quant", "transformer", "loss")
+_FAMILIES = ("conv", "elementwise", "gemm", "norm", "attention", "mixed_precision", "quant", "fp8", "transformer", "loss")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _ID = re.compile(r"^(?P<op>[A-Za-z0-9_]+)\[(?P<kernel>[^,\[\]]+),(?P<dtype>[^,\[\]]+),(?P<case>[^,\[\]]+)\]$")
 

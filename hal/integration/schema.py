@@ -131,7 +131,14 @@ def returns(decl: OpDecl) -> str:
             raise TypeError(f"backward op {decl.name} is declared before its forward op {decl.forward}")
         return "Tensor" if fwd.single_gradient else "(" + ", ".join(["Tensor"] * len(fwd.gradients)) + ")"
     ret = getattr(decl.entry, "__annotations__", {}).get("return")
-    return "()" if ret in (None, "None") else "Tensor"
+    if ret in (None, "None"):
+        return "()"
+    text = ret if isinstance(ret, str) else repr(ret)
+    if text.startswith("tuple[") and text.endswith("]"):  # a fixed number of arrays: tuple[Tensor, Tensor]
+        items = [t.strip().rsplit(".", 1)[-1] for t in text[len("tuple["):-1].split(",")]
+        if items and all(t == "Tensor" for t in items):
+            return "(" + ", ".join(items) + ")"
+    return "Tensor"
 
 
 # --- one registered operator ------------------------------------------------------------------

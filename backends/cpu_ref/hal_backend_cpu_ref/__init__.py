@@ -36,4 +36,4 @@ def _devices() -> list[DeviceInfo]:
 plugin.define_backend(priority=0, device_types=("cpu",), devices=_devices, array_api="numpy")
 
 # Importing the families registers their kernels on `plugin`.
-from . import attention, conv, elementwise, gemm, loss, mixed_precision, norm, quant, transformer  # noqa: E402,F401
+from . import attention, conv, elementwise, fp8, gemm, loss, mixed_precision, norm, quant, transformer  # noqa: E402,F401

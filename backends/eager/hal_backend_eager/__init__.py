@@ -24,7 +24,7 @@ from hal.plugin import Plugin
 
 __version__ = "0.1.0"
 
-FAMILIES = ("conv", "elementwise", "gemm", "norm", "attention", "mixed_precision", "quant", "transformer", "loss")
+FAMILIES = ("conv", "elementwise", "gemm", "norm", "attention", "mixed_precision", "quant", "fp8", "transformer", "loss")
 
 #: the backend's priority: below cpu_ref (0) on the CPU and below any vendor backend on a GPU.
 PRIORITY = -10

@@ -1,0 +1,13 @@
+"""FP8 on the CPU: the CPU has no FP8 arithmetic, so these kernels emulate it with
+hal_backend_eager's torch casts and ``torch._scaled_mm`` (see that module), vectorised by torch."""
+
+from __future__ import annotations
+
+from hal.arrays import FLOAT_DTYPES
+from hal_backend_eager import fp8 as eager
+
+from ._common import kernel
+
+kernel("fp8_quantize", name="torch", priority=20, dtypes=FLOAT_DTYPES)(eager.fp8_quantize)
+kernel("fp8_dequantize", name="torch", priority=20, dtypes=("uint8",))(eager.fp8_dequantize)
+kernel("fp8_scaled_mm", name="torch", priority=20, dtypes=("uint8",))(eager.fp8_scaled_mm)
