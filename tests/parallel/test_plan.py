@@ -238,6 +238,11 @@ def _checks(rank: int, n: int, seed: int, mesh_shape: tuple[int, ...]) -> dict[s
             ("hf f64 sp", model_case("hf", f64, True)),
             ("hf f64 tp dtensor", model_case("hf", f64, False, dtensor=True)),
         ]
+    elif mesh_shape == (2, 4):  # 8 ranks: the layout of 2 nodes x 4 GPUs, tensor-parallel within a node
+        cases += [
+            ("dp2 x tp4: hal f64 sp overlap", model_case("hal", f64, True, overlap=True)),
+            ("dp2 x tp4: hf f64 sp", model_case("hf", f64, True)),
+        ]
     else:
         cases += [
             ("dp x tp: hal f64 sp overlap", model_case("hal", f64, True, overlap=True)),
@@ -248,7 +253,7 @@ def _checks(rank: int, n: int, seed: int, mesh_shape: tuple[int, ...]) -> dict[s
     return run_checks(cases)
 
 
-@pytest.mark.parametrize("mesh_shape", [(2,), (4,), (2, 2)], ids=["tp2", "tp4", "dp2xtp2"])
+@pytest.mark.parametrize("mesh_shape", [(2,), (4,), (2, 2), (2, 4)], ids=["tp2", "tp4", "dp2xtp2", "dp2xtp4"])
 def test_parallelized_models_match_one_process(mesh_shape: tuple[int, ...], seed: int) -> None:
     n = 1
     for s in mesh_shape:
