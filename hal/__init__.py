@@ -104,7 +104,7 @@ def _notes(state: Any) -> tuple[str, ...]:
         return (f"its notes could not be read ({type(exc).__name__}: {exc})",)
 
 
-_LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance", "graphs", "tuning", "library", "parallel"}
+_LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance", "graphs", "tuning", "library", "parallel", "fp8"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,178 @@
+"""``hal.fp8.Linear``: a linear layer whose three GEMMs run in FP8 through ``hal.ops.fp8_scaled_mm``,
+and :func:`convert`, which swaps a model's ``nn.Linear`` layers for it.
+
+Forward: the input and the weight are quantised to the recipe's format (e4m3), the GEMM adds the
+bias and rounds once to the output dtype (the autocast dtype where autocast is on, else the input's).
+Backward (a ``torch.autograd.Function``): the output gradient is quantised to the gradient format
+(e5m2); ``grad_input = grad_out @ W`` and ``grad_weight = grad_out^T @ x`` run as ``fp8_scaled_mm``
+too. The GEMM contracts along the last dimension of both operands, so these need ``W^T``, ``x^T``
+and ``grad_out^T``: they are **re-quantised from the high-precision tensors** (the forward saves x
+and W, as ``nn.Linear`` does, so no extra memory), with the forward's scale where it is one per
+tensor (then identical to transposing the forward's FP8 values, and delayed scaling's state is
+touched once per call) and with fresh current scales of the recipe's granularity otherwise (row and
+block scales must group along the contraction dimension, which transposition changes). The bias
+gradient is ``grad_out.sum(0)`` in float32. Master weights stay in the module's dtype
+(float32, bfloat16 or float16): only the GEMM operands are FP8.
+
+NaN: under delayed scaling a NaN in the input gives NaN in its output row, as ``nn.Linear``; under
+current scaling the NaN makes its group's scale NaN (the amax propagates NaN), which
+``fp8_scaled_mm`` refuses with an error for host tensors (device scales are not read: NaN output).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Union
+
+import torch
+from torch import nn
+
+from hal.ops import fp8_quantize, fp8_scaled_mm
+
+from .recipes import CurrentScaling, Recipe, Scaler
+
+_OUT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _dtype_name(dt: torch.dtype, what: str) -> str:
+    if dt not in _OUT_DTYPES:
+        raise TypeError(f"hal.fp8.Linear: {what} must be float32, bfloat16 or float16, got {dt}; "
+                        "cast the module or the input (e.g. model.float())")
+    return _OUT_DTYPES[dt]
+
+
+def _requantize_t(x: torch.Tensor, fmt: str, scale: torch.Tensor, recipe_like: Scaler) -> tuple[torch.Tensor, torch.Tensor]:
+    """x^T in FP8: with the forward's per-tensor scale, else current scaling at the recipe's granularity."""
+    xt = x.t().contiguous()
+    if scale.dim() == 0:
+        return fp8_quantize(xt, fmt, "tensor", scale)
+    return fp8_quantize(xt, fmt, getattr(recipe_like, "granularity", "tensor"), None,
+                        getattr(recipe_like, "block_size", 128))
+
+
+class _Fp8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, sx, sw, sg, out_dtype):  # type: ignore[override]
+        qx, scale_x = sx.quantize(x)
+        qw, scale_w = sw.quantize(weight)
+        out = fp8_scaled_mm(qx, qw, scale_x, scale_w, bias, sx.format, sw.format, out_dtype,
+                            getattr(sx, "block_size", 128))
+        ctx.save_for_backward(x, weight, scale_x, scale_w)
+        ctx.scalers = (sx, sw, sg)
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return out
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        x, weight, scale_x, scale_w = ctx.saved_tensors
+        sx, sw, sg = ctx.scalers
+        bs = getattr(sx, "block_size", 128)
+        g = g.contiguous()
+        grad_x = grad_w = grad_b = None
+        qg, scale_g = sg.quantize(g)
+        if ctx.needs_input_grad[0]:
+            qwt, scale_wt = _requantize_t(weight, sw.format, scale_w, sw)  # W^T (K, N)
+            grad_x = fp8_scaled_mm(qg, qwt, scale_g, scale_wt, None, sg.format, sw.format,
+                                   _dtype_name(x.dtype, "the input"), bs)
+        if ctx.needs_input_grad[1]:
+            qgt, scale_gt = _requantize_t(g, sg.format, scale_g, sg)  # g^T (N, M)
+            qxt, scale_xt = _requantize_t(x, sx.format, scale_x, sx)  # x^T (K, M)
+            grad_w = fp8_scaled_mm(qgt, qxt, scale_gt, scale_xt, None, sg.format, sx.format,
+                                   _dtype_name(weight.dtype, "the weight"), bs)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.float().sum(0).to(ctx.bias_dtype)
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype for ``device_type`` where autocast is on there (torch 2.11 and 2.13)."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except TypeError:  # older signature: CUDA only
+        enabled = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+    if not enabled:
+        return None
+    get = getattr(torch, "get_autocast_dtype", None)
+    if get is not None:
+        return get(device_type)
+    return torch.get_autocast_gpu_dtype() if device_type == "cuda" else torch.get_autocast_cpu_dtype()
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` with FP8 GEMMs (see the module docs): same parameters, same ``state_dict``.
+
+    recipe: a :mod:`hal.fp8.recipes` recipe (``CurrentScaling()`` per tensor by default). The
+    recipe's per-tensor state (delayed scaling) is in the submodules ``input_scaler``,
+    ``weight_scaler`` and ``grad_scaler``, as non-persistent buffers."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, recipe: Optional[Recipe] = None,
+                 device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self._make_scalers(recipe, None if self.weight.is_meta else self.weight.device)
+
+    def _make_scalers(self, recipe: Optional[Recipe], device: Optional[torch.device]) -> None:
+        self.recipe = recipe if recipe is not None else CurrentScaling()
+        if not isinstance(self.recipe, Recipe):
+            raise TypeError(f"hal.fp8.Linear: recipe must be a hal.fp8 recipe (CurrentScaling(), DelayedScaling(), ...), "
+                            f"got {type(recipe).__name__}")
+        self.input_scaler = self.recipe.scaler(self.recipe.format, device)
+        self.weight_scaler = self.recipe.scaler(self.recipe.format, device)
+        self.grad_scaler = self.recipe.scaler(self.recipe.backward_format, device)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: Optional[Recipe] = None) -> "Linear":
+        """An FP8 layer sharing ``linear``'s parameters (the same Parameter objects: optimizers and
+        tied weights keep pointing at them)."""
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None, recipe,
+                  device=torch.device("meta"), dtype=linear.weight.dtype)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new._make_scalers(recipe, linear.weight.device)
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _dtype_name(self.weight.dtype, "the weight")
+        out_dt = _autocast_dtype(x.device.type) or x.dtype
+        out_dtype = _dtype_name(out_dt, "the input (or autocast) dtype")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        out = _Fp8LinearFn.apply(x2, self.weight, self.bias, self.input_scaler, self.weight_scaler,
+                                 self.grad_scaler, out_dtype)
+        return out.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe}"
+
+
+def convert(model: nn.Module, recipe: Optional[Recipe] = None,
+            keep: Union[Iterable[str], str] = ("first", "last")) -> nn.Module:
+    """Replace ``model``'s ``nn.Linear`` layers, in place, by :class:`Linear` sharing their parameters,
+    and return the model. ``keep``: layers left in higher precision, by qualified name
+    (``"layers.0.proj"``) or ``"first"`` / ``"last"`` (the first and last ``nn.Linear`` in
+    ``model.named_modules()`` order, usually the input projection and the output head, the layers
+    most sensitive to FP8). ``keep=()`` converts them all. State-dict keys do not change."""
+    keep = (keep,) if isinstance(keep, str) else tuple(keep)
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, Linear)]
+    names = [n for n, _ in linears]
+    unknown = [k for k in keep if k not in ("first", "last") and k not in names]
+    if unknown:
+        raise ValueError(f"hal.fp8.convert: keep names no nn.Linear of the model: {unknown}; "
+                         f"its linear layers are {names}")
+    kept = {k for k in keep if k not in ("first", "last")}
+    if names and "first" in keep:
+        kept.add(names[0])
+    if names and "last" in keep:
+        kept.add(names[-1])
+    for name, module in linears:
+        if name in kept:
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if not name:
+            raise ValueError("hal.fp8.convert: the model itself is an nn.Linear; use hal.fp8.Linear.from_linear(model)")
+        setattr(parent, attr, Linear.from_linear(module, recipe))
+    return model
+
+
+__all__ = ["Linear", "convert"]

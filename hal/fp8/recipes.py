@@ -1,0 +1,171 @@
+"""FP8 scaling recipes: how each tensor of an FP8 layer gets its dequantising scale.
+
+A recipe is a frozen description (format, granularity); :meth:`Recipe.scaler` makes the per-tensor
+state that quantises one tensor role (input, weight, gradient) of one layer. Quantisation is
+``hal.ops.fp8_quantize``; the recipes add no kernels.
+
+- :class:`CurrentScaling`: the scale of each group (tensor, row or block) from this call's amax,
+  reduced inside ``fp8_quantize`` (``amax / largest finite``). :class:`RowwiseScaling` and
+  :class:`BlockwiseScaling` are current scaling per row and per ``block_size`` square block.
+- :class:`DelayedScaling` (Transformer Engine's recipe): one scale per tensor from a history of the
+  amaxes of earlier calls, so the cast needs no reduction before it. Each call quantises with the
+  scale it holds, then records the tensor's amax in the history and recomputes the scale
+  ``amax_h * 2**margin / largest finite`` (``amax_h``: the history's max, or its most recent entry).
+  Where ``amax_h`` is 0 (nothing seen yet, or all-zero tensors) or not finite (a NaN or an infinity
+  in the tensor: the max propagates NaN, as ``torch.amax``) the previous scale is kept, as Transformer
+  Engine does: a 0, NaN or infinite scale would quantise nothing. A NaN stays in the history, so the
+  scale is frozen until it has left the window (``history`` calls later) under ``"max"``.
+
+The state lives in tensors updated in place on the tensor's device (no host synchronisation), as
+non-persistent buffers: they do not change a model's ``state_dict`` keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+from torch import nn
+
+from hal.ops import fp8_quantize
+from hal.ops.fp8 import FORMATS, GRANULARITIES
+
+AMAX_COMPUTE = ("max", "most_recent")
+
+
+def grad_format_for(fmt: str) -> str:
+    """The gradient format paired with a forward format: e5m2, or e5m2fnuz for AMD's fnuz formats."""
+    return "e5m2fnuz" if fmt.endswith("fnuz") else "e5m2"
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"hal.fp8: unknown FP8 format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+class Scaler(nn.Module):
+    """Quantises one tensor role of one layer: ``quantize(x) -> (q, scale)`` (uint8 bit patterns
+    and float32 dequantising scales, as ``hal.ops.fp8_quantize`` returns them)."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__()
+        self.format = fmt
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class CurrentScaler(Scaler):
+    """Current scaling: the op reduces the amax of each group and quantises in one call."""
+
+    def __init__(self, fmt: str, granularity: str, block_size: int) -> None:
+        super().__init__(fmt)
+        self.granularity = granularity
+        self.block_size = block_size
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return fp8_quantize(x, self.format, self.granularity, None, self.block_size)
+
+
+class DelayedScaler(Scaler):
+    """Delayed scaling of one tensor: buffers ``amax_history`` (most recent first) and ``scale``."""
+
+    def __init__(self, fmt: str, history: int, margin: float, amax_compute: str,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__(fmt)
+        self.margin = margin
+        self.amax_compute = amax_compute
+        self.register_buffer("amax_history", torch.zeros(history, dtype=torch.float32, device=device), persistent=False)
+        self.register_buffer("scale", torch.ones((), dtype=torch.float32, device=device), persistent=False)
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = self.scale.clone()  # the scale of this call; the buffer moves on below
+        q, _ = fp8_quantize(x, self.format, "tensor", scale)
+        self.update(torch.amax(x.detach().abs()).float() if x.numel() else torch.zeros((), device=x.device))
+        return q, scale
+
+    @torch.no_grad()
+    def update(self, amax: torch.Tensor) -> None:
+        """Record ``amax`` as the most recent history entry and recompute the scale from the history."""
+        h = self.amax_history
+        h.copy_(torch.roll(h, 1, 0))
+        h[0] = amax.to(h.device, torch.float32)
+        a = h.max() if self.amax_compute == "max" else h[0]
+        new = a * (2.0 ** self.margin) / FORMATS[self.format].max_finite
+        keep = (a <= 0) | ~torch.isfinite(a)
+        self.scale.copy_(torch.where(keep, self.scale, new))
+
+
+class Recipe:
+    """Base of the recipes: ``format`` (forward: inputs and weights), ``grad_format`` (gradients)."""
+
+    format: str
+    grad_format: Optional[str]
+
+    @property
+    def backward_format(self) -> str:
+        return self.grad_format or grad_format_for(self.format)
+
+    def scaler(self, fmt: str, device: Optional[torch.device] = None) -> Scaler:
+        """A fresh per-tensor scaler quantising to ``fmt`` (its state, if any, on ``device``)."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class CurrentScaling(Recipe):
+    """Current scaling at ``granularity`` ("tensor", "row" or "block" of ``block_size``)."""
+
+    format: str = "e4m3fn"
+    granularity: str = "tensor"
+    grad_format: Optional[str] = None
+    block_size: int = 128
+
+    def __post_init__(self) -> None:
+        _check_format(self.format)
+        if self.grad_format is not None:
+            _check_format(self.grad_format)
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"hal.fp8: granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
+        if int(self.block_size) < 1:
+            raise ValueError(f"hal.fp8: block_size must be a positive integer, got {self.block_size!r}")
+
+    def scaler(self, fmt: str, device: Optional[torch.device] = None) -> Scaler:
+        return CurrentScaler(fmt, self.granularity, int(self.block_size))
+
+
+def RowwiseScaling(format: str = "e4m3fn", grad_format: Optional[str] = None) -> CurrentScaling:
+    """Current scaling with one scale per row (per token of an input, per output row of a weight)."""
+    return CurrentScaling(format, "row", grad_format)
+
+
+def BlockwiseScaling(format: str = "e4m3fn", block_size: int = 128, grad_format: Optional[str] = None) -> CurrentScaling:
+    """Current scaling with one scale per ``block_size`` square block (DeepSeek-V3's 128 by default)."""
+    return CurrentScaling(format, "block", grad_format, block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayedScaling(Recipe):
+    """Delayed scaling per tensor from an amax history of ``history`` calls (see the module docs)."""
+
+    format: str = "e4m3fn"
+    history: int = 16
+    margin: float = 0
+    amax_compute: str = "max"
+    grad_format: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check_format(self.format)
+        if self.grad_format is not None:
+            _check_format(self.grad_format)
+        if int(self.history) < 1:
+            raise ValueError(f"hal.fp8: DelayedScaling needs history >= 1, got {self.history!r}")
+        if self.amax_compute not in AMAX_COMPUTE:
+            raise ValueError(f"hal.fp8: amax_compute must be one of {AMAX_COMPUTE}, got {self.amax_compute!r}")
+
+    def scaler(self, fmt: str, device: Optional[torch.device] = None) -> Scaler:
+        return DelayedScaler(fmt, int(self.history), float(self.margin), self.amax_compute, device)
+
+
+__all__ = ["Recipe", "CurrentScaling", "DelayedScaling", "RowwiseScaling", "BlockwiseScaling", "Scaler",
+           "CurrentScaler", "DelayedScaler", "grad_format_for"]
