@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -112,10 +112,13 @@ def format_values(fmt: str) -> np.ndarray:
     return _VALUES[fmt]
 
 
-def scale_shape(shape: tuple[int, ...], granularity: str, block_size: int) -> tuple[int, ...]:
-    """The shape of the scales of an array of ``shape`` quantised at ``granularity``."""
+def scale_shape(shape: tuple[int, ...], granularity: str, block_size: int) -> Optional[tuple[int, ...]]:
+    """The shape of the scales of an array of ``shape`` quantised at ``granularity``; None where the
+    granularity needs more dimensions than the array has (rows: one, blocks: two)."""
     if granularity == "tensor":
         return ()
+    if len(shape) < (1 if granularity == "row" else 2):
+        return None
     if granularity == "row":
         return shape[:-1] + (1,)
     m, k = shape[-2], shape[-1]
@@ -129,7 +132,7 @@ def granularity_of(op: str, name: str, scale: Any, shape: tuple[int, ...], block
     for g in GRANULARITIES:
         if got == scale_shape(shape, g, block_size):
             return g
-    want = ", ".join(f"{scale_shape(shape, g, block_size)} ({g})" for g in GRANULARITIES)
+    want = ", ".join(f"{scale_shape(shape, g, block_size)} ({g})" for g in GRANULARITIES if scale_shape(shape, g, block_size) is not None)
     raise c.fail(op, name, f"a float32 scale of shape {want}", scale)
 
 
