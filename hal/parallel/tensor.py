@@ -36,7 +36,7 @@ from torch import nn
 import hal
 import hal.dist as hd
 from hal.errors import InvalidArgumentError
-from hal.nn.modules import autocast_dtype
+from hal.nn.modules import _cast, autocast_dtype
 from hal.parallel.comm import (
     copy_to_parallel,
     gather_from_parallel,
@@ -78,13 +78,6 @@ def tp_group(mesh: Any) -> tuple[Any, Optional[DeviceMesh]]:
 def local_tensor(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """This rank's part of ``t`` (``to_local()`` of a DTensor, differentiably), or ``t`` itself."""
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _cast(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
-    """``t`` in ``dtype`` as autocast would cast it (float64 and None stay as they are)."""
-    if t is None or dtype is None or t.dtype in (dtype, torch.float64):
-        return t
-    return t.to(dtype)
 
 
 class _Sharded(nn.Module):

@@ -33,6 +33,7 @@ from torch import nn
 import hal
 import hal.dist as hd
 from hal.errors import InvalidArgumentError
+from hal.nn.modules import _cast, autocast_dtype
 from hal.parallel import comm
 
 #: the most logits a chunk holds (per rank): 16 MiB in float32, as hal's fused loss kernels
@@ -59,19 +60,6 @@ def _shard_rows(full: torch.Tensor, vocab_size: int, group: Any) -> torch.Tensor
     out = full.new_zeros((per_rank, *full.shape[1:]))
     out[:real] = full[start : start + real]
     return out
-
-
-def _autocast(x: torch.Tensor) -> Optional[torch.dtype]:
-    kind = x.device.type
-    if x.is_floating_point() and x.dtype != torch.float64 and torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return None
-
-
-def _cast(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
-    if t is None or dtype is None or t.dtype in (dtype, torch.float64):
-        return t
-    return t.to(dtype)
 
 
 # --- embedding ------------------------------------------------------------------------------------
@@ -334,7 +322,7 @@ def vocab_parallel_linear_cross_entropy(
         raise InvalidArgumentError(op, "vocab_size", f"a size in [1, {per_rank * ranks}] ({ranks} slices of {per_rank} rows)", repr(vocab))
     if bias_shard is not None and tuple(bias_shard.shape) != (per_rank,):
         raise InvalidArgumentError(op, "bias_shard", f"a ({per_rank},) tensor", f"{tuple(bias_shard.shape)}")
-    dtype = _autocast(x)
+    dtype = autocast_dtype(x)
     x, w, b = _cast(x, dtype), _cast(weight_shard, dtype), _cast(bias_shard, dtype)
     if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         raise InvalidArgumentError(op, "weight_shard", f"x's dtype {x.dtype} (outside autocast)", str(w.dtype))
@@ -397,7 +385,7 @@ class VocabParallelLMHead(nn.Module):
             rows = comm.gather_from_parallel(rows, 0, self.group, grad_reduce=True)
         else:
             rows = comm.copy_to_parallel(rows, self.group)
-        dtype = _autocast(rows)
+        dtype = autocast_dtype(rows)
         logits = hal.ops.linear(_cast(rows, dtype), _cast(self.weight, dtype), _cast(self.bias, dtype))
         lead = x.shape[:-1] if not self.sequence_parallel else (-1,)
         if gather:
