@@ -84,7 +84,7 @@ def anatomy(step: Callable[[], Any], steps: int, attribute_ops: bool) -> dict[st
             k[0] += 1
             k[1] += evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
     device_us = sum(v[1] for v in kernels.values()) / steps
-    top_kernels = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:15]
+    top_kernels = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:80]  # the JSON keeps 80 for diffs between variants
     out: dict[str, Any] = {
         "device_ms": device_us / 1e3,
         "kernels": [{"name": n, "per_step": c / steps, "ms": t / steps / 1e3} for n, (c, t) in top_kernels],
@@ -105,7 +105,7 @@ def anatomy(step: Callable[[], Any], steps: int, attribute_ops: bool) -> dict[st
             o[1] += self_dev
             o[2] += getattr(evt, "flops", 0) or 0
             o[3] += _input_bytes(evt)
-        rows = sorted(ops.items(), key=lambda kv: -kv[1][1])[:20]
+        rows = sorted(ops.items(), key=lambda kv: -kv[1][1])[:40]
         out["ops"] = [{"op": name, "shapes": shapes, "per_step": c / steps, "ms": t / steps / 1e3,
                        "gflop": f / steps / 1e9, "input_mb": b / steps / 1e6} for (name, shapes), (c, t, f, b) in rows]
     return out
