@@ -44,4 +44,5 @@ TRITON_KERNELS = register(plugin, TABLES, archs=SM80,
                           vendor=VendorLibs("cudnn", conv.conv, conv.conv_grads, "cublas", gemm.blas_linear, gemm.gemm_f32))
 
 from . import cpp_kernels, grouped, quant  # noqa: E402,F401  (build on the Triton kernels and the C++ kit)
+from . import fp8  # noqa: E402,F401  (cuBLASLt's FP8 GEMM; before eager_kernels: it registers the checked emulation)
 from . import eager_kernels  # noqa: E402,F401  (last: torch's own kernel for every op, a measured candidate)

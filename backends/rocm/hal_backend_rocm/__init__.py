@@ -37,5 +37,6 @@ VENDOR = VendorLibs("miopen", conv.conv, conv.conv_grads, "hipblas", gemm.blas_l
 TRITON_KERNELS = register(plugin, TABLES, archs=TRITON_ARCHS, vendor=VENDOR)
 
 from . import quant  # noqa: E402,F401  (builds on the Triton int8 GEMM)
+from . import fp8  # noqa: E402,F401  (hipBLASLt's FP8 GEMM)
 from . import cpp_kernels  # noqa: E402,F401  (kits/cpp's C++ kernels, compiled by hiprtc)
 from . import fallbacks  # noqa: E402,F401  (last: it reads what the others registered)

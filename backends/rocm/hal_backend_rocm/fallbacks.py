@@ -11,6 +11,7 @@ from __future__ import annotations
 from hal.plugin import KernelSpec
 from hal.registry import OPS, get_op
 from hal_backend_eager import has_eager
+from hal_backend_eager.fp8 import CHECKS as FP8_CHECKS
 
 from . import plugin
 from ._common import eager_kernel
@@ -32,4 +33,5 @@ def missing() -> list[str]:
 
 
 for _op in missing():
-    eager_kernel(_op, name="torch", priority=PRIORITY)
+    # the FP8 emulation keeps the eager backend's refusal on GPUs without FP8
+    eager_kernel(_op, name="torch", priority=PRIORITY, checks=[FP8_CHECKS[_op]] if _op in FP8_CHECKS else ())
