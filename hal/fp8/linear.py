@@ -28,6 +28,7 @@ from torch import nn
 
 from hal.ops import fp8_quantize, fp8_scaled_mm
 
+from .device import require_fp8
 from .recipes import CurrentScaling, Recipe, Scaler
 
 _OUT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -115,6 +116,8 @@ class Linear(nn.Linear):
         if not isinstance(self.recipe, Recipe):
             raise TypeError(f"hal.fp8.Linear: recipe must be a hal.fp8 recipe (CurrentScaling(), DelayedScaling(), ...), "
                             f"got {type(recipe).__name__}")
+        require_fp8("hal.fp8.Linear", device, (self.recipe.format, self.recipe.backward_format))
+        self._fp8_device = device  # the device last found to have FP8 (checked again when the input moves)
         self.input_scaler = self.recipe.scaler(self.recipe.format, device)
         self.weight_scaler = self.recipe.scaler(self.recipe.format, device)
         self.grad_scaler = self.recipe.scaler(self.recipe.backward_format, device)
@@ -132,6 +135,9 @@ class Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling() and x.device != self._fp8_device:  # moved since construction
+            require_fp8("hal.fp8.Linear", x.device, (self.recipe.format, self.recipe.backward_format))
+            self._fp8_device = x.device
         _dtype_name(self.weight.dtype, "the weight")
         out_dt = _autocast_dtype(x.device.type) or x.dtype
         out_dtype = _dtype_name(out_dt, "the input (or autocast) dtype")
@@ -159,11 +165,18 @@ def convert(model: nn.Module, recipe: Optional[Recipe] = None,
     if unknown:
         raise ValueError(f"hal.fp8.convert: keep names no nn.Linear of the model: {unknown}; "
                          f"its linear layers are {names}")
+    if recipe is not None and not isinstance(recipe, Recipe):
+        raise TypeError(f"hal.fp8.convert: recipe must be a hal.fp8 recipe (CurrentScaling(), DelayedScaling(), ...), "
+                        f"got {type(recipe).__name__}")
     kept = {k for k in keep if k not in ("first", "last")}
     if names and "first" in keep:
         kept.add(names[0])
     if names and "last" in keep:
         kept.add(names[-1])
+    chosen = CurrentScaling() if recipe is None else recipe
+    for device in {m.weight.device for n, m in linears if n not in kept and not m.weight.is_meta}:
+        # every device first, so a model is converted whole or not at all
+        require_fp8("hal.fp8.convert", device, (chosen.format, chosen.backward_format))
     for name, module in linears:
         if name in kept:
             continue

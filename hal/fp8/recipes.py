@@ -80,8 +80,12 @@ class DelayedScaler(Scaler):
         self.register_buffer("scale", torch.ones((), dtype=torch.float32, device=device), persistent=False)
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scale = self.scale.clone()  # the scale of this call; the buffer moves on below
-        q, _ = fp8_quantize(x, self.format, "tensor", scale)
+        # The scale of this call is the op's returned copy of the buffer, not a clone taken here:
+        # under torch.compile a clone of a buffer mutated right after may be read after the
+        # mutation (the backward then saw the next call's scale); the op's result cannot alias it.
+        q, scale = fp8_quantize(x, self.format, "tensor", self.scale)
+        if scale is self.scale:  # a kernel that handed the given scale back: keep this call's value
+            scale = scale.clone()
         self.update(torch.amax(x.detach().abs()).float() if x.numel() else torch.zeros((), device=x.device))
         return q, scale
 
