@@ -8,7 +8,7 @@ For a workload of ``hal bench --models`` and a few of its variants (by default t
 * **device**: the sum of the kernels' durations per step (profiler), and how much of the step the
   device is idle (step minus device time);
 * **kernels**: the kernels that cost most per step, for each variant;
-* **ops** (for the variants that run eagerly, not as a replay): the operators whose kernels cost
+* **ops** (for the variants not replayed from a CUDA graph): the operators whose kernels cost
   most, with the flops the profiler counts and the bytes of their inputs, and the fraction of the
   H200's measured ceilings (``--tflops``/``--gbps``) these reach. A replayed graph runs the same
   kernels as its eager warm-up, so the eager ``hal`` and ``eager`` variants attribute them.
@@ -143,7 +143,7 @@ def main() -> int:
             wall, host = step_times(step, args.reps)
             rec = {"step_ms": statistics.median(wall), "step_spread_ms": [min(wall), max(wall)], "host_ms": statistics.median(host),
                    "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-            rec.update(anatomy(step, args.steps, attribute_ops=not variant.graph and not variant.compile_mode))
+            rec.update(anatomy(step, args.steps, attribute_ops=not variant.graph))
             rec["idle_ms"] = rec["step_ms"] - rec["device_ms"]
         except Exception as exc:  # noqa: BLE001 - one variant failing is recorded, the others still run
             rec = {"error": f"{type(exc).__name__}: {exc}"[:400]}
