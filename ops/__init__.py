@@ -15,7 +15,7 @@ from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward, softmax, softmax_backward  # isort: skip
 from .mixed_precision import amp_unscale_, fused_adamw_  # isort: skip
 from .quant import dequantize, fake_quantize, fake_quantize_backward, int8_linear, quantize  # isort: skip
-from .fp8 import fp8_dequantize, fp8_quantize, fp8_scaled_mm  # isort: skip
+from .fp8 import fp8_dequantize, fp8_quantize, fp8_quantize_transpose, fp8_scaled_mm  # isort: skip
 from .transformer import rotary_embedding, rotary_embedding_backward, swiglu, swiglu_backward  # isort: skip
 from .loss import cross_entropy, cross_entropy_backward, linear_cross_entropy, linear_cross_entropy_backward  # isort: skip
 
@@ -52,6 +52,7 @@ __all__ = [
     "fake_quantize_backward",
     "int8_linear",
     "fp8_quantize",
+    "fp8_quantize_transpose",
     "fp8_dequantize",
     "fp8_scaled_mm",
     "rotary_embedding",

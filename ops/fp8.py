@@ -193,6 +193,42 @@ def _check_fp8_quantize(x, format, granularity, scale, block_size):
     return {"block_size": bs}
 
 
+@declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZE_TOLERANCE)
+def fp8_quantize_transpose(
+    x: Tensor,
+    format: str = "e4m3fn",
+    granularity: str = "tensor",
+    scale: OptionalTensor = None,
+    block_size: int = 128,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Quantise x (at least 2-D) and its transpose in one pass, returning ``(q, scale, q_t,
+    scale_t)``: ``(q, scale) == fp8_quantize(x, ...)`` and ``(q_t, scale_t) == fp8_quantize(x.mT,
+    ...)`` bit for bit, q_t contiguous of shape ``(..., K, M)``. A GEMM's backward needs both
+    layouts of an operand (``dgrad`` reads W, ``wgrad`` reads X.T), so the transposed copy comes
+    from the same read of x.
+
+    granularity ``"tensor"``: scale_t equals scale; ``"block"``: scale_t is ``scale.mT``;
+    ``"row"``: scale_t holds the amax of each column of x, shape ``(..., K, 1)`` (current scaling
+    only: one row-wise scale cannot serve both layouts, so ``scale`` must be None).
+    """
+
+
+@fp8_quantize_transpose.checker
+def _check_fp8_quantize_transpose(x, format, granularity, scale, block_size):
+    op = "fp8_quantize_transpose"
+    c.float_dtype(op, "x", x)
+    c.choice(op, "format", format, tuple(FORMATS))
+    c.choice(op, "granularity", granularity, GRANULARITIES)
+    bs = c.integer(op, "block_size", block_size, low=1)
+    c.min_rank(op, "x", x, 2, "(..., M, K): the transpose swaps the last two dimensions")
+    if scale is not None:
+        if granularity == "row":
+            raise c.fail(op, "scale", "None with granularity 'row' (row-wise scales of x do not apply to x.mT: "
+                         "use current scaling, or granularity 'tensor' or 'block')", scale)
+        _check_scale_array(op, "scale", scale, scale_shape(c.shape_of(x), granularity, bs))
+    return {"block_size": bs}
+
+
 @declare(dtypes=("uint8",), tolerances=DEQUANTIZE_TOLERANCE)
 def fp8_dequantize(
     q: Tensor,
@@ -290,6 +326,24 @@ def _empty_fp8_quantize(a: Mapping[str, Any]) -> Any:
     return q, e.full(x, scale_shape(c.shape_of(x), a["granularity"], a["block_size"]), 1.0, "float32")
 
 
+def _transposed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return shape[:-2] + (shape[-1], shape[-2])
+
+
+def _empty_fp8_quantize_transpose(a: Mapping[str, Any]) -> Any:
+    """fp8_quantize's empty results for x and for x.mT."""
+    x = a["x"]
+    shape = c.shape_of(x)
+    q, scale = _empty_fp8_quantize(a)
+    q_t = e.zeros(x, _transposed_shape(shape), "uint8")
+    if a["granularity"] == "tensor":
+        return q, scale, q_t, e.cast(scale, "float32")
+    if a["scale"] is not None:  # given block scales: those of x.mT are their transpose
+        t = scale.mT if isinstance(scale, torch.Tensor) else np.swapaxes(scale, -1, -2)
+        return q, scale, q_t, e.broadcast_copy(t, _transposed_shape(c.shape_of(scale)))
+    return q, scale, q_t, e.full(x, scale_shape(_transposed_shape(shape), a["granularity"], a["block_size"]), 1.0, "float32")
+
+
 def _empty_fp8_dequantize(a: Mapping[str, Any]) -> Any:
     return e.zeros(a["q"], c.shape_of(a["q"]), a["out_dtype"])
 
@@ -310,6 +364,12 @@ def _values_fp8_quantize(a):
         check_scale_values("fp8_quantize", "scale", a["scale"])
 
 
+@fp8_quantize_transpose.values
+def _values_fp8_quantize_transpose(a):
+    if a["scale"] is not None:
+        check_scale_values("fp8_quantize_transpose", "scale", a["scale"])
+
+
 @fp8_dequantize.values
 def _values_fp8_dequantize(a):
     check_scale_values("fp8_dequantize", "scale", a["scale"])
@@ -323,6 +383,7 @@ def _values_fp8_scaled_mm(a):
 
 # zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)
 fp8_quantize.empty(_empty_fp8_quantize)
+fp8_quantize_transpose.empty(_empty_fp8_quantize_transpose)
 fp8_dequantize.empty(_empty_fp8_dequantize)
 fp8_scaled_mm.empty(_empty_fp8_scaled_mm)
 
@@ -332,6 +393,15 @@ def _fake_fp8_quantize(a):
     x = a["x"]
     shape = scale_shape(tuple(x.shape), a["granularity"], a["block_size"])
     return like(x, dtype=torch.uint8), like(x, shape, torch.float32)
+
+
+@fp8_quantize_transpose.fake
+def _fake_fp8_quantize_transpose(a):
+    x = a["x"]
+    shape, t_shape = tuple(x.shape), _transposed_shape(tuple(x.shape))
+    g, bs = a["granularity"], a["block_size"]
+    return (like(x, dtype=torch.uint8), like(x, scale_shape(shape, g, bs), torch.float32),
+            like(x, t_shape, torch.uint8), like(x, scale_shape(t_shape, g, bs), torch.float32))
 
 
 @fp8_dequantize.fake
@@ -344,4 +414,4 @@ def _fake_fp8_scaled_mm(a):
     return like(a["a"], (a["a"].shape[0], a["b"].shape[0]), getattr(torch, a["out_dtype"]))
 
 
-__all__ = ["fp8_quantize", "fp8_dequantize", "fp8_scaled_mm", "FORMATS", "format_values", "scale_shape", "granularity_of"]
+__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_scaled_mm", "FORMATS", "format_values", "scale_shape", "granularity_of"]

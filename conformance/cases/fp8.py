@@ -1,4 +1,4 @@
-"""Cases of fp8_quantize, fp8_dequantize and fp8_scaled_mm, in every format.
+"""Cases of fp8_quantize, fp8_quantize_transpose, fp8_dequantize and fp8_scaled_mm, in every format.
 
 Quantisation is specified step by step in float32 (ops/fp8.py), so its cases are ``exact``: bit
 patterns and scales must equal the reference's. Its data mixes normal values with edge values
@@ -112,6 +112,39 @@ QUANTIZE += [
 ]
 
 
+def transpose_args(d: Draw, shape: tuple[int, ...], nan_column: bool = False, **kwargs: Any) -> Call:
+    """quantize_args' data for fp8_quantize_transpose (four results: q, scale, q_t, scale_t);
+    ``nan_column``: a NaN in column 1 and an infinity in column 2 of the first matrix (their
+    column scales, scale_t under row granularity, are NaN and infinite)."""
+    call = quantize_args(d, shape, **kwargs)
+    if nan_column:
+        raw = call.args["x"].double().numpy().copy()
+        raw[..., 0, 1], raw[..., 3, 2] = math.nan, math.inf
+        call.args["x"] = d.tensor(raw)
+    return Call(call.args, result_dtypes=("uint8", "float32", "uint8", "float32"), keep_dtype=("scale",), exact=True)
+
+
+QUANTIZE_TRANSPOSE = []
+for _f in FORMAT_NAMES:
+    _quick = _f in ("e4m3fn", "e4m3fnuz")
+    QUANTIZE_TRANSPOSE += [
+        case(f"{_f}_tensor", transpose_args, quick=_quick, shape=(12, 40), format=_f),
+        case(f"{_f}_row", transpose_args, quick=_quick, shape=(2, 9, 33), format=_f, granularity="row", std=3.0),
+        case(f"{_f}_block16", transpose_args, shape=(37, 50), format=_f, granularity="block", block_size=16, std=0.01),
+        case(f"{_f}_saturation_nan_subnormals", transpose_args, shape=(5, 12), format=_f, given=0.01, specials=True, std=20.0),
+    ]
+QUANTIZE_TRANSPOSE += [
+    case("row_nan_column", transpose_args, shape=(6, 5), granularity="row", nan_column=True),
+    case("block128_ragged", transpose_args, shape=(130, 260), granularity="block", std=5.0),
+    case("block_batched_given", transpose_args, shape=(3, 20, 9), format="e5m2", granularity="block", block_size=8, given=0.5, specials=True),
+    case("block_odd_size", transpose_args, shape=(2, 30, 41), format="e4m3fnuz", granularity="block", block_size=12),
+    case("noncontig", transpose_args, shape=(6, 9, 12), granularity="row", layout="noncontig"),
+    case("empty_tensor", transpose_args, quick=True, shape=(0, 5)),
+    case("empty_k_row", transpose_args, shape=(3, 0), granularity="row"),
+    case("empty_block_given", transpose_args, shape=(4, 0, 20), granularity="block", block_size=16, given=2.0),
+]
+
+
 def dequantize_args(
     d: Draw, shape: tuple[int, ...], format: str = "e4m3fn", granularity: str = "tensor", block_size: int = 128,
     out_dtype: str = "float32", number: bool = False, layout: str = "contiguous", finite: bool = False,
@@ -207,6 +240,7 @@ SCALED_MM += [
 
 CASES = {
     "fp8_quantize": QUANTIZE,
+    "fp8_quantize_transpose": QUANTIZE_TRANSPOSE,
     "fp8_dequantize": DEQUANTIZE,
     "fp8_scaled_mm": SCALED_MM,
 }

@@ -95,6 +95,16 @@ def fp8_quantize(x, format, granularity, scale, block_size):
     return np.ascontiguousarray(q), np.array(scale, dtype=np.float32, order="C")
 
 
+@reference("fp8_quantize_transpose")
+def fp8_quantize_transpose(x, format, granularity, scale, block_size):
+    """fp8_quantize of x and of x.mT (given scales: the same 0-d scale, or the block scales transposed)."""
+    x = np.asarray(x)
+    q, s = fp8_quantize(x, format, granularity, scale, block_size)
+    scale_t = None if scale is None else (np.asarray(scale) if granularity == "tensor" else np.swapaxes(np.asarray(scale), -1, -2))
+    q_t, s_t = fp8_quantize(np.swapaxes(x, -1, -2), format, granularity, scale_t, block_size)
+    return q, s, q_t, s_t
+
+
 @reference("fp8_dequantize")
 def fp8_dequantize(q, scale, format, block_size, out_dtype):
     s = np.float32(scale) if not isinstance(scale, np.ndarray) else scale

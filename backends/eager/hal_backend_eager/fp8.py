@@ -72,6 +72,14 @@ def fp8_quantize(x: torch.Tensor, format: str, granularity: str, scale: Optional
     return encode(x32 / expand(scale, x32.shape, block_size), format).contiguous(), scale.contiguous()
 
 
+def fp8_quantize_transpose(x: torch.Tensor, format: str, granularity: str, scale: Optional[torch.Tensor], block_size: int) -> tuple:
+    """fp8_quantize of x and of x.mT (given scales: the same 0-d scale, or the block scales transposed)."""
+    q, s = fp8_quantize(x, format, granularity, scale, block_size)
+    scale_t = None if scale is None else (scale if granularity == "tensor" else scale.mT)
+    q_t, s_t = fp8_quantize(x.mT, format, granularity, scale_t, block_size)
+    return q, s, q_t, s_t
+
+
 def fp8_dequantize(q: torch.Tensor, scale: Scalar, format: str, block_size: int, out_dtype: str) -> torch.Tensor:
     s = torch.as_tensor(scale, dtype=torch.float32, device=q.device)
     return (decode(q, format) * expand(s, q.shape, block_size)).to(torch_dtype(out_dtype))
@@ -123,6 +131,6 @@ def gpu_has_fp8(inputs: Inputs) -> list[str]:
 
 
 #: each op's capability check (read by the package's __init__ and by the GPU plugins' twins)
-CHECKS = {"fp8_quantize": gpu_has_fp8, "fp8_dequantize": gpu_has_fp8, "fp8_scaled_mm": gpu_has_fp8}
+CHECKS = {"fp8_quantize": gpu_has_fp8, "fp8_quantize_transpose": gpu_has_fp8, "fp8_dequantize": gpu_has_fp8, "fp8_scaled_mm": gpu_has_fp8}
 
-__all__ = ["fp8_quantize", "fp8_dequantize", "fp8_scaled_mm"]
+__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_scaled_mm"]
