@@ -1,0 +1,287 @@
+"""FP8 on the H200 (issue 31's targets), every ratio measured in one process with CUDA events,
+several repeats interleaved across the variants compared, medians with [min, max] spreads:
+
+(a) scaled GEMM at 8192^3: ``hal.ops.fp8_scaled_mm`` (tensor, row and 128 x 128 block scales) against
+    the bfloat16 ``torch.mm`` (target >= 1.7x) and ``torch._scaled_mm`` called directly with the same
+    scales (target >= 0.9x), with TFLOP/s and the kernel hal ran;
+(b) quantisation (``hal.ops.fp8_quantize`` per tensor, row and block of a bfloat16 8192 x 8192, and
+    ``fp8_quantize_transpose`` where it exists) against a device copy moving the same bytes (the
+    kernel's one read of x and write of the 8-bit values, scales ignored): fraction of the copy's
+    bandwidth (target >= 0.85);
+(c) a Llama-style training step (bench/models_llama.py's decoder with hal's ops, bfloat16 autocast,
+    ``hal.optim.AdamW``) in FP8 (``hal.fp8.convert``, default recipe) against the same model's
+    bfloat16 step: step-time ratio (target >= 1.25x) and peak memory (target: no higher), at the
+    model table's size (8 layers, d 1024, T 1024, batch 4) and at a size where the GEMMs dominate
+    (4 layers, d 4096, SwiGLU 11008, T 2048, batch 2); eagerly and under torch.compile at the table's
+    size (``--no-compile`` skips it).
+
+    python benchmarks/fp8.py [--json OUT] [--quick] [--no-compile] [--only gemm,quant,step]
+
+About 3-4 minutes on an H200 (``--quick``: fewer repeats, no large model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hal  # noqa: E402
+from bench.models_llama import OPS, Decoder, LlamaConfig  # noqa: E402
+
+Fn = Callable[[], Any]
+
+STEP_SIZES = {
+    "table": LlamaConfig(vocab=32000, dim=1024, layers=8, heads=16, ffn=2816, seq=1024, batch=4),
+    "large": LlamaConfig(vocab=32000, dim=4096, layers=4, heads=32, ffn=11008, seq=2048, batch=2),
+}
+
+
+def interleaved(fns: dict[str, Fn], reps: int, inner: int, warmup: int = 3) -> dict[str, dict[str, float]]:
+    """Milliseconds per call of each function: ``reps`` rounds, each timing ``inner`` calls of every
+    function in turn with CUDA events (so drifts of clock and temperature hit all alike)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / inner)
+    return {name: {"ms": statistics.median(s), "min": min(s), "max": max(s)} for name, s in samples.items()}
+
+
+def spread(t: dict[str, float]) -> str:
+    return f"{t['ms']:.3f} ms [{t['min']:.3f}, {t['max']:.3f}]"
+
+
+def ratio_text(num: dict[str, float], den: dict[str, float]) -> str:
+    """num/den of medians, with the range from the extremes."""
+    return f"{num['ms'] / den['ms']:.2f}x [{num['min'] / den['max']:.2f}, {num['max'] / den['min']:.2f}]"
+
+
+def kernel_of(op: str, *args: Any) -> str:
+    """The backend/kernel hal's dispatcher runs for this call."""
+    try:
+        d = hal.explain(op, *args)
+        return f"{d.backend}/{d.kernel}"
+    except Exception as exc:  # noqa: BLE001 - a report line, not a failure
+        return f"? ({type(exc).__name__})"
+
+
+# ---- (a) scaled GEMM ---------------------------------------------------------------------------
+
+def gemm(size: int, reps: int) -> dict[str, Any]:
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(size, size, device=dev, generator=g, dtype=torch.bfloat16)
+    w = torch.randn(size, size, device=dev, generator=g, dtype=torch.bfloat16) / 16
+    flops = 2.0 * size**3
+    fns: dict[str, Fn] = {"bf16 torch.mm": lambda: torch.mm(x, w.t())}
+    kernels: dict[str, str] = {}
+    e4m3 = torch.float8_e4m3fn
+    for gran in ("tensor", "row", "block"):
+        qa, sa = hal.ops.fp8_quantize(x, "e4m3fn", gran)
+        qb, sb = hal.ops.fp8_quantize(w, "e4m3fn", gran)
+        args = (qa, qb, sa, sb, None, "e4m3fn", "e4m3fn", "bfloat16", 128)
+        fns[f"hal fp8 {gran}"] = lambda args=args: hal.ops.fp8_scaled_mm(*args)
+        kernels[f"hal fp8 {gran}"] = kernel_of("fp8_scaled_mm", *args)
+        if gran == "tensor":
+            fns["torch._scaled_mm tensor"] = lambda qa=qa, qb=qb, sa=sa, sb=sb: torch._scaled_mm(
+                qa.view(e4m3), qb.view(e4m3).t(), sa, sb, out_dtype=torch.bfloat16)
+        elif gran == "row":
+            fns["torch._scaled_mm row"] = lambda qa=qa, qb=qb, sa=sa, sb=sb: torch._scaled_mm(
+                qa.view(e4m3), qb.view(e4m3).t(), sa, sb.reshape(1, -1), out_dtype=torch.bfloat16)
+        else:
+            sa1 = sa.repeat_interleave(128, 0)[:size].t().contiguous().t()  # 1 x 128 (outer-dim-major), 128 x 128
+            fns["torch._scaled_mm block"] = lambda qa=qa, qb=qb, sa1=sa1, sb=sb: torch._scaled_mm(
+                qa.view(e4m3), qb.view(e4m3).t(), sa1, sb.t(), out_dtype=torch.bfloat16)
+    usable = {}
+    for name, fn in fns.items():  # a build that lacks a variant says so and the rest is measured
+        try:
+            fn()
+            torch.cuda.synchronize()
+            usable[name] = fn
+        except Exception as exc:  # noqa: BLE001
+            kernels[name] = f"not run: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    times = interleaved(usable, reps, inner=10)
+    for name, t in times.items():
+        t["tflops"] = flops / (t["ms"] * 1e-3) / 1e12
+    out: dict[str, Any] = {"size": size, "times": times, "kernels": kernels, "ratios": {}}
+    bf16 = times.get("bf16 torch.mm")
+    print(f"(a) scaled GEMM {size}^3, bfloat16 result")
+    for name, t in times.items():
+        print(f"    {name:24s} {spread(t)}  {t['tflops']:.0f} TFLOP/s  {kernels.get(name, '')}")
+    for gran in ("tensor", "row", "block"):
+        h = times.get(f"hal fp8 {gran}")
+        ts = times.get(f"torch._scaled_mm {gran}")
+        if h and bf16:
+            r = bf16["ms"] / h["ms"]
+            out["ratios"][f"{gran} vs bf16"] = r
+            print(f"    hal fp8 {gran} vs bf16 mm: {ratio_text(bf16, h)} (target >= 1.7: {'met' if r >= 1.7 else 'missed'})")
+        if h and ts:
+            r = ts["ms"] / h["ms"]
+            out["ratios"][f"{gran} vs _scaled_mm"] = r
+            print(f"    hal fp8 {gran} vs torch._scaled_mm: {ratio_text(ts, h)} (target >= 0.9: {'met' if r >= 0.9 else 'missed'})")
+    for name in [n for n in kernels if n not in times]:
+        print(f"    {name}: {kernels[name]}")
+    return out
+
+
+# ---- (b) quantisation --------------------------------------------------------------------------
+
+def quant(size: int, reps: int) -> dict[str, Any]:
+    dev = torch.device("cuda")
+    x = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    n = x.numel()
+    cases: dict[str, tuple[Fn, int]] = {}
+    for gran in ("tensor", "row", "block"):
+        cases[f"fp8_quantize {gran}"] = (lambda gran=gran: hal.ops.fp8_quantize(x, "e4m3fn", gran), 2 * n + n)
+    qt = getattr(hal.ops, "fp8_quantize_transpose", None)
+    if qt is not None:
+        for gran in ("tensor", "row", "block"):
+            cases[f"fp8_quantize_transpose {gran}"] = (lambda gran=gran: qt(x, "e4m3fn", gran, None, 128), 2 * n + 2 * n)
+    out: dict[str, Any] = {"size": size, "results": {}}
+    print(f"(b) quantisation of a bfloat16 {size} x {size} to e4m3fn, against a copy of the same bytes")
+    for name, (fn, traffic) in cases.items():
+        src = torch.empty(traffic // 2, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        try:
+            t = interleaved({"kernel": fn, "copy": lambda src=src, dst=dst: dst.copy_(src)}, reps, inner=10)
+        except Exception as exc:  # noqa: BLE001
+            print(f"    {name}: not run ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})")
+            continue
+        k, c = t["kernel"], t["copy"]
+        frac = c["ms"] / k["ms"]
+        gbs = traffic / (k["ms"] * 1e-3) / 1e9
+        out["results"][name] = {"kernel": k, "copy": c, "bytes": traffic, "GB/s": gbs, "fraction_of_copy": frac}
+        print(f"    {name:30s} {spread(k)} {gbs:6.0f} GB/s; copy {spread(c)}; {frac:.2f} of copy "
+              f"(target >= 0.85: {'met' if frac >= 0.85 else 'missed'})")
+        del src, dst
+    return out
+
+
+# ---- (c) training step -------------------------------------------------------------------------
+
+class Trainer:
+    """One model's training step (bfloat16 autocast, hal.optim.AdamW), FP8 when converted."""
+
+    def __init__(self, cfg: LlamaConfig, fp8: bool, compile_model: bool, seed: int = 0,
+                 device: torch.device = torch.device("cuda")) -> None:
+        torch.manual_seed(seed)
+        self.device = device
+        self.model = Decoder(cfg, OPS["hal"]()).to(device)
+        if fp8:
+            hal.fp8.convert(self.model)
+        self.opt = hal.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.forward = torch.compile(self.model, fullgraph=True) if compile_model else self.model
+        g = torch.Generator().manual_seed(seed + 1)
+        tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), generator=g).to(device)
+        self.inputs, self.targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def step(self) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            loss = self.forward(self.inputs, self.targets)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def built_with_peak(cfg: LlamaConfig, fp8: bool, compile_model: bool) -> tuple[Trainer, float]:
+    """A trainer, warmed up, and the peak GiB it allocated: its parameters, optimizer state and the
+    step's activations (whatever was allocated before it, another idle trainer, is left out)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    t = Trainer(cfg, fp8, compile_model)
+    for _ in range(3):
+        t.step()
+    torch.cuda.synchronize()
+    return t, (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def training(name: str, cfg: LlamaConfig, compile_model: bool, reps: int) -> dict[str, Any]:
+    label = f"{name}{' compiled' if compile_model else ''}"
+    started = time.perf_counter()
+    trainers, mem = {}, {}
+    for v in ("bf16", "fp8"):
+        trainers[v], mem[v] = built_with_peak(cfg, v == "fp8", compile_model)
+    times = interleaved({v: t.step for v, t in trainers.items()}, reps, inner=2)
+    del trainers
+    gc.collect()
+    torch.cuda.empty_cache()
+    r = times["bf16"]["ms"] / times["fp8"]["ms"]
+    tokens = cfg.batch * cfg.seq
+    print(f"(c) training step, {label}: {cfg.layers} layers, d {cfg.dim}, SwiGLU {cfg.ffn}, T {cfg.seq}, batch {cfg.batch}")
+    for v in ("bf16", "fp8"):
+        print(f"    {v:5s} {spread(times[v])}  {tokens / times[v]['ms'] * 1e3:,.0f} tokens/s  peak {mem[v]:.2f} GiB")
+    print(f"    fp8 vs bf16 step: {ratio_text(times['bf16'], times['fp8'])} (target >= 1.25: {'met' if r >= 1.25 else 'missed'}); "
+          f"peak memory fp8/bf16 {mem['fp8'] / mem['bf16']:.3f} (target <= 1: {'met' if mem['fp8'] <= mem['bf16'] else 'missed'}); "
+          f"{time.perf_counter() - started:.0f} s")
+    return {"config": dataclasses.asdict(cfg), "compiled": compile_model, "times": times, "peak_gib": mem, "speedup": r}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--quick", action="store_true", help="fewer repeats, no large model")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile step")
+    p.add_argument("--only", default="gemm,quant,step", help="comma-separated parts: gemm, quant, step")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/fp8.py needs a CUDA device", file=sys.stderr)
+        return 2
+    parts = set(args.only.split(","))
+    reps = 5 if args.quick else 10
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "capability": list(torch.cuda.get_device_capability())}
+    started = time.perf_counter()
+    if "gemm" in parts:
+        result["gemm"] = gemm(8192, reps)
+    if "quant" in parts:
+        result["quant"] = quant(8192, reps)
+    if "step" in parts:
+        steps = [("table", STEP_SIZES["table"], False)]
+        if not args.no_compile:
+            steps.append(("table", STEP_SIZES["table"], True))
+        if not args.quick:
+            steps.append(("large", STEP_SIZES["large"], False))
+        result["step"] = []
+        for name, cfg, comp in steps:
+            try:
+                result["step"].append({"size": name, **training(name, cfg, comp, reps)})
+            except Exception as exc:  # noqa: BLE001 - one failing variant does not lose the others
+                msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                print(f"(c) training step, {name}{' compiled' if comp else ''}: failed: {msg}")
+                result["step"].append({"size": name, "compiled": comp, "error": msg})
+                gc.collect()
+                torch.cuda.empty_cache()
+    result["seconds"] = time.perf_counter() - started
+    print(f"total {result['seconds']:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
