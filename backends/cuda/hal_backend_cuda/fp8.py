@@ -38,7 +38,7 @@ from hal_backend_eager.fp8 import CHECKS as EAGER_CHECKS
 from hal_triton import autotune
 from hal_triton.checks import fp8_arch_reasons, fp8_device
 
-from . import TRITON_KERNELS
+from . import TRITON_KERNELS, plugin
 from ._common import kernel
 from .launch import TABLES
 
@@ -195,14 +195,21 @@ def fp8_scaled_mm_cublaslt(a, b, a_scale, b_scale, bias, a_format, b_format, out
     return scaled_mm_call(a, b, a_scale, b_scale, bias, a_format, b_format, getattr(torch, out_dtype), block_size)
 
 
-@kernel("fp8_scaled_mm", name="tuned", priority=40, checks=[cublaslt_check])
+def triton_takes(inputs: Inputs) -> list[str]:
+    """The Triton FP8 GEMM is registered here and its own checks take the call (``tuned`` may run it)."""
+    spec = next((k for k in plugin.kernels if k.op == "fp8_scaled_mm" and k.name == "triton" and k.backend == plugin.name), None)
+    if spec is None or ("fp8_scaled_mm", "triton") not in TRITON_KERNELS:
+        return ["no Triton FP8 GEMM registered to choose from (cublaslt runs alone)"]
+    reasons = [r for r in [spec.archs.reason(inputs.arch)] if r] if spec.archs is not None else []
+    return reasons + list((spec.check(inputs) or []) if spec.check is not None else [])
+
+
+@kernel("fp8_scaled_mm", name="tuned", priority=40, checks=[cublaslt_check, triton_takes])
 def fp8_scaled_mm_tuned(a, b, a_scale, b_scale, bias, a_format, b_format, out_dtype, block_size):
     """cuBLASLt or the Triton FP8 GEMM, whichever ran this device's shape bucket faster (timed once,
     cached per device model; cuBLASLt where nothing is timed: graph capture, small problems)."""
     args = (a, b, a_scale, b_scale, bias, a_format, b_format, out_dtype, block_size)
-    triton = TRITON_KERNELS.get(("fp8_scaled_mm", "triton"))
-    if triton is None:
-        return fp8_scaled_mm_cublaslt(*args)
+    triton = TRITON_KERNELS[("fp8_scaled_mm", "triton")]
     runs = {"cublaslt": lambda: fp8_scaled_mm_cublaslt(*args), "triton": lambda: triton(*args)}
     m, k, n = int(a.shape[0]), int(a.shape[1]), int(b.shape[0])
     ga = granularity(a_scale, tuple(a.shape), block_size)
