@@ -781,6 +781,9 @@ def fp8_cases(gpu: bool) -> list[Case]:
     def quantize(device: torch.device) -> Setup:
         return forward("fp8_quantize", (_randn((r, c), DT[dt], device, std=3.0), "e4m3fn", "row"))
 
+    def quantize_transpose(device: torch.device) -> Setup:
+        return forward("fp8_quantize_transpose", (_randn((r, c), DT[dt], device, std=3.0), "e4m3fn", "tensor"))
+
     def dequantize(device: torch.device) -> Setup:
         q, s = hal.ops.fp8_quantize(_randn((r, c), DT[dt], device, std=3.0), "e4m3fn", "row")
         return forward("fp8_dequantize", (q, s, "e4m3fn", 128, dt))
@@ -799,6 +802,7 @@ def fp8_cases(gpu: bool) -> list[Case]:
     n_el = r * c
     return [
         Case("fp8_quantize", f"({r}, {c}) e4m3fn row-wise", dt, quantize, _nbytes((r, c), dt) + n_el + 4 * r),
+        Case("fp8_quantize_transpose", f"({r}, {c}) e4m3fn per tensor, both layouts", dt, quantize_transpose, _nbytes((r, c), dt) + 2 * n_el + 8),
         Case("fp8_dequantize", f"({r}, {c}) e4m3fn row-wise", "uint8", dequantize, n_el + _nbytes((r, c), dt) + 4 * r),
         Case("fp8_scaled_mm", f"{m}^3 e4m3fn, per-tensor scales, bf16 out", "uint8", scaled_mm, flops=2.0 * m * n * k,
              targets={"peer:bf16_linear": 1.7, "peer:torch_scaled_mm": 0.9} if gpu else {}, compile_mode="off"),

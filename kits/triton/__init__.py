@@ -18,6 +18,7 @@ is about to run:
 - ``grouped_gemm`` ragged grouped GEMM (MoE) forward and weight gradient
 - ``optim``       multi-tensor fused AdamW (master weights, unscale, skip on overflow), amp_unscale_
 - ``quant``       quantize, dequantize, fake_quantize (+ backward), int32 -> float dequant epilogue
+- ``fp8``         FP8 quantisation (amax fused, optionally transposed), dequantisation, scaled GEMM
 - ``transformer`` rotary position embeddings and the SwiGLU gate, forward and backward
 - ``loss``        cross-entropy rows (online log-sum-exp), and the LM head + loss over blocks of rows
 - ``aot``         representative signatures of every kernel, for ahead-of-time compilation checks
@@ -44,7 +45,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Optional
 
-FAMILIES = ("elementwise", "norm", "softmax", "batchnorm", "gemm", "grouped_gemm", "optim", "quant", "transformer", "loss")
+FAMILIES = ("elementwise", "norm", "softmax", "batchnorm", "gemm", "grouped_gemm", "optim", "quant", "fp8", "transformer", "loss")
 
 
 def unavailable_reason() -> Optional[str]:

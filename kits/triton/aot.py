@@ -37,6 +37,9 @@ class Spec:
     #: integer parameters known to be multiples of 16 (pointers always are: torch allocations
     #: are aligned, and Triton's JIT specialises the same way at run time)
     div16: tuple[str, ...] = ()
+    #: the hardware FP8 formats the variant compiles to ("ocp": NVIDIA sm_89+, "fnuz": AMD gfx942;
+    #: "" for none): such variants are compiled for those targets only
+    fp8: str = ""
 
     @property
     def id(self) -> str:
@@ -61,8 +64,9 @@ class Spec:
         return triton.compile(self.source(), target=target, options=options)
 
 
-def _spec(family: str, kernel: str, variant: str, options: dict[str, Any] | None = None, div16: tuple[str, ...] = (), **params: Any) -> Spec:
-    return Spec(family, kernel, variant, tuple(params.items()), tuple((options or {}).items()), div16)
+def _spec(family: str, kernel: str, variant: str, options: dict[str, Any] | None = None, div16: tuple[str, ...] = (), fp8: str = "",
+          **params: Any) -> Spec:
+    return Spec(family, kernel, variant, tuple(params.items()), tuple((options or {}).items()), div16, fp8)
 
 
 def _ints(*names: str) -> dict[str, str]:
@@ -180,6 +184,42 @@ def _quant() -> Iterator[Spec]:
                 XS_MODE=1, WS_MODE=2, HAS_BIAS=True, BLOCK_R=8, BLOCK_C=128)
 
 
+def _fp8() -> Iterator[Spec]:
+    """The FP8 kernels: the hardware casts and FP8 tensor-core GEMMs of each vendor's formats (OCP
+    e4m3fn / e5m2 for sm_90, fnuz for gfx942), and the emulated cast every target compiles."""
+    nofma = {"enable_fp_fusion": False}
+    tile = dict(**_ints("M", "K", "n_tm", "n_tk", "kb", "bs"))
+    div = ("M", "K")
+    yield _spec("fp8", "fp8_amax_kernel", "rows and columns", div16=div, x_ptr="*bf16", amax_ptr="*i32", amaxt_ptr="*i32",
+                **_ints("M", "K", "n_tm", "n_tk"), MODE=1, BLOCK_R=16, BLOCK_C=256)
+    encode = dict(options=nofma, div16=div, q_ptr="*u8", qt_ptr="*u8", s_ptr="*fp32", st_ptr="*fp32", amax_ptr="*i32",
+                  amaxt_ptr="*i32", **tile, BLOCK_R=16, BLOCK_C=256)
+    for fmt, fid, kind in (("e4m3fn", 0, "ocp"), ("e5m2", 1, "ocp"), ("e4m3fnuz", 2, "fnuz"), ("e5m2fnuz", 3, "fnuz")):
+        yield _spec("fp8", "fp8_encode_kernel", f"{fmt} bf16, tensor amax, transposed", fp8=kind, x_ptr="*bf16", FMT=fid,
+                    SCALE=1, TRANSPOSE=True, HW=True, **encode)
+    yield _spec("fp8", "fp8_encode_kernel", "emulated e4m3fn fp32, given blocks", x_ptr="*fp32", FMT=0, SCALE=4, TRANSPOSE=False,
+                HW=False, **encode)
+    yield _spec("fp8", "fp8_encode_kernel", "emulated e4m3fnuz fp16, rows and columns", x_ptr="*fp16", FMT=2, SCALE=3, TRANSPOSE=True,
+                HW=False, **encode)
+    yield _spec("fp8", "fp8_rows_kernel", "e4m3fn bf16, loop", options=nofma, fp8="ocp", div16=("K",), x_ptr="*bf16", q_ptr="*u8",
+                s_ptr="*fp32", **_ints("R", "K"), FMT=0, HW=True, ONE_TILE=False, BLOCK_R=1, BLOCK_C=4096)
+    yield _spec("fp8", "fp8_rows_kernel", "e4m3fnuz fp32, one tile", options=nofma, fp8="fnuz", div16=("K",), x_ptr="*fp32", q_ptr="*u8",
+                s_ptr="*fp32", **_ints("R", "K"), FMT=2, HW=True, ONE_TILE=True, BLOCK_R=4, BLOCK_C=1024)
+    blocks = dict(options=nofma, div16=div, x_ptr="*bf16", q_ptr="*u8", qt_ptr="*u8", s_ptr="*fp32", **_ints("M", "K", "mb", "kb"),
+                  bs=128, TRANSPOSE=True, HW=True, BLOCK_S=128, SUB_R=32)
+    yield _spec("fp8", "fp8_blocks_kernel", "e4m3fn 128x128, transposed", fp8="ocp", FMT=0, **blocks)
+    yield _spec("fp8", "fp8_blocks_kernel", "e4m3fnuz 128x128, transposed", fp8="fnuz", FMT=2, **blocks)
+    yield _spec("fp8", "fp8_decode_kernel", "e5m2 blocks to bf16", div16=div, q_ptr="*u8", out_ptr="*bf16", s_ptr="*fp32", s_val="fp32",
+                **tile, FMT=1, SCALE=4, BLOCK_R=16, BLOCK_C=256)
+    gemm = dict(options={"num_warps": 8, "num_stages": 3}, div16=("N", "K", "sam", "sbn", "scm"), a_ptr="*u8", b_ptr="*u8",
+                c_ptr="*bf16", sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*bf16", **_ints("M", "N", "K", "sam", "sbn", "scm", "kb"),
+                bs=128, HAS_BIAS=True, DECODE=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8)
+    yield _spec("fp8", "fp8_gemm_kernel", "e4m3fn x e4m3fn, 128x128 blocks", fp8="ocp", A_FMT=0, B_FMT=0, SA=2, SB=2, **gemm)
+    yield _spec("fp8", "fp8_gemm_kernel", "e5m2 x e4m3fn, rows", fp8="ocp", A_FMT=1, B_FMT=0, SA=1, SB=1, **gemm)
+    yield _spec("fp8", "fp8_gemm_kernel", "e4m3fnuz x e4m3fnuz, 128x128 blocks", fp8="fnuz", A_FMT=2, B_FMT=2, SA=2, SB=2, **gemm)
+    yield _spec("fp8", "fp8_gemm_kernel", "e5m2fnuz x e4m3fnuz, tensor", fp8="fnuz", A_FMT=3, B_FMT=2, SA=0, SB=0, **gemm)
+
+
 def _transformer() -> Iterator[Spec]:
     strides = _ints("sxa", "sxb", "sxt", "sya", "syb", "syt", "sca", "scb", "sct", "ssa", "ssb", "sst")
     for interleaved in (False, True):
@@ -206,7 +246,7 @@ def _loss() -> Iterator[Spec]:
 
 def specs() -> list[Spec]:
     """Every kernel variant that CI compiles ahead of time."""
-    return [*_elementwise(), *_norm(), *_softmax(), *_batchnorm(), *_gemms(), *_optim(), *_quant(), *_transformer(), *_loss()]
+    return [*_elementwise(), *_norm(), *_softmax(), *_batchnorm(), *_gemms(), *_optim(), *_quant(), *_fp8(), *_transformer(), *_loss()]
 
 
 def kernel_names() -> set[tuple[str, str]]:

@@ -109,3 +109,22 @@ def fp8_device(device: torch.device, formats: Sequence[str]) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _cached_arch(index: int) -> str:
     return _device_arch(torch.device("cuda", index))
+
+
+#: the largest block the FP8 block-wise quantisation tiles (one program spans a block's columns)
+FP8_MAX_BLOCK = 1024
+
+
+def fp8_block_reason(block_size: int) -> Optional[str]:
+    """Why the Triton block-wise FP8 quantisation cannot tile ``block_size`` (None when it can)."""
+    if block_size > FP8_MAX_BLOCK:
+        return f"block_size {block_size} is above {FP8_MAX_BLOCK} (one program of the Triton kernel spans a block's columns)"
+    return None
+
+
+def fp8_gemm_block_reason(block_size: int) -> Optional[str]:
+    """Why the Triton FP8 GEMM cannot apply block scales of ``block_size`` (None when it can): its
+    K steps must lie within one scale block and be at least 32 deep (the FP8 tensor-core shape)."""
+    if block_size < 32 or block_size & (block_size - 1):
+        return f"block scales of block_size {block_size}: the Triton FP8 GEMM needs a power of two of at least 32 (its K steps lie within one scale block)"
+    return None

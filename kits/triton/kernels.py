@@ -26,7 +26,7 @@ from hal.plugin import Archs, Plugin
 from hal_backend_eager.gemm import grads_of_rows
 
 from . import autotune
-from .checks import Check, contiguous_vectors, flat_lists, triton_check
+from .checks import Check, contiguous_vectors, flat_lists, fp8_block_reason, fp8_device, fp8_gemm_block_reason, triton_check
 from .config import GemmConfig
 from .layouts import rotary_geometry, swiglu_geometry
 from .tables import INTERPRETER, LaunchTables, PerGeometry, interpreted
@@ -73,6 +73,18 @@ def _numel(shape: Any) -> int:
     for s in shape:
         n *= int(s)
     return n
+
+
+def _fp8_granularity(scale: torch.Tensor, operand: torch.Tensor) -> str:
+    """A GEMM scale's granularity as one letter: t(ensor), r(ow), b(lock) (told apart by shape)."""
+    if scale.dim() == 0:
+        return "t"
+    return "r" if tuple(scale.shape) == (int(operand.shape[0]), 1) else "b"
+
+
+def _fp8_block_scale(scale: Any, operand: torch.Tensor) -> bool:
+    """Whether a GEMM scale is block-wise (neither 0-d nor one per row)."""
+    return isinstance(scale, torch.Tensor) and _fp8_granularity(scale, operand) == "b"
 
 
 def _grad_dtype(param: Optional[torch.Tensor], x: torch.Tensor) -> torch.dtype:
@@ -322,6 +334,55 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
             cfg = autotune.choose(tables, x_q.device, key, tables.int8_candidates(x_q),
                                   lambda c: gemm.int8_linear(x2, w_q, x_scale, w_scale, bias, out, c), 2.0 * m * n * k)
         return gemm.int8_linear(x2, w_q, x_scale, w_scale, bias, out, cfg).view(*x_q.shape[:-1], n)
+
+    # --- FP8: quantisation (amax fused, optionally transposed), dequantisation, the scaled GEMM ---
+
+    def fp8_formats(*names: str) -> Check:
+        """The device has hardware FP8 in the named format arguments (hal_triton.checks.fp8_device)."""
+
+        def check(inputs: Any) -> list[str]:
+            return fp8_device(inputs.device, [inputs[n] for n in names]) if isinstance(inputs.device, torch.device) else []
+
+        return check
+
+    def fp8_blocks(inputs: Any) -> list[str]:
+        if inputs["granularity"] != "block":
+            return []
+        why = fp8_block_reason(inputs["block_size"])
+        return [why] if why else []
+
+    def fp8_gemm_blocks(inputs: Any) -> list[str]:
+        blocks = any(_fp8_block_scale(inputs[s], inputs[o]) for s, o in (("a_scale", "a"), ("b_scale", "b")))
+        why = fp8_gemm_block_reason(inputs["block_size"]) if blocks else None
+        return [why] if why else []
+
+    @kernel("fp8_quantize", "triton", 20, checks=(fp8_formats("format"), fp8_blocks))
+    def fp8_quantize(x, format, granularity, scale, block_size):
+        return family("fp8").quantize(x, format, granularity, scale, block_size, False, not interpreted(x), **tables.elementwise(x))
+
+    @kernel("fp8_quantize_transpose", "triton", 20, checks=(fp8_formats("format"), fp8_blocks))
+    def fp8_quantize_transpose(x, format, granularity, scale, block_size):
+        return family("fp8").quantize(x, format, granularity, scale, block_size, True, not interpreted(x), **tables.elementwise(x))
+
+    @kernel("fp8_dequantize", "triton", 20, dtypes=("uint8",), checks=(fp8_formats("format"),))
+    def fp8_dequantize(q, scale, format, block_size, out_dtype):
+        return family("fp8").dequantize(q, scale, format, block_size, OUT_DTYPES[out_dtype], **tables.elementwise(q))
+
+    @kernel("fp8_scaled_mm", "triton", 20, dtypes=("uint8",), checks=(fp8_formats("a_format", "b_format"), fp8_gemm_blocks))
+    def fp8_scaled_mm(a, b, a_scale, b_scale, bias, a_format, b_format, out_dtype, block_size):
+        f8 = family("fp8")
+        m, k = a.shape
+        n = b.shape[0]
+        out = OUT_DTYPES[out_dtype]
+
+        def run(cfg: GemmConfig) -> torch.Tensor:
+            return f8.scaled_mm(a, b, a_scale, b_scale, bias, a_format, b_format, out, block_size, cfg, interpreted(a))
+
+        if interpreted(a):
+            return run(INTERPRETER.int8_gemm)
+        grans = "".join(_fp8_granularity(s, o) for s, o in ((a_scale, a), (b_scale, b)))
+        key = f"fp8_scaled_mm/m{autotune.bucket(m)}/k{k}/n{n}/{grans}/{a_format}/{b_format}"
+        return run(autotune.choose(tables, a.device, key, tables.int8_candidates(a), run, 2.0 * m * n * k))
 
     # --- transformer pieces: rotary embeddings, SwiGLU --------------------------------------------
 

@@ -1,5 +1,6 @@
 """Every Triton kernel of hal_triton compiles ahead of time, with no GPU, for sm_80, sm_90 (the
-CUDA plugin) and gfx90a (the ROCm plugin reuses the sources)."""
+CUDA plugin) and gfx90a (the ROCm plugin reuses the sources); the FP8 variants for the architectures with
+those formats (sm_90: e4m3fn, e5m2; gfx942: the fnuz formats)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,13 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from hal_triton import aot  # noqa: E402
 
-TARGETS = {"sm_80": GPUTarget("cuda", 80, 32), "sm_90": GPUTarget("cuda", 90, 32), "gfx90a": GPUTarget("hip", "gfx90a", 64)}
+TARGETS = {"sm_80": GPUTarget("cuda", 80, 32), "sm_90": GPUTarget("cuda", 90, 32), "gfx90a": GPUTarget("hip", "gfx90a", 64),
+           "gfx942": GPUTarget("hip", "gfx942", 64)}
 SPECS = aot.specs()
+#: where each kind of variant compiles: FP8 hardware casts and tensor-core GEMMs only for the
+#: architectures with those formats (e4m3fn on sm_80, or fnuz on NVIDIA, does not lower)
+FP8_TARGETS = {"": ("sm_80", "sm_90", "gfx90a"), "ocp": ("sm_90",), "fnuz": ("gfx942",)}
+PAIRS = [(spec, target) for spec in SPECS for target in FP8_TARGETS[spec.fp8]]
 
 
 def test_every_kernel_has_a_compile_spec() -> None:
@@ -21,11 +27,10 @@ def test_every_kernel_has_a_compile_spec() -> None:
     assert covered - aot.kernel_names() == set(), "specs naming kernels that do not exist"
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("spec", SPECS, ids=[s.id for s in SPECS])
+@pytest.mark.parametrize("spec,target", PAIRS, ids=[f"{s.id}-{t}" for s, t in PAIRS])
 def test_compiles(spec: aot.Spec, target: str) -> None:
     compiled = spec.compile(TARGETS[target])
-    binary = "hsaco" if target == "gfx90a" else "cubin"
+    binary = "hsaco" if target.startswith("gfx") else "cubin"
     assert compiled.asm.get(binary), f"{spec.id} produced no {binary} for {target}"
     if target == "sm_90" and dict(spec.params).get("MMA") in (0, 1):  # tensor-core GEMM tiles
         assert "wgmma" in compiled.asm["ptx"], f"{spec.id}: no Hopper warpgroup MMA in the sm_90 PTX"
@@ -53,3 +58,30 @@ def _unspecialised(spec: aot.Spec) -> set[str]:
 
     fn = getattr(importlib.import_module(f"hal_triton.{spec.family}"), spec.kernel)
     return {fn.arg_names[i] if isinstance(i, int) else i for i in getattr(fn, "do_not_specialize", ())}
+
+
+#: the instructions of the FP8 variants: NVIDIA's saturating round-to-nearest conversion and
+#: Hopper's FP8 warpgroup MMA; gfx942's packed FP8 / BF8 conversions and FP8 MFMA
+FP8_NAMES = {0: "e4m3", 1: "e5m2", 2: "fp8", 3: "bf8"}
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.fp8], ids=lambda s: s.id)
+def test_fp8_variants_use_the_hardware_fp8_instructions(spec: aot.Spec) -> None:
+    import re
+
+    params = dict(spec.params)
+    if spec.fp8 == "ocp":
+        ptx = spec.compile(TARGETS["sm_90"]).asm["ptx"]
+        if spec.kernel == "fp8_gemm_kernel":
+            a, b = FP8_NAMES[params["A_FMT"]], FP8_NAMES[params["B_FMT"]]
+            assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.{a}\.{b}", ptx), f"{spec.id}: no FP8 wgmma"
+        else:
+            assert f"cvt.rn.satfinite.{FP8_NAMES[params['FMT']]}x2.f32" in ptx, f"{spec.id}: no saturating FP8 conversion"
+    else:
+        amdgcn = spec.compile(TARGETS["gfx942"]).asm["amdgcn"]
+        if spec.kernel == "fp8_gemm_kernel":
+            a, b = FP8_NAMES[params["A_FMT"]], FP8_NAMES[params["B_FMT"]]
+            # the MFMA names its operands in either order (Triton may multiply the transposed tiles)
+            assert re.search(rf"v_mfma_f32_\w+_({a}_{b}|{b}_{a})\b", amdgcn), f"{spec.id}: no FP8 MFMA"
+        else:
+            assert f"v_cvt_pk_{FP8_NAMES[params['FMT']]}_f32" in amdgcn, f"{spec.id}: no packed FP8 conversion"

@@ -170,3 +170,20 @@ def test_each_option_changes_the_compiled_code(compiled: dict, arch: str) -> Non
     else:
         assert variants["kpack"]["ttgir"] != default["ttgir"]  # kpack shapes the MFMA operand layout
         assert variants["num_stages"]["ttgir"] != default["ttgir"]  # the software pipeline
+
+
+#: the FP8 kernels of the plugin with gfx942's instructions: packed conversions to e4m3fnuz (fp8)
+#: in the casts, and the FP8 MFMA (e5m2fnuz x e4m3fnuz: bf8 and fp8 operands) in the GEMM
+FP8_INSTRUCTIONS = {
+    "fp8.fp8_encode_kernel": r"v_cvt_pk_fp8_f32",
+    "fp8.fp8_rows_kernel": r"v_cvt_pk_fp8_f32",
+    "fp8.fp8_blocks_kernel": r"v_cvt_pk_fp8_f32",
+    "fp8.fp8_gemm_kernel": r"v_mfma_f32_\w+_(bf8_fp8|fp8_bf8)\b",
+}
+
+
+def test_fp8_kernels_use_gfx942_fp8_instructions(compiled: dict) -> None:
+    kernels = {k["name"]: k for k in compiled["gfx942"]["kernels"]}
+    for name, pattern in FP8_INSTRUCTIONS.items():
+        assert name in kernels, f"{name} was not captured for gfx942"
+        assert re.search(pattern, kernels[name]["amdgcn"]), f"{name}: no {pattern} in the gfx942 code"

@@ -234,6 +234,20 @@ def _quant_calls(op: str) -> list[tuple]:
     return [_canonical(op, _meta(512, 1024, dtype=torch.int8), _meta(2048, 1024, dtype=torch.int8), _f32(), _f32(2048), _f32(2048), "float16")]
 
 
+def _fp8_calls(op: str) -> list[tuple]:
+    """fnuz calls (gfx942's formats) reaching every FP8 kernel: current scaling per tensor, row and
+    128 x 128 block, a given scale, the transposed rows, dequantisation, the GEMM."""
+    x, fmt = _meta(256, 1024), "e4m3fnuz"
+    if op == "fp8_quantize":
+        return [_canonical(op, x, fmt, g) for g in ("tensor", "row", "block")] + [_canonical(op, x, fmt, "tensor", _f32())]
+    if op == "fp8_quantize_transpose":
+        return [_canonical(op, x, fmt, "row")]
+    if op == "fp8_dequantize":
+        return [_canonical(op, _meta(256, 1024, dtype=torch.uint8), _f32(2, 8), fmt, 128, "bfloat16")]
+    a, b = _meta(512, 1024, dtype=torch.uint8), _meta(2048, 1024, dtype=torch.uint8)
+    return [_canonical(op, a, b, _f32(4, 8), _f32(16, 8), _meta(2048), "e5m2fnuz", fmt, "bfloat16")]
+
+
 def _transformer_calls(op: str) -> list[tuple]:
     x, tables = _meta(2, 4, 64, 128), (_f32(64, 64), _f32(64, 64))
     if op.startswith("rotary_embedding"):
@@ -279,6 +293,7 @@ def representative_calls() -> dict[str, list[tuple]]:
         "amp_unscale_": lambda: _optim_calls(False),
         "fused_adamw_": lambda: _optim_calls(True),
         **{op: (lambda op=op: _quant_calls(op)) for op in ("quantize", "dequantize", "fake_quantize", "fake_quantize_backward", "int8_linear")},
+        **{op: (lambda op=op: _fp8_calls(op)) for op in ("fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_scaled_mm")},
         **{op: (lambda op=op: _transformer_calls(op)) for op in ("rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward")},
         **{op: (lambda op=op: _loss_calls(op)) for op in ("cross_entropy", "cross_entropy_backward", "linear_cross_entropy",
                                                           "linear_cross_entropy_backward")},

@@ -1,0 +1,199 @@
+"""On a GPU with FP8 (NVIDIA sm_89+: e4m3fn, e5m2; AMD gfx942: the fnuz formats): every Triton FP8
+kernel of hal_triton against cpu_ref, bit for bit for quantisation and dequantisation (the
+hardware casts and the emulated ones), within the op's tolerance for the scaled GEMM, on random
+inputs with NaN, infinities and values past the format's range, outputs poisoned first; and the
+per-tensor current-scaled quantisation (amax, scale and cast all on the device) captured in a CUDA
+graph and replayed on new values.
+
+Skipped without a CUDA device (CI); run on the device machine:
+``pytest -q tests/cuda/device/test_fp8_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tests.cuda._support import assert_close, fresh_seed
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+if torch.cuda.is_available():
+    from hal_backend_cpu_ref import fp8 as ref
+    from hal_triton import fp8 as f8
+    from hal_triton.checks import fp8_device
+
+    if getattr(torch.version, "hip", None):
+        from hal_backend_rocm import plugin
+    else:
+        from hal_backend_cuda import plugin
+
+from hal.ops.fp8 import FORMATS, format_values, scale_shape  # noqa: E402
+
+DEV = torch.device("cuda")
+
+
+def formats() -> list[str]:
+    """The formats this GPU has (none: every test is skipped with the reason)."""
+    return [f for f in FORMATS if not fp8_device(DEV, [f])]
+
+
+@pytest.fixture(scope="module")
+def fmts() -> list[str]:
+    have = formats()
+    if not have:
+        pytest.skip("; ".join(fp8_device(DEV, list(FORMATS))))
+    return have
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(fresh_seed())
+
+
+def kern(op: str):
+    return next(k.fn for k in plugin.kernels if k.op == op and k.name == "triton")
+
+
+def poison() -> None:
+    """Fill memory the caching allocator is about to hand out with a byte pattern (0x7E: a large
+    finite code, NaN-free floats), so outputs a kernel fails to write show up as wrong values."""
+    junk = torch.full((64 << 20,), 0x7E, dtype=torch.uint8, device=DEV)
+    del junk
+
+
+def wide(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, specials: bool = True) -> torch.Tensor:
+    """Log-normally spread values, signs mixed; with ``specials``: NaN, +-inf, huge values, -0,
+    float32 subnormals scattered in."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float64) * torch.exp(3.0 * torch.randn(shape, generator=gen, dtype=torch.float64))
+    if specials:
+        flat = x.view(-1)
+        idx = torch.randint(0, flat.numel(), (8,), generator=gen)
+        flat[idx] = torch.tensor([math.nan, math.inf, -math.inf, 1e30, -1e30, -0.0, 1e-40, -1e-39], dtype=torch.float64)
+    return x.to(dtype).to(DEV)
+
+
+def bits_equal(got: torch.Tensor, want, what: str) -> None:
+    want_t = torch.from_numpy(np.array(want, order="C"))
+    g = got.cpu()
+    assert tuple(g.shape) == tuple(want_t.shape), f"{what}: shape {tuple(g.shape)} != {tuple(want_t.shape)}"
+    bad = (g != want_t) if g.dtype == torch.uint8 else ~((g == want_t) | (g.isnan() & want_t.isnan()))
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {g.numel()} differ, first at {bad.nonzero()[0].tolist()}: {g[bad][:4].tolist()} != {want_t[bad][:4].tolist()}"
+
+
+def reference(x: torch.Tensor, fmt: str, granularity: str, scale, bs: int, transpose: bool):
+    fn = ref.fp8_quantize_transpose if transpose else ref.fp8_quantize
+    with np.errstate(all="ignore"):
+        return fn(x.float().cpu().numpy(), fmt, granularity, None if scale is None else scale.cpu().numpy(), bs)
+
+
+SHAPES = [((3, 300, 520), 128), ((512, 2048), 128), ((257, 1000), 64), ((2, 130, 200), 48)]
+
+
+@pytest.mark.parametrize("hw", [True, False], ids=["hardware-cast", "emulated-cast"])
+@pytest.mark.parametrize("granularity", ["tensor", "row", "block"])
+@pytest.mark.parametrize("given", [False, True], ids=["current", "given"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["plain", "transposed"])
+def test_quantize_bit_for_bit(fmts: list[str], gen: torch.Generator, hw: bool, granularity: str, given: bool, transpose: bool) -> None:
+    if transpose and given and granularity == "row":
+        pytest.skip("row-wise given scales do not apply to x.mT (the op refuses them)")
+    for fmt in fmts:
+        for (shape, bs), dtype in zip(SHAPES, (torch.bfloat16, torch.float32, torch.float16, torch.bfloat16)):
+            # current scaling: specials in one shape only (a NaN makes its whole group NaN)
+            x = wide(gen, *shape, dtype=dtype, specials=given or shape == SHAPES[0][0])
+            scale = None
+            if given:
+                scale = (torch.rand(scale_shape(shape, granularity, bs), generator=gen) * 3 + 1e-3).float().to(DEV)
+            poison()
+            if hw:
+                op = "fp8_quantize_transpose" if transpose else "fp8_quantize"
+                got = kern(op)(x, fmt, granularity, scale, bs)
+            else:
+                got = f8.quantize(x, fmt, granularity, scale, bs, transpose, False, 1024, 4)
+            torch.cuda.synchronize()
+            want = reference(x, fmt, granularity, scale, bs, transpose)
+            assert len(got) == len(want)
+            for g, w, what in zip(got, want, ("q", "scale", "q_t", "scale_t")):
+                bits_equal(g, w, f"{fmt} {granularity} {shape} {dtype} {what}")
+
+
+@pytest.mark.parametrize("granularity", ["number", "tensor", "row", "block"])
+def test_dequantize_bit_for_bit(fmts: list[str], gen: torch.Generator, granularity: str) -> None:
+    shape, bs = (3, 200, 300), 128
+    for fmt in fmts:
+        for out_dtype in ("float32", "bfloat16", "float16"):
+            q = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+            q.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)  # every pattern, NaN and infinities included
+            scale = 0.37 if granularity == "number" else torch.rand(scale_shape(shape, granularity, bs), generator=gen).float() * 4 + 1e-3
+            poison()
+            got = kern("fp8_dequantize")(q.to(DEV), scale if granularity == "number" else scale.to(DEV), fmt, bs, out_dtype)
+            with np.errstate(all="ignore"):
+                want = ref.fp8_dequantize(q.numpy(), scale if granularity == "number" else scale.numpy(), fmt, bs, out_dtype)
+            assert got.dtype == getattr(torch, out_dtype)
+            bits_equal(got.float(), np.asarray(want).astype(np.float32), f"{fmt} {granularity} {out_dtype}")
+
+
+def finite_codes(gen: torch.Generator, fmt: str, *shape: int) -> torch.Tensor:
+    vals = format_values(fmt)
+    ok = torch.from_numpy(np.flatnonzero(np.isfinite(vals))).to(torch.uint8)
+    return ok[torch.randint(0, ok.numel(), shape, generator=gen)]
+
+
+def rms(fmt: str) -> float:
+    vals = format_values(fmt)
+    return float(np.sqrt(np.mean(vals[np.isfinite(vals)] ** 2)))
+
+
+GEMM_GRANULARITIES = [("tensor", "tensor"), ("row", "row"), ("block", "block"), ("row", "block"), ("block", "tensor")]
+
+
+@pytest.mark.parametrize("a_gran,b_gran", GEMM_GRANULARITIES)
+@pytest.mark.parametrize("mnk", [(256, 384, 512), (300, 200, 384), (1024, 2048, 1024)], ids=lambda t: "x".join(map(str, t)))
+def test_scaled_mm_within_tolerance(fmts: list[str], gen: torch.Generator, a_gran: str, b_gran: str, mnk: tuple) -> None:
+    m, n, k = mnk
+    bs = 128
+    pairs = [(fmts[0], fmts[0])] + ([(fmts[1], fmts[0])] if len(fmts) > 1 else [])  # forward e4m3 x e4m3, gradient e5m2 x e4m3
+    for (a_fmt, b_fmt), out_dtype in zip(pairs, ("bfloat16", "float32")):
+        a, b = finite_codes(gen, a_fmt, m, k), finite_codes(gen, b_fmt, n, k)
+        a[5, 17] = 0x7F if a_fmt in ("e4m3fn", "e5m2") else 0x80  # a NaN code: row 5 of the result is NaN
+        sa = (torch.rand(scale_shape((m, k), a_gran, bs), generator=gen) + 0.5) / (rms(a_fmt) * k**0.25)
+        sb = (torch.rand(scale_shape((n, k), b_gran, bs), generator=gen) + 0.5) / (rms(b_fmt) * k**0.25)
+        bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+        args = (a.to(DEV), b.to(DEV), sa.float().to(DEV), sb.float().to(DEV), bias.to(DEV), a_fmt, b_fmt, out_dtype, bs)
+        poison()
+        got = kern("fp8_scaled_mm")(*args)
+        with np.errstate(all="ignore"):
+            want = ref.fp8_scaled_mm(a.numpy(), b.numpy(), sa.float().numpy(), sb.float().numpy(), bias.float().numpy(), a_fmt, b_fmt,
+                                     "float32", bs)
+        got = got.cpu()
+        assert got.dtype == getattr(torch, out_dtype)
+        assert got[5].isnan().all()
+        assert_close("fp8_scaled_mm", got, torch.from_numpy(np.asarray(want, dtype=np.float64)), tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in args))
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row", "block"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["plain", "transposed"])
+def test_current_scaling_runs_in_a_cuda_graph(fmts: list[str], gen: torch.Generator, granularity: str, transpose: bool) -> None:
+    """Capture the current-scaled quantisation (amax, scale and codes on the device, no host
+    synchronisation), then replay it on new values written into the captured input."""
+    fmt = fmts[0]
+    op = kern("fp8_quantize_transpose" if transpose else "fp8_quantize")
+    x = wide(gen, 512, 768, dtype=torch.bfloat16, specials=False)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op(x, fmt, granularity, None, 128)  # compile and autotune outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = op(x, fmt, granularity, None, 128)
+    for _ in range(2):
+        x.copy_(wide(gen, 512, 768, dtype=torch.bfloat16, specials=False) * float(torch.rand((), generator=gen) * 100))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference(x, fmt, granularity, None, 128, transpose)
+        for g, w, what in zip(outs, want, ("q", "scale", "q_t", "scale_t")):
+            bits_equal(g, w, f"replayed {granularity} {what}")

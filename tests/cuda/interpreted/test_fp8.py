@@ -1,0 +1,235 @@
+"""The Triton FP8 kernels (hal_triton.fp8, as the CUDA plugin registers them) in the Triton
+interpreter, against cpu_ref: quantisation (every granularity, current and given scales, the
+transposed variant) and dequantisation bit for bit, the scaled GEMM within the op's tolerance.
+
+In the interpreter the kernels encode with float32 and integer arithmetic (``HW=False``): Triton's
+interpreter casts to FP8 inexactly (it rounds half up on one bit and loses the carry out of the
+mantissa, see hal_triton/fp8.py), so the hardware casts are checked on the GPU
+(tests/cuda/device/test_fp8_kernels.py) and in the compiled code (tests/cuda/test_aot.py).
+Run by tests/cuda/test_interpreter.py with TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from tests.cuda._support import assert_close, fresh_seed
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="run by tests/cuda/test_interpreter.py with TRITON_INTERPRET=1"),
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # NumPy's "invalid value" inside the interpreter
+]
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from hal_backend_cpu_ref import fp8 as ref
+    from hal_backend_cuda import plugin
+
+from hal.ops.fp8 import FORMATS, format_values, scale_shape  # noqa: E402
+
+FORMAT_NAMES = tuple(FORMATS)
+
+
+def kern(op: str):
+    return next(k.fn for k in plugin.kernels if k.op == op and k.name == "triton")
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(fresh_seed())
+
+
+def wide(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Normal values over a wide range of magnitudes (log-normal spread), signs mixed."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float64) * torch.exp(3.0 * torch.randn(shape, generator=gen, dtype=torch.float64))
+    return x.to(dtype)
+
+
+def given_scale(gen: torch.Generator, shape: tuple, granularity: str, block_size: int) -> torch.Tensor:
+    return (torch.rand(scale_shape(shape, granularity, block_size), generator=gen) * 2 + 0.01).float()
+
+
+def assert_bits(got: torch.Tensor, want: np.ndarray, what: str) -> None:
+    want_t = torch.from_numpy(np.array(want, order="C"))
+    assert tuple(got.shape) == tuple(want_t.shape), f"{what}: shape {tuple(got.shape)} != {tuple(want_t.shape)}"
+    if got.dtype == torch.uint8:
+        bad = got != want_t
+    else:
+        bad = ~((got == want_t) | (got.isnan() & want_t.isnan()))
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {got.numel()} differ, first at {bad.nonzero()[0].tolist()}: {got[bad][:4].tolist()} != {want_t[bad][:4].tolist()}"
+
+
+def ref_quantize(x: torch.Tensor, fmt: str, granularity: str, scale, block_size: int, transpose: bool = False):
+    s = None if scale is None else scale.numpy()
+    fn = ref.fp8_quantize_transpose if transpose else ref.fp8_quantize
+    with np.errstate(all="ignore"):
+        return fn(x.float().numpy(), fmt, granularity, s, block_size)  # float32: exact for every input dtype
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_every_value_every_tie_and_the_edges_encode_exactly(fmt: str) -> None:
+    """Each finite value, each midpoint of two neighbours (ties to even, the carry into the
+    exponent), values past the largest finite one, infinities, NaN, float32 subnormals, -0."""
+    vals = format_values(fmt)
+    fin = np.unique(vals[np.isfinite(vals)])
+    mids = ((fin[1:] + fin[:-1]) / 2).astype(np.float32)  # exact in float32
+    big = FORMATS[fmt].max_finite
+    edges = [big * 1.0001, -big * 3, 1e38, math.inf, -math.inf, math.nan, -math.nan, 1e-40, -1e-40, -0.0, 0.0]
+    x = torch.tensor(np.concatenate([fin, mids, np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(np.inf)), edges]), dtype=torch.float32)
+    x = x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(fresh_seed()))]
+    one = torch.tensor(1.0)
+    q, s = kern("fp8_quantize")(x, fmt, "tensor", one, 128)
+    want_q, want_s = ref_quantize(x, fmt, "tensor", one, 128)
+    assert_bits(q, want_q, f"{fmt} codes")
+    assert_bits(s, want_s, f"{fmt} scale")
+
+
+CASES = [(g, given) for g in ("tensor", "row", "block") for given in (False, True)]
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@pytest.mark.parametrize("granularity,given", CASES, ids=[f"{g}-{'given' if v else 'current'}" for g, v in CASES])
+def test_quantize_matches_cpu_ref_bit_for_bit(gen: torch.Generator, fmt: str, granularity: str, given: bool) -> None:
+    dtype = (torch.float32, torch.bfloat16, torch.float16)[int(torch.randint(0, 3, (), generator=gen))]
+    shape, bs = (2, 19, 37), 16
+    x = wide(gen, *shape, dtype=dtype)
+    x[0, 3, 5] = -0.0
+    x[1, 2, :] = 0  # an all-zero row (scale 1 under current row scaling)
+    scale = given_scale(gen, shape, granularity, bs) if given else None
+    if given:
+        x[0, 0, :4] = torch.tensor([math.inf, -math.inf, math.nan, 1e30])
+    q, s = kern("fp8_quantize")(x, fmt, granularity, scale, bs)
+    want_q, want_s = ref_quantize(x, fmt, granularity, scale, bs)
+    assert_bits(q, want_q, "q")
+    assert_bits(s, want_s, "scale")
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@pytest.mark.parametrize("granularity,given", [c for c in CASES if c != ("row", True)], ids=lambda v: str(v))
+def test_quantize_transpose_matches_cpu_ref_bit_for_bit(gen: torch.Generator, fmt: str, granularity: str, given: bool) -> None:
+    shape, bs = (2, 21, 34), 16
+    x = wide(gen, *shape)
+    x[1, :, 4] = 0  # an all-zero column
+    scale = given_scale(gen, shape, granularity, bs) if given else None
+    got = kern("fp8_quantize_transpose")(x, fmt, granularity, scale, bs)
+    want = ref_quantize(x, fmt, granularity, scale, bs, transpose=True)
+    assert len(got) == 4
+    for g, w, what in zip(got, want, ("q", "scale", "q_t", "scale_t")):
+        assert_bits(g, w, what)
+    assert got[2].is_contiguous()
+
+
+def test_row_and_block_sizes_of_other_shapes(gen: torch.Generator) -> None:
+    """Rows longer than a tile (the row kernel's two loops), a vector, a block size that is not a
+    power of two, ragged edge blocks."""
+    cases = [((3, 150), "row", 128), ((70,), "row", 128), ((2, 30, 41), "block", 12), ((33, 70), "block", 32)]
+    for shape, granularity, bs in cases:
+        x = wide(gen, *shape)
+        q, s = kern("fp8_quantize")(x, "e4m3fn", granularity, None, bs)
+        want_q, want_s = ref_quantize(x, "e4m3fn", granularity, None, bs)
+        assert_bits(q, want_q, f"{shape} q")
+        assert_bits(s, want_s, f"{shape} scale")
+        if len(shape) >= 2:
+            got = kern("fp8_quantize_transpose")(x, "e5m2fnuz", granularity, None, bs)
+            for g, w in zip(got, ref_quantize(x, "e5m2fnuz", granularity, None, bs, transpose=True)):
+                assert_bits(g, w, f"{shape} transposed")
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row", "block"])
+def test_nan_and_infinite_amax_propagate(gen: torch.Generator, granularity: str) -> None:
+    """A NaN makes its group's scale NaN (every code NaN), an infinity its scale infinite (finite
+    values become zeros, the infinity NaN), as cpu_ref."""
+    x = wide(gen, 40, 40)
+    x[1, 7] = math.nan
+    x[37, 33] = -math.inf
+    for transpose in (False, True):
+        got = kern("fp8_quantize_transpose" if transpose else "fp8_quantize")(x, "e4m3fn", granularity, None, 32)
+        want = ref_quantize(x, "e4m3fn", granularity, None, 32, transpose=transpose)
+        for g, w in zip(got, want):
+            assert_bits(g, w, f"{granularity} transpose={transpose}")
+        assert got[1].isnan().any()
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@pytest.mark.parametrize("granularity", ["number", "tensor", "row", "block"])
+def test_dequantize_every_pattern_matches_cpu_ref(gen: torch.Generator, fmt: str, granularity: str) -> None:
+    out_dtype = ("float32", "bfloat16", "float16")[int(torch.randint(0, 3, (), generator=gen))]
+    shape, bs = (2, 16, 40), 16
+    q = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+    q.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
+    scale = 0.37 if granularity == "number" else given_scale(gen, shape, granularity, bs)
+    got = kern("fp8_dequantize")(q, scale, fmt, bs, out_dtype)
+    with np.errstate(all="ignore"):
+        want = ref.fp8_dequantize(q.numpy(), scale if granularity == "number" else scale.numpy(), fmt, bs, out_dtype)
+    assert got.dtype == getattr(torch, out_dtype)
+    assert_bits(got.float(), np.asarray(want).astype(np.float32), f"{fmt} {granularity}")
+
+
+def finite_codes(gen: torch.Generator, fmt: str, *shape: int) -> torch.Tensor:
+    vals = format_values(fmt)
+    ok = torch.from_numpy(np.flatnonzero(np.isfinite(vals))).to(torch.uint8)
+    return ok[torch.randint(0, ok.numel(), shape, generator=gen)]
+
+
+def rms(fmt: str) -> float:
+    vals = format_values(fmt)
+    return float(np.sqrt(np.mean(vals[np.isfinite(vals)] ** 2)))
+
+
+GEMMS = [
+    ("e4m3fn", "e4m3fn", "tensor", "tensor", "bfloat16"),
+    ("e5m2", "e4m3fn", "row", "row", "float32"),
+    ("e4m3fn", "e5m2", "block", "block", "float16"),
+    ("e4m3fnuz", "e4m3fnuz", "row", "block", "bfloat16"),
+    ("e5m2fnuz", "e4m3fnuz", "block", "tensor", "float32"),
+]
+
+
+@pytest.mark.parametrize("a_fmt,b_fmt,a_gran,b_gran,out_dtype", GEMMS)
+def test_scaled_mm_matches_cpu_ref(gen: torch.Generator, a_fmt: str, b_fmt: str, a_gran: str, b_gran: str, out_dtype: str) -> None:
+    m, n, k, bs = 37, 29, 100, 32
+    a, b = finite_codes(gen, a_fmt, m, k), finite_codes(gen, b_fmt, n, k)
+    sa = given_scale(gen, (m, k), a_gran, bs) / (rms(a_fmt) * k**0.25)  # products summing to unit scale
+    sb = given_scale(gen, (n, k), b_gran, bs) / (rms(b_fmt) * k**0.25)
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    args = (a, b, sa, sb, bias, a_fmt, b_fmt, out_dtype, bs)
+    got = kern("fp8_scaled_mm")(*args)
+    want = ref.fp8_scaled_mm(a.numpy(), b.numpy(), sa.numpy(), sb.numpy(), bias.float().numpy(), a_fmt, b_fmt, "float32", bs)
+    assert got.dtype == getattr(torch, out_dtype)
+    assert_close("fp8_scaled_mm", got, torch.from_numpy(np.asarray(want, dtype=np.float64)), args)
+
+
+def test_scaled_mm_propagates_nan_codes_and_reads_strided_rows(gen: torch.Generator) -> None:
+    m, n, k = 20, 18, 64
+    wide_a = finite_codes(gen, "e4m3fn", m, k + 16)
+    a = wide_a[:, :k]  # rows with a stride of k + 16
+    b = finite_codes(gen, "e4m3fn", n, k)
+    a[3, 10] = 0x7F  # NaN
+    sa, sb = torch.tensor(0.01), (torch.rand(n, 1, generator=gen) * 0.02 + 0.001)
+    args = (a, b, sa, sb, None, "e4m3fn", "e4m3fn", "float32", 128)
+    got = kern("fp8_scaled_mm")(*args)
+    want = ref.fp8_scaled_mm(a.numpy(), b.numpy(), sa.numpy(), sb.numpy(), None, "e4m3fn", "e4m3fn", "float32", 128)
+    assert got[3].isnan().all() and not got[[0, 1, 2, 4]].isnan().any()
+    assert_close("fp8_scaled_mm", got, torch.from_numpy(np.asarray(want, dtype=np.float64)), args)
+
+
+def test_checks_refuse_what_the_kernels_cannot_tile() -> None:
+    """block_size past what one program spans; block scales a GEMM K step cannot lie within."""
+    from hal.dispatch import prepare
+    from hal.registry import get_op
+
+    def reasons(op: str, *args) -> list[str]:
+        spec = next(k for k in plugin.kernels if k.op == op and k.name == "triton")
+        return list(spec.check(prepare(get_op(op), list(args)).inputs))  # the kernel's own check (CPU tensors have no arch)
+
+    x = torch.randn(8, 8)
+    assert any("above 1024" in r for r in reasons("fp8_quantize", x, "e4m3fn", "block", None, 2048))
+    assert any("above 1024" in r for r in reasons("fp8_quantize_transpose", x, "e4m3fn", "block", None, 1500))
+    a = torch.zeros(8, 96, dtype=torch.uint8)
+    blocks = torch.ones(1, 2)
+    assert any("power of two of at least 32" in r for r in reasons("fp8_scaled_mm", a, a, blocks, blocks, None, "e4m3fn", "e4m3fn", "float32", 48))
+    assert not any("power of two" in r for r in reasons("fp8_scaled_mm", a, a, torch.tensor(1.0), torch.ones(8, 1), None, "e4m3fn", "e4m3fn", "float32", 48))
