@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -72,7 +73,24 @@ _local = _Local()
 #: how many ``hal.use`` scopes are open in all threads: while none is, the hot path skips reading
 #: the thread-local scope (a list so that generated code can read it without a global lookup).
 ACTIVE_SCOPES = [0]
+#: how many of those change what a call runs at run time (:func:`decides_at_run_time`): while one is
+#: open, torch.compile keeps hal's calls as opaque nodes deciding as the compiled code runs, so that
+#: the scope of each run is obeyed. A ``device_bound`` or ``tune`` scope alone is not counted: it
+#: ranks kernels, which the trace can do once (``hal.graphs.graphed`` warms a compiled step up, and
+#: so traces it, inside ``device_bound``; counting it kept every hal call of a compiled step out of
+#: the graph, the H200's Llama step 12.7 ms against torch.compile's 10.1).
+RUN_TIME_SCOPES = [0]
 _scopes_lock = threading.Lock()
+_RANKING_ONLY = {"device_bound", "tune"}
+
+
+@functools.lru_cache(maxsize=256)
+def decides_at_run_time(overrides: Optional[Overrides]) -> bool:
+    """Whether a scope changes a call's route beyond ranking kernels: a forced backend or kernel,
+    strictness, explain's walk, measurement, an observer, a step measured for torch.compile."""
+    if overrides is None:
+        return False
+    return any(getattr(overrides, f.name) != f.default for f in dataclasses.fields(overrides) if f.name not in _RANKING_ONLY)
 
 
 def current() -> Optional[Overrides]:
@@ -85,15 +103,18 @@ def enter(overrides: Optional[Overrides]) -> Optional[Overrides]:
     saved = _local.overrides
     with _scopes_lock:
         ACTIVE_SCOPES[0] += 1
+        RUN_TIME_SCOPES[0] += decides_at_run_time(overrides)
     _local.overrides = overrides
     return saved
 
 
 def leave(saved: Optional[Overrides]) -> None:
     """Close the scope opened by :func:`enter`, restoring ``saved``."""
+    closing = _local.overrides
     _local.overrides = saved
     with _scopes_lock:
         ACTIVE_SCOPES[0] -= 1
+        RUN_TIME_SCOPES[0] -= decides_at_run_time(closing)
 
 
 @contextlib.contextmanager

@@ -390,7 +390,7 @@ def _on_declare(decl: OpDecl) -> None:
 # --- routing under torch.compile ----------------------------------------------------------------
 
 
-_SCOPES = config.ACTIVE_SCOPES
+_SCOPES = config.RUN_TIME_SCOPES
 
 
 def traced_call(decl: OpDecl, args: tuple) -> Any:
@@ -398,7 +398,8 @@ def traced_call(decl: OpDecl, args: tuple) -> Any:
     (kernel, the torch ops of a kernel, or the op's training decomposition) is chosen as AOTAutograd
     traces the graph; written so that Dynamo traces it without a graph break, and reads little (each
     read is a guard checked on every call of the compiled code). Inside a ``hal.use`` scope (which
-    Dynamo guards on) the call is the training decomposition where eager takes it, else the opaque
+    Dynamo guards on; not a scope that only ranks kernels, such as ``hal.graphs.device_bound``, whose
+    ranking the trace's decisions follow) the call is the training decomposition where eager takes it, else the opaque
     ``torch.ops.hal.<name>`` node, deciding as each run of the compiled code reaches it, so that the
     scope of that run is obeyed. Under ``torch.autocast`` the arguments are cast by the op's rule
     and the node runs with autocast off, as an eager call does (:mod:`hal.dispatch.autocast`)."""

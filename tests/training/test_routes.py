@@ -151,6 +151,26 @@ def test_a_hal_use_scope_keeps_compiled_calls_opaque(seed: int) -> None:
     assert "hal." not in graphs[0] and "hal.softmax.default" in graphs[2]
 
 
+def test_a_ranking_scope_traces_compiled_calls_into_the_graph(seed: int) -> None:
+    """``hal.graphs.device_bound`` (where ``hal.graphs.graphed`` warms a compiled step up, so where
+    torch.compile traces it) only ranks kernels: compiled calls inside it still join the graph as
+    torch's ops (a scope that forces kernels keeps them opaque, the test above). Found on the
+    H200: every hal call of a graphed compiled step had stayed an opaque node."""
+    import hal.graphs
+
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    compiled, graphs = _compiled_with_graphs(_linear_softmax)
+    with hal.graphs.device_bound():
+        y = compiled(x, w)
+        y.sum().backward()
+    assert len(graphs) == 2 and all("hal." not in code for code in graphs), graphs
+    torch.testing.assert_close(y, torch.softmax(x @ w.t(), -1))
+    with hal.use(backend="cpu_ref"), hal.graphs.device_bound():
+        compiled(x, w).sum().backward()
+    assert any("hal.softmax.default" in code for code in graphs[2:]), graphs[2:]
+
+
 def _fused_and_torch_softmax() -> Any:
     """A backend with an opaque softmax (NumPy, ranked first) and one of torch's ops below it."""
     from hal.plugin import Plugin
