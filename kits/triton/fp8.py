@@ -409,16 +409,19 @@ def _batched(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     return x, 1, 1, x.numel()
 
 
-def _tile_shape(k: int, block_elems: int) -> tuple[int, int]:
-    """(BLOCK_R, BLOCK_C) of about ``block_elems`` elements for rows of length k (at least 16 wide
-    so transposed stores stay tiles)."""
+def _tile_shape(k: int, block_elems: int, transpose: bool = False) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_C) of about ``block_elems`` elements for rows of length k: long rows of
+    whole lines, or for a transposed store square-ish tiles (at most 64 columns, at least 16 rows),
+    whose columns become rows of q_t."""
+    if transpose:
+        block_c = max(16, min(next_pow2(max(k, 1)), 64))
+        return max(16, block_elems // block_c), block_c
     block_c = max(16, min(next_pow2(max(k, 1)), block_elems))
     return max(1, block_elems // block_c), block_c
 
 
 def _encode_launch(x3, q, qt, s, st, amax, amaxt, m, k, nb, mode, fmt, transpose, hw, block_elems, num_warps, kb=1, bs=1):
-    block_r, block_c = _tile_shape(k, block_elems)
-    block_r = max(block_r, 16) if transpose else block_r
+    block_r, block_c = _tile_shape(k, block_elems, transpose)
     n_tm, n_tk = cdiv(m, block_r), cdiv(k, block_c)
     launch(fp8_encode_kernel, (nb * n_tm * n_tk,), x3, q, qt, s, st, amax, amaxt, m, k, n_tm, n_tk, kb, bs,
            FMT=FORMAT_IDS[fmt], SCALE=mode, TRANSPOSE=transpose, HW=hw, BLOCK_R=block_r, BLOCK_C=block_c,
@@ -432,7 +435,7 @@ def _amax(x3, m, k, nb, mode, block_elems, num_warps):
         amax, amaxt = torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(1, dtype=torch.int32, device=dev)
     else:
         amax, amaxt = torch.zeros(nb * m, dtype=torch.int32, device=dev), torch.zeros(nb * k, dtype=torch.int32, device=dev)
-    block_r, block_c = _tile_shape(k, block_elems)
+    block_r, block_c = _tile_shape(k, block_elems, transpose=mode == A_ROWS_COLS)  # square tiles: few atomics per element
     n_tm, n_tk = cdiv(m, block_r), cdiv(k, block_c)
     launch(fp8_amax_kernel, (nb * n_tm * n_tk,), x3, amax, amaxt, m, k, n_tm, n_tk, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c,
            num_warps=num_warps)

@@ -233,3 +233,19 @@ def test_checks_refuse_what_the_kernels_cannot_tile() -> None:
     blocks = torch.ones(1, 2)
     assert any("power of two of at least 32" in r for r in reasons("fp8_scaled_mm", a, a, blocks, blocks, None, "e4m3fn", "e4m3fn", "float32", 48))
     assert not any("power of two" in r for r in reasons("fp8_scaled_mm", a, a, torch.tensor(1.0), torch.ones(8, 1), None, "e4m3fn", "e4m3fn", "float32", 48))
+
+
+def test_device_reasons_name_the_architecture_and_the_formats() -> None:
+    """fp8_device's table: NVIDIA from sm_89 with the OCP formats, gfx942 with fnuz, gfx950 with OCP."""
+    from hal_triton.checks import fp8_arch_reasons, fp8_device
+
+    assert fp8_arch_reasons("sm_90", ["e4m3fn", "e5m2"]) == [] and fp8_arch_reasons("sm_89", ["e5m2"]) == []
+    assert fp8_arch_reasons("sm_80", ["e4m3fn"]) == ["FP8 needs an NVIDIA GPU of compute capability 8.9 or later (Ada, Hopper); this is sm_80"]
+    (why,) = fp8_arch_reasons("sm_90", ["e4m3fn", "e4m3fnuz"])
+    assert "fnuz formats are AMD's" in why and "e4m3fnuz" in why
+    assert fp8_arch_reasons("gfx942", ["e4m3fnuz", "e5m2fnuz"]) == [] and fp8_arch_reasons("gfx950", ["e4m3fn"]) == []
+    assert fp8_arch_reasons("gfx90a", ["e4m3fnuz"]) == ["FP8 needs gfx942 or later (MI300); this is gfx90a"]
+    (why,) = fp8_arch_reasons("gfx942", ["e4m3fn"])
+    assert "gfx942 has e4m3fnuz and e5m2fnuz, not e4m3fn" in why
+    assert "unknown FP8 format" in fp8_arch_reasons("sm_90", ["e3m4"])[0]
+    assert fp8_device(torch.device("cpu"), ["e4m3fnuz"]) == []  # CPU tensors: the interpreter emulates every format
