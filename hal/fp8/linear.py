@@ -7,10 +7,12 @@ Backward (a ``torch.autograd.Function``): the output gradient is quantised to th
 (e5m2); ``grad_input = grad_out @ W`` and ``grad_weight = grad_out^T @ x`` run as ``fp8_scaled_mm``
 too. The GEMM contracts along the last dimension of both operands, so these need ``W^T``, ``x^T``
 and ``grad_out^T``: they are **re-quantised from the high-precision tensors** (the forward saves x
-and W, as ``nn.Linear`` does, so no extra memory), with the forward's scale where it is one per
-tensor (then identical to transposing the forward's FP8 values, and delayed scaling's state is
-touched once per call) and with fresh current scales of the recipe's granularity otherwise (row and
-block scales must group along the contraction dimension, which transposition changes). The bias
+and W, as ``nn.Linear`` does, so no extra memory) by ``fp8_quantize_transpose``, one pass over each
+tensor and no transposed copy (``grad_out`` and its transpose come from the same pass), with the
+forward's scale where it is one per tensor (then identical to transposing the forward's FP8 values,
+and delayed scaling's state is touched once per call) and with fresh current scales of the recipe's
+granularity otherwise (row and block scales must group along the contraction dimension, which
+transposition changes). The bias
 gradient is ``grad_out.sum(0)`` in float32. Master weights stay in the module's dtype
 (float32, bfloat16 or float16): only the GEMM operands are FP8.
 
@@ -26,7 +28,7 @@ from typing import Iterable, Optional, Union
 import torch
 from torch import nn
 
-from hal.ops import fp8_quantize, fp8_scaled_mm
+from hal.ops import fp8_quantize_transpose, fp8_scaled_mm
 
 from .device import require_fp8
 from .recipes import CurrentScaling, Recipe, Scaler
@@ -41,13 +43,15 @@ def _dtype_name(dt: torch.dtype, what: str) -> str:
     return _OUT_DTYPES[dt]
 
 
-def _requantize_t(x: torch.Tensor, fmt: str, scale: torch.Tensor, recipe_like: Scaler) -> tuple[torch.Tensor, torch.Tensor]:
-    """x^T in FP8: with the forward's per-tensor scale, else current scaling at the recipe's granularity."""
-    xt = x.t().contiguous()
+def _transposed(t: torch.Tensor, fmt: str, scale: torch.Tensor, scaler: Scaler) -> tuple[torch.Tensor, torch.Tensor]:
+    """t^T in FP8 from one pass over t (``fp8_quantize_transpose``; no transposed copy): with the
+    forward's per-tensor scale, else current scales of the recipe's granularity along t^T's rows."""
+    bs = getattr(scaler, "block_size", 128)
     if scale.dim() == 0:
-        return fp8_quantize(xt, fmt, "tensor", scale)
-    return fp8_quantize(xt, fmt, getattr(recipe_like, "granularity", "tensor"), None,
-                        getattr(recipe_like, "block_size", 128))
+        _, _, q_t, s_t = fp8_quantize_transpose(t, fmt, "tensor", scale, bs)
+    else:
+        _, _, q_t, s_t = fp8_quantize_transpose(t, fmt, getattr(scaler, "granularity", "tensor"), None, bs)
+    return q_t, s_t
 
 
 class _Fp8LinearFn(torch.autograd.Function):
@@ -70,14 +74,16 @@ class _Fp8LinearFn(torch.autograd.Function):
         bs = getattr(sx, "block_size", 128)
         g = g.contiguous()
         grad_x = grad_w = grad_b = None
-        qg, scale_g = sg.quantize(g)
+        if ctx.needs_input_grad[1]:  # g and g^T (N, M) from one pass over g
+            qg, scale_g, qgt, scale_gt = sg.quantize_with_transpose(g)
+        else:
+            qg, scale_g = sg.quantize(g)
         if ctx.needs_input_grad[0]:
-            qwt, scale_wt = _requantize_t(weight, sw.format, scale_w, sw)  # W^T (K, N)
+            qwt, scale_wt = _transposed(weight, sw.format, scale_w, sw)  # W^T (K, N)
             grad_x = fp8_scaled_mm(qg, qwt, scale_g, scale_wt, None, sg.format, sw.format,
                                    _dtype_name(x.dtype, "the input"), bs)
         if ctx.needs_input_grad[1]:
-            qgt, scale_gt = _requantize_t(g, sg.format, scale_g, sg)  # g^T (N, M)
-            qxt, scale_xt = _requantize_t(x, sx.format, scale_x, sx)  # x^T (K, M)
+            qxt, scale_xt = _transposed(x, sx.format, scale_x, sx)  # x^T (K, M)
             grad_w = fp8_scaled_mm(qgt, qxt, scale_gt, scale_xt, None, sg.format, sx.format,
                                    _dtype_name(weight.dtype, "the weight"), bs)
         if ctx.has_bias and ctx.needs_input_grad[2]:

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from hal.ops import fp8_quantize
+from hal.ops import fp8_quantize, fp8_quantize_transpose
 from hal.ops.fp8 import FORMATS, GRANULARITIES
 
 AMAX_COMPUTE = ("max", "most_recent")
@@ -55,6 +55,11 @@ class Scaler(nn.Module):
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def quantize_with_transpose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``quantize(x)`` and the same quantisation of ``x.mT``, in one pass over x
+        (``hal.ops.fp8_quantize_transpose``): ``(q, scale, q_t, scale_t)``."""
+        raise NotImplementedError
+
 
 class CurrentScaler(Scaler):
     """Current scaling: the op reduces the amax of each group and quantises in one call."""
@@ -66,6 +71,10 @@ class CurrentScaler(Scaler):
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return fp8_quantize(x, self.format, self.granularity, None, self.block_size)
+
+    def quantize_with_transpose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        # the transpose's own current scales: per column of x for rows, the blocks transposed
+        return fp8_quantize_transpose(x, self.format, self.granularity, None, self.block_size)
 
 
 class DelayedScaler(Scaler):
@@ -88,6 +97,13 @@ class DelayedScaler(Scaler):
             scale = scale.clone()
         self.update(torch.amax(x.detach().abs()).float() if x.numel() else torch.zeros((), device=x.device))
         return q, scale
+
+    def quantize_with_transpose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, scale, q_t, scale_t = fp8_quantize_transpose(x, self.format, "tensor", self.scale)
+        if scale is self.scale or scale_t is self.scale:  # keep this call's value (see quantize)
+            scale, scale_t = scale.clone(), scale_t.clone()
+        self.update(torch.amax(x.detach().abs()).float() if x.numel() else torch.zeros((), device=x.device))
+        return q, scale, q_t, scale_t
 
     @torch.no_grad()
     def update(self, amax: torch.Tensor) -> None:
