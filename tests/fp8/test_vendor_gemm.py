@@ -117,3 +117,15 @@ def test_the_call_matches_the_op(gran, fa, fb, out_dtype):
     rocm = rocm_fp8.scaled_mm_call(qa, qb, sa, sb, bias, fa, fb, dt)
     assert torch.equal(rocm, out)
 
+
+
+def test_no_probe_runs_on_fake_tensors():
+    """Inside a fake-tensor mode (torch.compile's tracing) the probes must not run: fake kernels
+    would answer 'supported' for any pairing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert not cuda_fp8._probing_unsafe() and not rocm_fp8._probing_unsafe()
+    with FakeTensorMode():
+        assert cuda_fp8._probing_unsafe() and rocm_fp8._probing_unsafe()
+    reason = cuda_fp8.probe_reason(torch.device("cuda", 0), "e4m3fn", "e4m3fn", "row", "row", torch.bfloat16, False, traced=True)
+    assert reason and "not yet tried" in reason

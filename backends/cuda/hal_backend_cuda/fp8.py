@@ -140,10 +140,17 @@ def _probe(index: int, a_format: str, b_format: str, ga: str, gb: str, out_dtype
 
 
 def _probing_unsafe() -> bool:
-    """Inside CUDA graph capture or a torch.compile trace a probe cannot run real kernels."""
-    if torch.compiler.is_compiling():
+    """Inside CUDA graph capture, a torch.compile trace or a fake-tensor mode a probe cannot run
+    real kernels (or would be answered by fake ones)."""
+    if torch.compiler.is_compiling() or _fake_mode_active():
         return True
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _fake_mode_active() -> bool:
+    get = getattr(torch._C, "_get_dispatch_mode", None)
+    key = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
+    return bool(get is not None and key is not None and get(key) is not None)
 
 
 #: probe answers per (device index, formats, granularities, result dtype, bias in the epilogue)
@@ -151,14 +158,14 @@ _PROBED: dict[tuple[Any, ...], Optional[str]] = {}
 
 
 def probe_reason(device: torch.device, a_format: str, b_format: str, ga: str, gb: str, out_dtype: torch.dtype,
-                 with_bias: bool) -> Optional[str]:
+                 with_bias: bool, traced: bool = False) -> Optional[str]:
     """Whether this torch build's _scaled_mm runs the pairing on ``device`` (None) or why not: tried
     once per process, cached. Not tried inside a graph capture or a trace: declined there until an
     eager call has tried it, so such a call falls to the next kernel."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, a_format, b_format, ga, gb, out_dtype, with_bias)
     if key not in _PROBED:
-        if _probing_unsafe():
+        if traced or _probing_unsafe():
             return "not yet tried on this device (tried on the first eager call, not inside a graph capture or trace)"
         _PROBED[key] = _probe(*key)
     return _PROBED[key]
@@ -186,7 +193,8 @@ def cublaslt_check(inputs: Inputs) -> list[str]:
     if reasons or (ga, gb) in SETTLED:
         return reasons
     out_dtype = getattr(torch, inputs["out_dtype"])
-    why = probe_reason(device, a_format, b_format, ga, gb, out_dtype, inputs["bias"] is not None and out_dtype != torch.float32)
+    why = probe_reason(device, a_format, b_format, ga, gb, out_dtype, inputs["bias"] is not None and out_dtype != torch.float32,
+                       inputs.traced)
     return [why] if why else []
 
 

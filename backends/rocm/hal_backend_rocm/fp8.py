@@ -81,14 +81,22 @@ def scaled_mm_call(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_sc
 _PROBED: dict[tuple[Any, ...], Optional[str]] = {}
 
 
+def _probing_unsafe() -> bool:
+    """Inside graph capture, a torch.compile trace or a fake-tensor mode no real probe can run."""
+    get = getattr(torch._C, "_get_dispatch_mode", None)
+    key = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
+    fake = get is not None and key is not None and get(key) is not None
+    return fake or torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def probe_reason(device: torch.device, a_format: str, b_format: str, ga: str, gb: str, out_dtype: torch.dtype,
-                 with_bias: bool) -> Optional[str]:
+                 with_bias: bool, traced: bool = False) -> Optional[str]:
     """Whether this build's _scaled_mm runs the pairing on ``device`` (None) or why not: tried once per
     process on a 128^3 problem, cached; declined, untried, inside a graph capture or a trace."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, a_format, b_format, ga, gb, out_dtype, with_bias)
     if key not in _PROBED:
-        if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        if traced or _probing_unsafe():
             return "not yet tried on this device (tried on the first eager call, not inside a graph capture or trace)"
         dev = torch.device("cuda", index)
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -121,7 +129,7 @@ def hipblaslt_check(inputs: Inputs) -> list[str]:
     if reasons or (ga, gb) in SETTLED:
         return reasons
     dt = getattr(torch, out_dtype)
-    why = probe_reason(device, a_format, b_format, ga, gb, dt, inputs["bias"] is not None and dt != torch.float32)
+    why = probe_reason(device, a_format, b_format, ga, gb, dt, inputs["bias"] is not None and dt != torch.float32, inputs.traced)
     return [why] if why else []
 
 
