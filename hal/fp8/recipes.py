@@ -88,6 +88,15 @@ class DelayedScaler(Scaler):
         self.register_buffer("amax_history", torch.zeros(history, dtype=torch.float32, device=device), persistent=False)
         self.register_buffer("scale", torch.ones((), dtype=torch.float32, device=device), persistent=False)
 
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        """``model.to(torch.bfloat16)`` / ``.half()`` move the state but keep it float32 (the ops take
+        float32 scales; a bfloat16 history would also round the amaxes)."""
+        super()._apply(fn, recurse)
+        for name, buf in self._buffers.items():
+            if buf is not None and buf.dtype != torch.float32:
+                self._buffers[name] = buf.float()
+        return self
+
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # The scale of this call is the op's returned copy of the buffer, not a clone taken here:
         # under torch.compile a clone of a buffer mutated right after may be read after the

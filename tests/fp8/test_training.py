@@ -89,6 +89,15 @@ def test_hal_adamw_with_float32_masters_trains_a_converted_bfloat16_model(recipe
     assert abs(last - sum(ref[-5:]) / 5) < 0.05 * first, (losses[-5:], ref[-5:])
 
 
+def test_casting_a_converted_model_keeps_the_recipe_state_float32():
+    model = hal.fp8.convert(mlp(8), hal.fp8.DelayedScaling(history=4), keep=()).to(torch.bfloat16)
+    assert all(b.dtype == torch.float32 for b in model.buffers())
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    x, y = batches(9, 1, torch.bfloat16)[0]
+    (model(x).float() - y.float()).square().mean().backward()
+    assert all(b.dtype == torch.float32 for b in model.half().buffers())
+
+
 def test_delayed_state_is_updated_in_place():
     """The history and the scale keep their storage step after step (what CUDA graph replays need)."""
     model = hal.fp8.convert(mlp(4), hal.fp8.DelayedScaling(history=4), keep=())
