@@ -71,8 +71,8 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, data, dtype) -> list[flo
     return losses
 
 
-@pytest.mark.parametrize("recipe", [hal.fp8.CurrentScaling(), hal.fp8.DelayedScaling()], ids=["current", "delayed"])
-def test_hal_adamw_with_float32_masters_trains_a_converted_bfloat16_model(recipe):
+def test_hal_adamw_with_float32_masters_trains_a_converted_bfloat16_model():
+    recipe = hal.fp8.DelayedScaling()  # the recipe with state (current scaling runs in the other tests)
     data = batches(5, 40, torch.bfloat16, vary=False)
     ref_model = mlp(3, torch.bfloat16)
     ref = train(ref_model, hal.optim.AdamW(ref_model.parameters(), lr=1e-2, master_weights=True), data, torch.bfloat16)
