@@ -8,6 +8,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh table   # GPU tests, the whole op table, dispatch overhead, [PROFILE_MODELS=a,b] step profiles
 #   HAL_COMMIT=<sha> benchmarks/h200.sh models28 # hal.optimize's example, then MODELS one process each with VARIANTS (issue 28's peers)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh table28 # issue 28's model table: MODELS one process each, every variant (VARIANTS to pick), [CONF_OPS=a,b|all] conformance
+#   HAL_COMMIT=<sha> benchmarks/h200.sh fp8     # issue 31: FP8 GPU tests, conformance of the fp8 ops on CUDA, benchmarks/fp8.py, the convergence curves
 #   HAL_COMMIT=<sha> benchmarks/h200.sh models30 # hal conformance --model all on CUDA, loss curves against conformance/golden/h200
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
@@ -119,6 +120,13 @@ case "$mode" in
       for f in report.md report.json; do [ -f "$out/conformance/$f" ] && cp "$out/conformance/$f" "$OUT/conformance-$f"; done
     fi
     ;;
+  fp8)  # issue 31: the FP8 kernels' GPU tests, their conformance on CUDA, the GEMM/quantisation/step table, the convergence curves
+    step fp8-tests "${TEST_LIMIT:-120}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device/test_fp8_kernels.py tests/cuda/device/test_fp8_training.py
+    OMP_NUM_THREADS=2 step fp8-conformance "${CONF_LIMIT:-100}" python3 -m hal conformance --backend cuda --jobs 8 --ops fp8_quantize,fp8_quantize_transpose,fp8_dequantize,fp8_scaled_mm --report-dir "$out/fp8-conformance"
+    for f in report.md report.json; do [ -f "$out/fp8-conformance/$f" ] && cp "$out/fp8-conformance/$f" "$OUT/fp8-conformance-$f"; done
+    step fp8-bench "${BENCH_LIMIT:-200}" python3 benchmarks/fp8.py --json "$OUT/fp8-bench.json"
+    step fp8-convergence "${CONV_LIMIT:-180}" python3 benchmarks/fp8_convergence.py --json "$OUT/fp8-convergence.json"
+    ;;
   models30)  # issue 30: the built-in models' training steps on CUDA against cpu_ref call by call, and their loss curves
     # against the committed H200 golden curves (GOLDEN_WRITE=1 writes new ones into $OUT instead)
     step model-conformance "${CONF_LIMIT:-150}" python3 -m hal conformance --model "${MODELS:-all}" --report-dir "$out/model-conformance" \
@@ -189,6 +197,6 @@ PY
     for f in "$out"/seeds/*.json; do [ -f "$f" ] && cp "$f" "$OUT/seed-$(basename "$f")"; done
     [ -f "$out/models/models.md" ] && sed -n '/^| model | eager/,/^$/p' "$out/models/models.md"
     ;;
-  *) echo "unknown mode $mode (check, verify, final, table, models28, table28, models30, bench, host, explore, cmd, tune, tunemodels)"; exit 2 ;;
+  *) echo "unknown mode $mode (check, verify, final, table, models28, table28, fp8, models30, bench, host, explore, cmd, tune, tunemodels)"; exit 2 ;;
 esac
 ls -la "$OUT"
