@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call on the H200 (the `run` tool of this workplace): install hal and the backends
-# into the image's Python, then run what MODE asks, writing everything under $OUT.
+# One device call on the H200 (the `run` tool of this workplace): install hal and the backends once
+# into the image's Python, then run what each MODE asks (several in one call: h200.sh fp8 table28), writing everything under $OUT.
 #
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check   # GPU tests, host profile, full conformance, config sweeps
 #   HAL_COMMIT=<sha> benchmarks/h200.sh verify  # the sweeps, conformance (CONF_OPS=a,b), bench (BENCH_OPS)
@@ -25,7 +25,7 @@
 # Each step has its own time limit so that the call ends inside the tool's 10 minutes with whatever
 # finished. bench mode leaves in $OUT: bench.json, bench.md, bench.png (the roofline) and run.tgz.
 set -uo pipefail
-mode="${1:-check}"
+modes=("${@:-check}")  # several modes run one after the other in one call (one install)
 out=/tmp/hal-run  # packed into $OUT/run.tgz at the end (the tool returns at most 8 files)
 mkdir -p "$out" "${OUT:=/tmp/out}"
 export PYTHONUNBUFFERED=1 HAL_TRITON_CACHE_DIR="$out/autotune"
@@ -65,6 +65,7 @@ for r in rows:
             print(f"  best_peer {r['op']}: {r['case']}: {shown} ({'met' if t['met'] else t.get('reason') or 'missed'})")
 PY
 }
+for mode in "${modes[@]}"; do
 case "$mode" in
   check)  # correctness first: GPU tests, where host time goes, the full conformance suite, sweeps
     step gpu-tests 90 python3 -m pytest -q -p no:cacheprovider tests/cuda/device
@@ -199,4 +200,5 @@ PY
     ;;
   *) echo "unknown mode $mode (check, verify, final, table, models28, table28, fp8, models30, bench, host, explore, cmd, tune, tunemodels)"; exit 2 ;;
 esac
+done
 ls -la "$OUT"
