@@ -208,8 +208,9 @@ def fp8_quantize_transpose(
     from the same read of x.
 
     granularity ``"tensor"``: scale_t equals scale; ``"block"``: scale_t is ``scale.mT``;
-    ``"row"``: scale_t holds the amax of each column of x, shape ``(..., K, 1)`` (current scaling
-    only: one row-wise scale cannot serve both layouts, so ``scale`` must be None).
+    ``"row"``: scale_t holds the scales of x's columns (column amax / max_finite), shape
+    ``(..., K, 1)`` (current scaling only: one row-wise scale cannot serve both layouts, so
+    ``scale`` must be None).
     """
 
 

@@ -51,12 +51,9 @@ A_TENSOR, A_ROWS_COLS = 0, 1
 G_TENSOR, G_ROW, G_BLOCK = 0, 1, 2
 
 
-# --- per-format constants (compile-time expressions of FMT) -----------------------------------
-# mantissa bits: 3 (e4m3*) or 2 (e5m2*); exponent bias: 7, 15, 8, 16; largest finite value;
-# the smallest subnormal 2^(1 - bias - mantissa bits), and its inverse.
-
-
 # --- encode / decode ----------------------------------------------------------------------------
+# Per-format constants are compile-time expressions of FMT: mantissa bits 3 (e4m3*) or 2 (e5m2*),
+# exponent bias 7, 15, 8, 16, the largest finite value, the smallest subnormal 2^(1 - bias - M).
 
 
 @triton.jit
@@ -466,6 +463,8 @@ def quantize(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.
         return (q, s, qt, s.mT.contiguous()) if transpose else (q, s)
     if granularity == "row":
         rows = x3.numel() // max(1, k)
+        if scale is not None and transpose:
+            raise ValueError("row-wise given scales of x do not apply to x.mT (fp8_quantize_transpose refuses them)")
         if scale is not None:
             s = scale.float().contiguous().clone()
             _encode_launch(x3, q, qt, s, s, s, s, rows, k, 1, S_ROW, fmt, False, hw, block_elems, num_warps)
