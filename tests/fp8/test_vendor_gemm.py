@@ -26,6 +26,7 @@ def test_cuda_rules_accept_what_cublaslt_runs():
         assert rules("sm_100", *pair) == []
     assert rules("sm_90", ga="row", gb="row", m=7) == []  # M is free
     assert rules("sm_90", ga="block", gb="block", k=512, n=384) == []
+    assert rules("sm_90", ga="block", gb="block", m=200, k=512, n=384) == []  # ran on the H200
 
 
 @pytest.mark.parametrize("arch,case,needle", [
@@ -40,6 +41,8 @@ def test_cuda_rules_accept_what_cublaslt_runs():
     ("sm_89", {"ga": "block", "gb": "block"}, "sm_90 (Hopper) only"),
     ("sm_100", {"ga": "block", "gb": "block"}, "sm_90 (Hopper) only"),
     ("sm_90", {"ga": "block", "gb": "block", "k": 144}, "K=144"),
+    ("sm_90", {"ga": "block", "gb": "block", "n": 64}, "N=64"),  # conformance's block128 (130, 64, 256)
+    ("sm_90", {"ga": "block", "gb": "block", "m": 130}, "M=130"),
     ("sm_89", {"ga": "row", "gb": "row"}, "sm_90 or newer"),
 ])
 def test_cuda_rules_refuse_with_the_reason(arch, case, needle):

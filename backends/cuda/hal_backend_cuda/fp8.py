@@ -5,7 +5,7 @@ Triton's alone, registered by hal_triton.kernels.
 
 What torch._scaled_mm takes (ATen's ScaledBlas.cpp / Blas.cpp; torch's meta function says the same):
 ``a`` (M, K) row-major and ``mat2`` (K, N) column-major, so hal's ``b`` (N, K) goes in as ``b.t()``;
-K and N multiples of 16, M any; OCP formats only, and not e5m2 x e5m2 (cuBLASLt has no such
+K and N multiples of 16, M any (block scales: N a multiple of 128, M of 4, see shape_reasons); OCP formats only, and not e5m2 x e5m2 (cuBLASLt has no such
 kernel); float32 scales of shape () x () (tensor-wise), (M, 1) x (1, N) (row-wise: hal's (N, 1) b
 scales reshaped), or the DeepSeek-V3 pairs of 1 x 128 and 128 x 128 blocks on sm_90 with cuBLASLt
 12.9 or newer. hal's "block" scales are 128 x 128 for both operands, a pair cuBLASLt lacks: a's
@@ -61,7 +61,7 @@ def granularity(scale: Any, shape: tuple[int, ...], block_size: int) -> str:
 def shape_reasons(arch: str, a_format: str, b_format: str, a_granularity: str, b_granularity: str,
                   m: int, k: int, n: int, block_size: int) -> list[str]:
     """Why cuBLASLt cannot run this scaled GEMM on an NVIDIA GPU of ``arch`` (pure: the rules that
-    need no device; empty when it may). ``m`` is unconstrained."""
+    need no device; empty when it may). ``m`` is unconstrained but for block scales."""
     reasons = list(fp8_arch_reasons(arch, (a_format, b_format)))
     if (a_format, b_format) == ("e5m2", "e5m2"):
         reasons.append("e5m2 x e5m2: cuBLASLt has no FP8 GEMM with two e5m2 operands")
@@ -77,6 +77,15 @@ def shape_reasons(arch: str, a_format: str, b_format: str, a_granularity: str, b
             reasons.append(f"block scales: cuBLASLt has them on sm_90 (Hopper) only; this is {arch}")
         if k % BLOCK:
             reasons.append(f"K={k}: block scales through cuBLASLt need K a multiple of 128")
+        # b's 128 x 128 blocks must tile N, and a's 1 x 128 scales go in M-major columns that
+        # cuBLASLt reads in 16-byte units (M a multiple of 4). On the H200 (torch 2.11, commit
+        # 2fba452) (M, N, K) = (8192, 8192, 8192), (200, 384, 512) and (128, 128, 128) ran, while
+        # (130, 64, 256) made cublasLtMatmulAlgoGetHeuristic answer CUBLAS_STATUS_NOT_SUPPORTED;
+        # both rules cover it (which of the two cuBLASLt needs is not yet told apart).
+        if n % BLOCK:
+            reasons.append(f"N={n}: cuBLASLt's 128 x 128 block scales of b need N a multiple of 128 (its heuristic finds no kernel otherwise)")
+        if m % 4:
+            reasons.append(f"M={m}: cuBLASLt's 1 x 128 scales of a need M a multiple of 4 (16-byte aligned scale columns)")
     if "row" in pair:
         digits = arch[3:] if arch.startswith("sm_") else ""
         if not digits.isdigit() or int(digits) < 90:
