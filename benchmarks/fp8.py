@@ -12,12 +12,18 @@ several repeats interleaved across the variants compared, medians with [min, max
     ``hal.optim.AdamW``) in FP8 (``hal.fp8.convert``, default recipe) against the same model's
     bfloat16 step: step-time ratio (target >= 1.25x) and peak memory (target: no higher), at the
     model table's size (8 layers, d 1024, T 1024, batch 4) and at a size where the GEMMs dominate
-    (4 layers, d 4096, SwiGLU 11008, T 2048, batch 2); eagerly and under torch.compile at the table's
-    size (``--no-compile`` skips it).
+    (4 layers, d 4096, SwiGLU 11008, T 2048, batch 2). First each step captured whole as a CUDA graph
+    (``hal.graphs.graphed``): eager FP8 adds launches per linear (amax, scale, cast, transposed cast)
+    and this host cannot issue them as fast as the GPU runs them (2fba452: eager table step fp8 81 ms
+    vs bf16 28 ms, host-bound), so the graphed step is the comparison that decides the 1.25x target;
+    then eagerly; last torch.compile + graph at the table's size (``--no-compile`` skips it).
 
-    python benchmarks/fp8.py [--json OUT] [--quick] [--no-compile] [--only gemm,quant,step]
+    python benchmarks/fp8.py [--json OUT] [--quick] [--no-compile]
+                             [--only gemm,quant,step | step-graph,step-eager,step-compile]
 
-About 3-4 minutes on an H200 (``--quick``: fewer repeats, no large model).
+Parts run in the order gemm, quant, step-graph, step-eager, step-compile; the JSON is rewritten
+after each part, so a run cut short keeps what finished. About 100 s on an H200 (``--quick``: fewer
+repeats, no large model).
 """
 
 from __future__ import annotations
@@ -180,9 +186,10 @@ def quant(size: int, reps: int) -> dict[str, Any]:
 # ---- (c) training step -------------------------------------------------------------------------
 
 class Trainer:
-    """One model's training step (bfloat16 autocast, hal.optim.AdamW), FP8 when converted."""
+    """One model's training step (bfloat16 autocast, hal.optim.AdamW), FP8 when converted; the
+    model compiled (torch.compile) and the whole step captured as a CUDA graph on request."""
 
-    def __init__(self, cfg: LlamaConfig, fp8: bool, compile_model: bool, seed: int = 0,
+    def __init__(self, cfg: LlamaConfig, fp8: bool, compile_model: bool, graph: bool = False, seed: int = 0,
                  device: torch.device = torch.device("cuda")) -> None:
         torch.manual_seed(seed)
         self.device = device
@@ -194,92 +201,131 @@ class Trainer:
         g = torch.Generator().manual_seed(seed + 1)
         tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), generator=g).to(device)
         self.inputs, self.targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        # graphed: 2 eager warm-up calls, the 3rd captures, later calls replay (hal.graphs)
+        self.run = hal.graphs.graphed(self.train_step) if graph else self.train_step
 
-    def step(self) -> torch.Tensor:
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward, backward, optimizer step; gradients dropped after (set_to_none)."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16):
-            loss = self.forward(self.inputs, self.targets)
+            loss = self.forward(inputs, targets)
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return loss.detach()
 
+    def step(self) -> torch.Tensor:
+        return self.run(self.inputs, self.targets)
 
-def built_with_peak(cfg: LlamaConfig, fp8: bool, compile_model: bool) -> tuple[Trainer, float]:
-    """A trainer, warmed up, and the peak GiB it allocated: its parameters, optimizer state and the
-    step's activations (whatever was allocated before it, another idle trainer, is left out)."""
+
+def built_with_peak(cfg: LlamaConfig, fp8: bool, compile_model: bool, graph: bool) -> tuple[Trainer, float]:
+    """A trainer, warmed up (graphed: captured), and the peak GiB it allocated: its parameters,
+    optimizer state and the step's activations (a graph's private pool included; whatever was
+    allocated before it, another idle trainer, is left out)."""
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    t = Trainer(cfg, fp8, compile_model)
+    t = Trainer(cfg, fp8, compile_model, graph)
     for _ in range(3):
         t.step()
     torch.cuda.synchronize()
+    if graph and t.run.captured() == 0:
+        raise RuntimeError(f"the step was not captured: {t.run.explain()}")
     return t, (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def training(name: str, cfg: LlamaConfig, compile_model: bool, reps: int) -> dict[str, Any]:
-    label = f"{name}{' compiled' if compile_model else ''}"
+#: the step variants, in the order they run: (part, label, compiled, graphed)
+STEP_MODES = {"step-graph": ("graphed", False, True), "step-eager": ("eager", False, False),
+              "step-compile": ("compiled + graphed", True, True)}
+
+
+def training(name: str, cfg: LlamaConfig, mode: str, reps: int) -> dict[str, Any]:
+    label, compile_model, graph = STEP_MODES[mode]
     started = time.perf_counter()
     trainers, mem = {}, {}
-    for v in ("bf16", "fp8"):
-        trainers[v], mem[v] = built_with_peak(cfg, v == "fp8", compile_model)
-    times = interleaved({v: t.step for v, t in trainers.items()}, reps, inner=2)
-    del trainers
-    gc.collect()
-    torch.cuda.empty_cache()
+    try:
+        for v in ("bf16", "fp8"):
+            trainers[v], mem[v] = built_with_peak(cfg, v == "fp8", compile_model, graph)
+        times = interleaved({v: t.step for v, t in trainers.items()}, reps, inner=2, warmup=1)
+    finally:
+        trainers.clear()
+        if compile_model:
+            torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
     r = times["bf16"]["ms"] / times["fp8"]["ms"]
     tokens = cfg.batch * cfg.seq
-    print(f"(c) training step, {label}: {cfg.layers} layers, d {cfg.dim}, SwiGLU {cfg.ffn}, T {cfg.seq}, batch {cfg.batch}")
+    print(f"(c) training step, {name}, {label}: {cfg.layers} layers, d {cfg.dim}, SwiGLU {cfg.ffn}, T {cfg.seq}, batch {cfg.batch}")
     for v in ("bf16", "fp8"):
         print(f"    {v:5s} {spread(times[v])}  {tokens / times[v]['ms'] * 1e3:,.0f} tokens/s  peak {mem[v]:.2f} GiB")
     print(f"    fp8 vs bf16 step: {ratio_text(times['bf16'], times['fp8'])} (target >= 1.25: {'met' if r >= 1.25 else 'missed'}); "
           f"peak memory fp8/bf16 {mem['fp8'] / mem['bf16']:.3f} (target <= 1: {'met' if mem['fp8'] <= mem['bf16'] else 'missed'}); "
-          f"{time.perf_counter() - started:.0f} s")
-    return {"config": dataclasses.asdict(cfg), "compiled": compile_model, "times": times, "peak_gib": mem, "speedup": r}
+          f"{time.perf_counter() - started:.0f} s", flush=True)
+    return {"mode": label, "config": dataclasses.asdict(cfg), "compiled": compile_model, "graphed": graph, "times": times,
+            "peak_gib": mem, "speedup": r, "seconds": time.perf_counter() - started}
+
+
+def step_plan(parts: set[str], quick: bool, no_compile: bool) -> list[tuple[str, str]]:
+    """(size, mode) pairs to run, graphed first: the graphed comparison decides the target."""
+    plan = []
+    for mode in STEP_MODES:
+        if mode not in parts and "step" not in parts:
+            continue
+        if mode == "step-compile":
+            if not no_compile:
+                plan.append(("table", mode))
+            continue
+        plan += [("table", mode)] + ([] if quick else [("large", mode)])
+    return plan
+
+
+def save(path: Optional[Path], result: dict[str, Any], started: float) -> None:
+    """Write what has finished so far (after each part: a run cut short keeps it)."""
+    result["seconds"] = time.perf_counter() - started
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="fewer repeats, no large model")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile step")
-    p.add_argument("--only", default="gemm,quant,step", help="comma-separated parts: gemm, quant, step")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile + graph step")
+    p.add_argument("--only", default="gemm,quant,step",
+                   help="comma-separated parts: gemm, quant, step (all of step-graph, step-eager, step-compile)")
     args = p.parse_args(argv)
+    parts = set(args.only.split(","))
+    unknown = parts - {"gemm", "quant", "step", *STEP_MODES}
+    if unknown:
+        p.error(f"unknown parts {sorted(unknown)}: choose from gemm, quant, step, {', '.join(STEP_MODES)}")
     if not torch.cuda.is_available():
         print("benchmarks/fp8.py needs a CUDA device", file=sys.stderr)
         return 2
-    parts = set(args.only.split(","))
-    reps = 5 if args.quick else 10
+    reps = 4 if args.quick else 6
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "capability": list(torch.cuda.get_device_capability())}
     started = time.perf_counter()
     if "gemm" in parts:
         result["gemm"] = gemm(8192, reps)
+        save(args.json, result, started)
     if "quant" in parts:
         result["quant"] = quant(8192, reps)
-    if "step" in parts:
-        steps = [("table", STEP_SIZES["table"], False)]
-        if not args.no_compile:
-            steps.append(("table", STEP_SIZES["table"], True))
-        if not args.quick:
-            steps.append(("large", STEP_SIZES["large"], False))
-        result["step"] = []
-        for name, cfg, comp in steps:
-            try:
-                result["step"].append({"size": name, **training(name, cfg, comp, reps)})
-            except Exception as exc:  # noqa: BLE001 - one failing variant does not lose the others
-                msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-                print(f"(c) training step, {name}{' compiled' if comp else ''}: failed: {msg}")
-                result["step"].append({"size": name, "compiled": comp, "error": msg})
-                gc.collect()
-                torch.cuda.empty_cache()
-    result["seconds"] = time.perf_counter() - started
+        save(args.json, result, started)
+    result["step"] = []
+    for name, mode in step_plan(parts, args.quick, args.no_compile):
+        try:
+            result["step"].append({"size": name, **training(name, STEP_SIZES[name], mode, reps)})
+        except Exception as exc:  # noqa: BLE001 - one failing variant does not lose the others
+            msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            print(f"(c) training step, {name}, {STEP_MODES[mode][0]}: failed: {msg}", flush=True)
+            result["step"].append({"size": name, "mode": STEP_MODES[mode][0], "error": msg})
+            gc.collect()
+            torch.cuda.empty_cache()
+        save(args.json, result, started)
+    save(args.json, result, started)
     print(f"total {result['seconds']:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
     return 0
 
 
