@@ -75,11 +75,16 @@ def every_value_args(d: Draw, format: str, midpoints: bool = False) -> Call:
     return Call(args, result_dtypes=("uint8", "float32"), keep_dtype=("scale",), exact=True)
 
 
+def _host_copy(x: Any) -> np.ndarray:
+    """A float64 NumPy copy of a drawn tensor on any device (cases are built on the run's device)."""
+    return x.detach().to("cpu").double().numpy().copy()
+
+
 def _nan_row(d: Draw, format: str) -> Call:
     """Row-wise current scaling with a NaN in row 0 and an infinity in row 1: those rows' scales are
     NaN and infinite (amax propagates them), so row 0 is all NaN, row 1 NaN and zeros; others normal."""
     call = quantize_args(d, (4, 24), format, "row")
-    raw = call.args["x"].double().numpy().copy()
+    raw = _host_copy(call.args["x"])
     raw[0, 3], raw[1, 5] = math.nan, -math.inf
     call.args["x"] = d.tensor(raw)
     return call
@@ -118,7 +123,7 @@ def transpose_args(d: Draw, shape: tuple[int, ...], nan_column: bool = False, **
     column scales, scale_t under row granularity, are NaN and infinite)."""
     call = quantize_args(d, shape, **kwargs)
     if nan_column:
-        raw = call.args["x"].double().numpy().copy()
+        raw = _host_copy(call.args["x"])
         raw[..., 0, 1], raw[..., 3, 2] = math.nan, math.inf
         call.args["x"] = d.tensor(raw)
     return Call(call.args, result_dtypes=("uint8", "float32", "uint8", "float32"), keep_dtype=("scale",), exact=True)
