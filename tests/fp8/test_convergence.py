@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -36,3 +37,4 @@ def test_curves_fall_together_on_the_cpu(tmp_path):
     assert max(abs(a - b) for a, b in zip(bf16, fp8)) < 0.05 * bf16[0]
     assert abs(result["final_loss_ratio"] - 1) < 0.02
     assert result["runs"]["fp8"]["final_loss"] == statistics.fmean(fp8[-conv.TAIL:])
+    assert result["learned"] and result["ln_vocab"] == math.log(64)  # both below 0.7 ln 64 = 2.91
