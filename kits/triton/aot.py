@@ -197,12 +197,17 @@ def _fp8() -> Iterator[Spec]:
     for fmt, fid, kind in (("e4m3fn", 0, "ocp"), ("e5m2", 1, "ocp"), ("e4m3fnuz", 2, "fnuz"), ("e5m2fnuz", 3, "fnuz")):
         yield _spec("fp8", "fp8_encode_kernel", f"{fmt} bf16, tensor amax, transposed", fp8=kind, x_ptr="*bf16", FMT=fid,
                     SCALE=1, TRANSPOSE=True, HW=True, **encode)
+    yield _spec("fp8", "fp8_encode_kernel", "e4m3fn bf16, given tensor scale", fp8="ocp", x_ptr="*bf16", FMT=0, SCALE=0,
+                TRANSPOSE=False, HW=True, **encode)
     yield _spec("fp8", "fp8_encode_kernel", "emulated e4m3fn fp32, given blocks", x_ptr="*fp32", FMT=0, SCALE=4, TRANSPOSE=False,
                 HW=False, **encode)
     yield _spec("fp8", "fp8_encode_kernel", "emulated e4m3fnuz fp16, rows and columns", x_ptr="*fp16", FMT=2, SCALE=3, TRANSPOSE=True,
                 HW=False, **encode)
     yield _spec("fp8", "fp8_rows_kernel", "e4m3fn bf16, loop", options=nofma, fp8="ocp", div16=("K",), x_ptr="*bf16", q_ptr="*u8",
                 s_ptr="*fp32", **_ints("R", "K"), FMT=0, HW=True, ONE_TILE=False, BLOCK_R=1, BLOCK_C=4096)
+    yield _spec("fp8", "fp8_rows_kernel", "e4m3fn bf16, one tile of 8192, 16 warps", options={**nofma, "num_warps": 16}, fp8="ocp",
+                div16=("K",), x_ptr="*bf16", q_ptr="*u8", s_ptr="*fp32", **_ints("R", "K"), FMT=0, HW=True, ONE_TILE=True, BLOCK_R=1,
+                BLOCK_C=8192)
     yield _spec("fp8", "fp8_rows_kernel", "e4m3fnuz fp32, one tile", options=nofma, fp8="fnuz", div16=("K",), x_ptr="*fp32", q_ptr="*u8",
                 s_ptr="*fp32", **_ints("R", "K"), FMT=2, HW=True, ONE_TILE=True, BLOCK_R=4, BLOCK_C=1024)
     blocks = dict(options=nofma, div16=div, x_ptr="*bf16", q_ptr="*u8", qt_ptr="*u8", s_ptr="*fp32", **_ints("M", "K", "mb", "kb"),

@@ -160,6 +160,20 @@ def _scale_of(amax_bits, FMT: tl.constexpr):
 
 
 @triton.jit
+def _div_scalar(x, s):
+    """``x / s`` for one float32 scale ``s``: where s is a normal power of two, 1/s is exact, so
+    ``x * (1/s)`` is the same correctly rounded quotient (overflow, underflow and signed zeros
+    included) at the cost of a multiplication; otherwise the IEEE division."""
+    sb = s.to(tl.int32, bitcast=True)
+    e = (sb >> 23) & 0xFF
+    if ((sb & 0x7FFFFF) == 0) & (e >= 1) & (e <= 253):
+        v = x * ((((254 - e) << 23) | ((sb >> 31) << 31)).to(tl.float32, bitcast=True))
+    else:
+        v = tl.math.div_rn(x, s + tl.zeros_like(x))
+    return v
+
+
+@triton.jit
 def _abs_bits(x):
     """float32 bits of |x| as int32 (ordered like the values, NaN above all)."""
     return x.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
@@ -235,7 +249,11 @@ def fp8_encode_kernel(
         sidx = b.to(tl.int64) * mb * kb + (rows // bs)[:, None] * kb + (cols // bs)[None, :]
         s = tl.load(s_ptr + sidx, mask=mask, other=1.0)
         st = s
-    q = _encode(tl.math.div_rn(x, s + tl.zeros_like(x)), FMT, HW)
+    if SCALE == 0:
+        v = _div_scalar(x, s)
+    else:
+        v = tl.math.div_rn(x, s + tl.zeros_like(x))
+    q = _encode(v, FMT, HW)
     tl.store(q_ptr + offs, q, mask=mask)
     if TRANSPOSE:
         if SCALE == 3:
@@ -425,6 +443,20 @@ def _tile_shape(k: int, block_elems: int, transpose: bool = False) -> tuple[int,
 _EMULATED_MODES = (S_ROW_AMAX, S_BLOCK)
 
 
+#: the longest row fp8_rows_kernel keeps whole in registers (one read of x instead of two)
+_ONE_TILE_ROW = 16384
+
+
+def _row_tile(k: int, block_elems: int, num_warps: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_C, num_warps) of fp8_rows_kernel: rows up to ``_ONE_TILE_ROW`` long in one
+    tile (x read once; the warps grow to keep about 16 elements a thread, at most 16 warps), longer
+    ones in ``block_elems`` chunks (two passes, the second from L2)."""
+    if k <= block_elems or k > _ONE_TILE_ROW:
+        return (*_tile_shape(k, block_elems), num_warps)
+    block_c = next_pow2(k)
+    return 1, block_c, max(num_warps, min(16, block_c // 512))
+
+
 def _encode_launch(x3, q, qt, s, st, amax, amaxt, m, k, nb, mode, fmt, transpose, hw, block_elems, num_warps, kb=1, bs=1):
     hw = hw and mode not in _EMULATED_MODES
     block_r, block_c = _tile_shape(k, block_elems, transpose)
@@ -480,9 +512,9 @@ def quantize(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.
             return q, s
         s = torch.empty(x3.shape[:-1] + (1,), dtype=torch.float32, device=dev)
         if not transpose:
-            block_r, block_c = _tile_shape(k, block_elems)
+            block_r, block_c, warps = _row_tile(k, block_elems, num_warps)
             launch(fp8_rows_kernel, (cdiv(rows, block_r),), x3, q, s, rows, k, FMT=fid, HW=hw, ONE_TILE=k <= block_c,
-                   BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps, fp_fusion=False)
+                   BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps, fp_fusion=False)
             return q, s
         st = torch.empty(x3.shape[:-2] + (k, 1), dtype=torch.float32, device=dev)
         amax, amaxt = _amax(x3, m, k, nb, A_ROWS_COLS, block_elems, num_warps)

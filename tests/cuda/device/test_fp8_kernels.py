@@ -131,6 +131,31 @@ def test_quantize_bit_for_bit(fmts: list[str], gen: torch.Generator, hw: bool, g
                 bits_equal(g, w, f"{fmt} {granularity} {shape} {dtype} {what}")
 
 
+def test_power_of_two_tensor_scales(fmts: list[str], gen: torch.Generator) -> None:
+    """Given tensor scales that are normal powers of two (x times the exact reciprocal) and others
+    (the division), both ends of the exponent range, specials in x: the same codes as cpu_ref."""
+    x = wide(gen, 300, 520, dtype=torch.float32)
+    for sv in (2.0**-7, 8.0, 2.0**-126, 2.0**126, 2.0**127, 2.0**-149, 0.75):
+        scale = torch.tensor(sv, dtype=torch.float32, device=DEV)
+        poison()
+        got = kern("fp8_quantize")(x, fmts[0], "tensor", scale, 128)
+        torch.cuda.synchronize()
+        for g, w, what in zip(got, reference(x, fmts[0], "tensor", scale, 128, False), ("q", "scale")):
+            bits_equal(g, w, f"{fmts[0]} tensor scale {sv} {what}")
+
+
+def test_long_rows_in_one_tile_and_in_chunks(fmts: list[str], gen: torch.Generator) -> None:
+    """Row-wise current scaling of rows the row kernel keeps whole (8192 columns: one read of x, 16
+    warps) and of rows past its one-tile limit (two passes over each row), NaN and infinities in."""
+    for shape in ((64, 8192), (4, 20000)):
+        x = wide(gen, *shape, dtype=torch.bfloat16)
+        poison()
+        got = kern("fp8_quantize")(x, fmts[0], "row", None, 128)
+        torch.cuda.synchronize()
+        for g, w, what in zip(got, reference(x, fmts[0], "row", None, 128, False), ("q", "scale")):
+            bits_equal(g, w, f"{fmts[0]} row {shape} {what}")
+
+
 @pytest.mark.parametrize("granularity", ["number", "tensor", "row", "block"])
 def test_dequantize_bit_for_bit(fmts: list[str], gen: torch.Generator, granularity: str) -> None:
     shape, bs = (3, 200, 300), 128
