@@ -17,9 +17,10 @@ the scale there: no host synchronisation, so it runs under CUDA graph capture).
 **Encoding.** On a GPU (``HW=True``) the cast is the hardware's round-to-nearest-even conversion
 (``cvt.rn.satfinite.e4m3x2.f32`` on sm_89+, ``v_cvt_pk_fp8_f32`` / ``v_cvt_pk_bf8_f32`` on gfx942)
 after an explicit clamp to +-max_finite (saturation, infinities included); the canonical NaN and,
-for fnuz, the positive zero are written explicitly. The Triton interpreter's FP8 casts are not
-exact (Triton 3.9's ``_convert_float`` rounds half up on the cut-off bit alone and drops the carry
-out of the mantissa, so 126.74 becomes 104 instead of 112 in e4m3fn; it decodes NaN and infinite
+for fnuz, the positive zero are written explicitly (except in the encode kernel's modes listed in
+``_EMULATED_MODES``, where the hardware cast gave wrong codes on the H200: those always emulate).
+The Triton interpreter's FP8 casts are not exact (Triton 3.9's ``_convert_float`` rounds half up on
+the cut-off bit alone and drops the carry out of the mantissa, so 126.74 becomes 104 instead of 112 in e4m3fn; it decodes NaN and infinite
 codes as numbers), so the interpreter runs ``HW=False``: the same rounding done in float32 with the
 add-and-subtract trick (adding ``1.5 * 2^(q + 23)`` rounds to a multiple of ``2^q`` to nearest
 even) and the bits assembled with integer arithmetic. GPU tests run both. Decoding is always done
