@@ -22,8 +22,9 @@ for fnuz, the positive zero are written explicitly (except in the encode kernel'
 The Triton interpreter's FP8 casts are not exact (Triton 3.9's ``_convert_float`` rounds half up on
 the cut-off bit alone and drops the carry out of the mantissa, so 126.74 becomes 104 instead of
 112 in e4m3fn; it decodes NaN and infinite codes as numbers), so the interpreter runs
-``HW=False``: the same rounding done in float32 with the add-and-subtract trick (adding ``1.5 * 2^(q + 23)`` rounds to a multiple of ``2^q`` to nearest
-even) and the bits assembled with integer arithmetic. GPU tests run both. Decoding is always done
+``HW=False``: the same rounding done in float32 with the add-and-subtract trick (adding
+``1.5 * 2^(q + 23)`` rounds to a multiple of ``2^q`` to nearest even) and the bits assembled with
+integer arithmetic. GPU tests run both. Decoding is always done
 with integer arithmetic (exact, and a streaming kernel has the instructions to spare).
 
 **The GEMM** multiplies FP8 tiles with the tensor cores (``tl.dot`` of FP8 operands, float32
