@@ -399,9 +399,9 @@ def traced_call(decl: OpDecl, args: tuple) -> Any:
     traces the graph; written so that Dynamo traces it without a graph break, and reads little (each
     read is a guard checked on every call of the compiled code). Inside a ``hal.use`` scope (which
     Dynamo guards on; not a scope that only ranks kernels, such as ``hal.graphs.device_bound``, whose
-    ranking the trace's decisions follow) the call is the training decomposition where eager takes it, else the opaque
-    ``torch.ops.hal.<name>`` node, deciding as each run of the compiled code reaches it, so that the
-    scope of that run is obeyed. Under ``torch.autocast`` the arguments are cast by the op's rule
+    ranking the trace's decisions follow) the call is the training decomposition where eager takes
+    it, else the opaque ``torch.ops.hal.<name>`` node, deciding as each run of the compiled code
+    reaches it, so that the scope of that run is obeyed. Under ``torch.autocast`` the arguments are cast by the op's rule
     and the node runs with autocast off, as an eager call does (:mod:`hal.dispatch.autocast`)."""
     kind = autocast.device_type(decl, args)
     if kind is None:
