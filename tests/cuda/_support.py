@@ -75,3 +75,33 @@ def assert_close(op: str, got: Any, want: Any, args: tuple, dtype: Optional[str]
         f"{op} {what} ({name}): {int(bad.sum())} of {g.numel()} values off; max abs err {float(err.nan_to_num(0).max()):.3g}"
         f" (atol {atol:.3g}, rtol {rtol:.3g})"
     )
+
+
+# --- FP8 (the kernel tests in device/ and interpreted/) ----------------------------------------------
+
+
+def assert_bits(got: torch.Tensor, want: Any, what: str) -> None:
+    """``got`` (any device) equal to ``want`` element for element: uint8 codes exactly, floats
+    exactly with NaN matching NaN."""
+    want_t = torch.from_numpy(np.array(want, order="C"))
+    g = got.cpu()
+    assert tuple(g.shape) == tuple(want_t.shape), f"{what}: shape {tuple(g.shape)} != {tuple(want_t.shape)}"
+    bad = (g != want_t) if g.dtype == torch.uint8 else ~((g == want_t) | (g.isnan() & want_t.isnan()))
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {g.numel()} differ, first at {bad.nonzero()[0].tolist()}: {g[bad][:4].tolist()} != {want_t[bad][:4].tolist()}"
+
+
+def finite_codes(gen: torch.Generator, fmt: str, *shape: int) -> torch.Tensor:
+    """Random uint8 codes of ``fmt``'s finite values."""
+    from hal.ops.fp8 import format_values
+
+    vals = format_values(fmt)
+    ok = torch.from_numpy(np.flatnonzero(np.isfinite(vals))).to(torch.uint8)
+    return ok[torch.randint(0, ok.numel(), shape, generator=gen)]
+
+
+def rms(fmt: str) -> float:
+    """The root mean square of ``fmt``'s finite values (to scale random codes to unit products)."""
+    from hal.ops.fp8 import format_values
+
+    vals = format_values(fmt)
+    return float(np.sqrt(np.mean(vals[np.isfinite(vals)] ** 2)))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.cuda._support import assert_close, fresh_seed
+from tests.cuda._support import assert_bits, assert_close, finite_codes, fresh_seed, rms
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -32,7 +32,7 @@ if torch.cuda.is_available():
     else:
         from hal_backend_cuda import plugin
 
-from hal.ops.fp8 import FORMATS, format_values, scale_shape  # noqa: E402
+from hal.ops.fp8 import FORMATS, scale_shape  # noqa: E402
 
 DEV = torch.device("cuda")
 
@@ -75,14 +75,6 @@ def wide(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, 
         idx = torch.randint(0, flat.numel(), (8,), generator=gen)
         flat[idx] = torch.tensor([math.nan, math.inf, -math.inf, 1e30, -1e30, -0.0, 1e-40, -1e-39], dtype=torch.float64)
     return x.to(dtype).to(DEV)
-
-
-def bits_equal(got: torch.Tensor, want, what: str) -> None:
-    want_t = torch.from_numpy(np.array(want, order="C"))
-    g = got.cpu()
-    assert tuple(g.shape) == tuple(want_t.shape), f"{what}: shape {tuple(g.shape)} != {tuple(want_t.shape)}"
-    bad = (g != want_t) if g.dtype == torch.uint8 else ~((g == want_t) | (g.isnan() & want_t.isnan()))
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {g.numel()} differ, first at {bad.nonzero()[0].tolist()}: {g[bad][:4].tolist()} != {want_t[bad][:4].tolist()}"
 
 
 def reference(x: torch.Tensor, fmt: str, granularity: str, scale, bs: int, transpose: bool):
@@ -129,7 +121,7 @@ def test_quantize_bit_for_bit(fmts: list[str], gen: torch.Generator, hw: bool, g
             want = reference(x, fmt, granularity, scale, bs, transpose)
             assert len(got) == len(want)
             for g, w, what in zip(got, want, ("q", "scale", "q_t", "scale_t")):
-                bits_equal(g, w, f"{fmt} {granularity} {shape} {dtype} {what}")
+                assert_bits(g, w, f"{fmt} {granularity} {shape} {dtype} {what}")
 
 
 @pytest.mark.skipif(not os.environ.get("HAL_FP8_HW_CAST_PROBE"), reason="a probe: HAL_FP8_HW_CAST_PROBE=1 runs it (-s shows its counts)")
@@ -163,7 +155,7 @@ def test_power_of_two_tensor_scales(fmts: list[str], gen: torch.Generator) -> No
         got = kern("fp8_quantize")(x, fmts[0], "tensor", scale, 128)
         torch.cuda.synchronize()
         for g, w, what in zip(got, reference(x, fmts[0], "tensor", scale, 128, False), ("q", "scale")):
-            bits_equal(g, w, f"{fmts[0]} tensor scale {sv} {what}")
+            assert_bits(g, w, f"{fmts[0]} tensor scale {sv} {what}")
 
 
 def test_long_rows_in_one_tile_and_in_chunks(fmts: list[str], gen: torch.Generator) -> None:
@@ -175,7 +167,7 @@ def test_long_rows_in_one_tile_and_in_chunks(fmts: list[str], gen: torch.Generat
         got = kern("fp8_quantize")(x, fmts[0], "row", None, 128)
         torch.cuda.synchronize()
         for g, w, what in zip(got, reference(x, fmts[0], "row", None, 128, False), ("q", "scale")):
-            bits_equal(g, w, f"{fmts[0]} row {shape} {what}")
+            assert_bits(g, w, f"{fmts[0]} row {shape} {what}")
 
 
 @pytest.mark.parametrize("granularity", ["number", "tensor", "row", "block"])
@@ -191,18 +183,7 @@ def test_dequantize_bit_for_bit(fmts: list[str], gen: torch.Generator, granulari
             with np.errstate(all="ignore"):
                 want = ref.fp8_dequantize(q.numpy(), scale if granularity == "number" else scale.numpy(), fmt, bs, out_dtype)
             assert got.dtype == getattr(torch, out_dtype)
-            bits_equal(got.float(), np.asarray(want).astype(np.float32), f"{fmt} {granularity} {out_dtype}")
-
-
-def finite_codes(gen: torch.Generator, fmt: str, *shape: int) -> torch.Tensor:
-    vals = format_values(fmt)
-    ok = torch.from_numpy(np.flatnonzero(np.isfinite(vals))).to(torch.uint8)
-    return ok[torch.randint(0, ok.numel(), shape, generator=gen)]
-
-
-def rms(fmt: str) -> float:
-    vals = format_values(fmt)
-    return float(np.sqrt(np.mean(vals[np.isfinite(vals)] ** 2)))
+            assert_bits(got.float(), np.asarray(want).astype(np.float32), f"{fmt} {granularity} {out_dtype}")
 
 
 GEMM_GRANULARITIES = [("tensor", "tensor"), ("row", "row"), ("block", "block"), ("row", "block"), ("block", "tensor")]
@@ -257,7 +238,7 @@ def test_current_scaling_runs_in_a_cuda_graph(fmts: list[str], gen: torch.Genera
         torch.cuda.synchronize()
         want = reference(x, fmt, granularity, None, 128, transpose)
         for g, w, what in zip(outs, want, ("q", "scale", "q_t", "scale_t")):
-            bits_equal(g, w, f"replayed {granularity} {what}")
+            assert_bits(g, w, f"replayed {granularity} {what}")
 
 
 def test_the_dispatcher_runs_the_triton_quantisation(fmts: list[str], gen: torch.Generator) -> None:
@@ -272,4 +253,4 @@ def test_the_dispatcher_runs_the_triton_quantisation(fmts: list[str], gen: torch
             assert d.kernel == "triton", d
             got = getattr(hal.ops, op)(x, fmts[0], granularity)
             for g, w in zip(got, reference(x, fmts[0], granularity, None, 128, transpose)):
-                bits_equal(g, w, f"hal.ops.{op} {granularity}")
+                assert_bits(g, w, f"hal.ops.{op} {granularity}")

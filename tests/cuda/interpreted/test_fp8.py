@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.cuda._support import assert_close, fresh_seed
+from tests.cuda._support import assert_bits, assert_close, finite_codes, fresh_seed, rms
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="run by tests/cuda/test_interpreter.py with TRITON_INTERPRET=1"),
@@ -51,16 +51,6 @@ def wide(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) 
 
 def given_scale(gen: torch.Generator, shape: tuple, granularity: str, block_size: int) -> torch.Tensor:
     return (torch.rand(scale_shape(shape, granularity, block_size), generator=gen) * 2 + 0.01).float()
-
-
-def assert_bits(got: torch.Tensor, want: np.ndarray, what: str) -> None:
-    want_t = torch.from_numpy(np.array(want, order="C"))
-    assert tuple(got.shape) == tuple(want_t.shape), f"{what}: shape {tuple(got.shape)} != {tuple(want_t.shape)}"
-    if got.dtype == torch.uint8:
-        bad = got != want_t
-    else:
-        bad = ~((got == want_t) | (got.isnan() & want_t.isnan()))
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {got.numel()} differ, first at {bad.nonzero()[0].tolist()}: {got[bad][:4].tolist()} != {want_t[bad][:4].tolist()}"
 
 
 def ref_quantize(x: torch.Tensor, fmt: str, granularity: str, scale, block_size: int, transpose: bool = False):
@@ -184,17 +174,6 @@ def test_dequantize_every_pattern_matches_cpu_ref(gen: torch.Generator, fmt: str
         want = ref.fp8_dequantize(q.numpy(), scale if granularity == "number" else scale.numpy(), fmt, bs, out_dtype)
     assert got.dtype == getattr(torch, out_dtype)
     assert_bits(got.float(), np.asarray(want).astype(np.float32), f"{fmt} {granularity}")
-
-
-def finite_codes(gen: torch.Generator, fmt: str, *shape: int) -> torch.Tensor:
-    vals = format_values(fmt)
-    ok = torch.from_numpy(np.flatnonzero(np.isfinite(vals))).to(torch.uint8)
-    return ok[torch.randint(0, ok.numel(), shape, generator=gen)]
-
-
-def rms(fmt: str) -> float:
-    vals = format_values(fmt)
-    return float(np.sqrt(np.mean(vals[np.isfinite(vals)] ** 2)))
 
 
 GEMMS = [
