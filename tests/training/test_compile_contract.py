@@ -126,15 +126,9 @@ class _Block(nn.Module):
         return self.norm(self.head(y.mean((2, 3))))
 
 
-@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
-def test_patched_model_compiles_in_one_graph_without_recompiling(fullgraph: bool, seed: int) -> None:
-    """Before: torch.compile(hal.nn.patch(model), fullgraph=True) failed on a freshly patched model
-    (its Sequential built fused modules, nn.Parameter included, inside forward); without fullgraph
-    the graph broke 6 times, and the plan stored at the first call recompiled at the second. Now the
-    plan is made when patching: three training steps (with optimizer steps between) are one graph,
-    compiled once, and match eager."""
-    torch.manual_seed(seed)
-    model = hal.nn.patch(_Block())
+def _trains_compiled_as_eager(model: nn.Module, fullgraph: bool, rtol: float) -> nn.Module:
+    """Three SGD steps of ``model`` compiled (one graph, compiled once) beside an eager copy, the
+    losses equal within ``rtol``; returns the eager copy for further checks."""
     twin = copy.deepcopy(model)
     counter = _counter()
     compiled = torch.compile(model, backend=counter, fullgraph=fullgraph)
@@ -146,8 +140,21 @@ def test_patched_model_compiles_in_one_graph_without_recompiling(fullgraph: bool
             loss.backward()
             opt.step()
             opt.zero_grad()
-        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(losses[0], losses[1], rtol=rtol, atol=1e-5)
     _no_graph_break(counter)
+    return twin
+
+
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_patched_model_compiles_in_one_graph_without_recompiling(fullgraph: bool, seed: int) -> None:
+    """Before: torch.compile(hal.nn.patch(model), fullgraph=True) failed on a freshly patched model
+    (its Sequential built fused modules, nn.Parameter included, inside forward); without fullgraph
+    the graph broke 6 times, and the plan stored at the first call recompiled at the second. Now the
+    plan is made when patching: three training steps (with optimizer steps between) are one graph,
+    compiled once, and match eager."""
+    torch.manual_seed(seed)
+    model = hal.nn.patch(_Block())
+    twin = _trains_compiled_as_eager(model, fullgraph, rtol=1e-4)
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         # the graph may run another kernel than eager (torch's ops in place of oneDNN's GEMM with its
         # GELU epilogue), which rounds differently: ~1e-6 after three steps; a wrong graph, ~1e-1
@@ -173,19 +180,7 @@ def test_fused_model_is_compiled_once_over_training_steps(seed: int) -> None:
     torch.manual_seed(seed)
     model = hal.nn.fuse(_ResTail())
     assert any(isinstance(m, hal.nn.FusedConvBNAddReLU2d) for m in model.modules())
-    twin = copy.deepcopy(model)
-    counter = _counter()
-    compiled = torch.compile(model, backend=counter)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, twin)]
-    for _ in range(3):
-        x = torch.randn(2, 3, 6, 6)
-        losses = [compiled(x).square().sum(), twin(x).square().sum()]
-        for loss, opt in zip(losses, opts):
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
-    _no_graph_break(counter)
+    _trains_compiled_as_eager(model, False, rtol=1e-5)
 
 
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
