@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv, launch, next_pow2
+from .gemm import tile_rows_cols
 
 #: the formats in ``FMT`` order
 FORMAT_IDS = {"e4m3fn": 0, "e5m2": 1, "e4m3fnuz": 2, "e5m2fnuz": 3}
@@ -368,16 +369,7 @@ def fp8_gemm_kernel(
     """C = (A * sa) @ (B * sb).T + bias for A (M, K), B (N, K) uint8 codes (unit stride along K),
     float32 accumulation; block scales (SA/SB == 2, shape (ceil(rows / bs), kb)) per K step, tensor
     (0) and row (1) scales in the epilogue."""
-    pid = tl.program_id(0)
-    n_m = tl.cdiv(M, BLOCK_M)
-    n_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * n_n
-    first_m = (pid // group) * GROUP_M
-    size_m = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm, rn = tile_rows_cols(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N

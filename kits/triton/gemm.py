@@ -24,6 +24,20 @@ from .grouped_gemm import mma, mma_mode
 Scale = Union[float, torch.Tensor]
 
 
+@triton.jit
+def tile_rows_cols(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The rows and columns of C that program ``pid`` computes: tiles ordered in groups of GROUP_M
+    tile rows, so that the programs running together share A's rows and B's columns in L2."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    tile_m = first_m + (pid % per_group) % group_rows
+    tile_n = (pid % per_group) // group_rows
+    return tile_m * BLOCK_M + tl.arange(0, BLOCK_M), tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
 @triton.jit(do_not_specialize=["M", "act"])
 def gemm_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, xs_ptr, ws_ptr, xs_val, ws_val,
@@ -33,16 +47,7 @@ def gemm_kernel(
     EVEN_K: tl.constexpr, MMA: tl.constexpr, ACC: tl.constexpr, COMPUTE: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """WS_MODE: 0 a number, 1 a one-element tensor, 2 one value per output column."""
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    tile_m = first_m + (pid % per_group) % group_rows
-    tile_n = (pid % per_group) // group_rows
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows, cols = tile_rows_cols(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     ks = tl.arange(0, BLOCK_K)
     rmask = rows < M
     cmask = cols < N
