@@ -142,6 +142,36 @@ def test_large_swiglu_inputs_go_to_the_triton_kernel_outside_compiled_graphs() -
         assert reasons(fake, fake) == []
 
 
+def test_compiled_graphs_take_torchs_lm_head_and_loss_where_the_logits_fit() -> None:
+    """torch's linear_cross_entropy (the whole logits) joins a torch.compile graph for half-precision
+    calls whose logits fit GRAPH_LOGITS_LIMIT (fake tensors); eager calls, float32 and larger logits
+    keep the Triton kit's blocked kernel (an opaque node in a graph), each with its reason."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from hal.plugin import Inputs
+    from hal.registry import get_op
+    from hal_backend_eager.loss import GRAPH_LOGITS_LIMIT
+
+    decl, torch_lce = get_op("linear_cross_entropy"), _kernel("linear_cross_entropy", "torch")
+
+    def reasons(rows: int, classes: int, dtype: torch.dtype, fake: bool) -> list[str]:
+        x, w = torch.empty(rows, 1024, dtype=dtype, device="meta"), torch.empty(classes, 1024, dtype=dtype, device="meta")
+        t = torch.empty(rows, dtype=torch.int64, device="meta")
+        with FakeTensorMode() as mode:
+            if fake:
+                x, w, t = (mode.from_tensor(a) for a in (x, w, t))
+            inputs = Inputs(decl, (x, w, t, None, -100, 0.0, "mean"), "cuda", torch.device("cuda", 0), str(dtype)[6:], "torch", "sm_90")
+            assert torch_lce.not_supported_reasons(inputs) == []  # the fallback where Triton is missing runs any call
+            return torch_lce.torch_autograd_reasons(inputs)
+
+    assert reasons(4096, 32000, torch.bfloat16, fake=True) == []  # the Llama step's LM head: 131M logits
+    assert reasons(4096, 32000, torch.bfloat16, fake=False) == [
+        "holds the whole logits: only inside torch.compile graphs, where Inductor fuses it (eager calls take the blocked kernels)"]
+    assert reasons(8192, 128256, torch.bfloat16, fake=True) == [
+        f"the whole logits (8192 x 128256) exceed {GRAPH_LOGITS_LIMIT} elements (hal_backend_eager.loss.GRAPH_LOGITS_LIMIT)"]
+    assert reasons(4096, 32000, torch.float32, fake=True) == ["float32: torch's recorded backward would run without the IEEE float32 guard"]
+
+
 def test_eval_fused_convolutions_give_compiled_graphs_torchs_ops() -> None:
     """In eval both fused convolution ops run cuDNN's fused call eagerly; inside a torch.compile
     trace (fake tensors) the first kernel made of torch's ops is ``graph``, in the inputs' half

@@ -47,7 +47,7 @@ def _recorded_eagerly(inputs: Inputs) -> list[str]:
     """Where torch's autograd may record the eager twin: half precision (float32's recorded backward
     would run outside the IEEE guard), and outside torch.compile graphs, where the backend's own
     kernels decide what joins a graph (an eager twin there would, e.g., give linear_cross_entropy
-    back its whole logits)."""
+    its whole logits at any size; :mod:`hal_backend_cuda.losses` bounds them)."""
     if inputs.traced:
         return ["inside torch.compile graphs the backend's other kernels decide (the eager twin is a measured candidate of eager calls)"]
     return not_float32(inputs)

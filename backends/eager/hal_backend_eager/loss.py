@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.integration.kept import param_state
+from hal.plugin import Inputs
 
 from .elementwise import filled_leaf, leaf
 
@@ -36,6 +37,25 @@ def kept_gradients_state(weight: torch.Tensor, target: torch.Tensor, bias: Optio
     by x) depend on besides x: the backends that keep them (the Triton kit, the CPU backend) key
     their entries on it."""
     return (param_state(weight, target, bias), ignore_index, label_smoothing, reduction)
+
+
+#: the most logits (rows x classes) a torch.compile graph may hold whole for linear_cross_entropy: 2^28
+#: (1 GiB in float32, a 32k vocabulary over 8k tokens); beyond it hal's blocked kernels run the call
+GRAPH_LOGITS_LIMIT = 1 << 28
+
+
+def whole_logits_in_graphs(inputs: Inputs) -> list[str]:
+    """Where a backend's kernel of torch's ops for linear_cross_entropy may run a call: inside
+    torch.compile graphs only, and only while the whole logits fit GRAPH_LOGITS_LIMIT. There Inductor
+    generates the LM head and its loss with the step's other code (on the H200 its Llama LM head and
+    loss took 1.4 ms where hal's blocked kernel, an opaque node, took 2.4); an eager call keeps
+    hal's blocked kernels, which never hold the whole logits."""
+    if not inputs.traced:
+        return ["holds the whole logits: only inside torch.compile graphs, where Inductor fuses it (eager calls take the blocked kernels)"]
+    rows, classes = inputs["x"].shape[0], inputs["weight"].shape[0]
+    if rows * classes > GRAPH_LOGITS_LIMIT:  # symbolic sizes guard on the comparison, not on their values
+        return [f"the whole logits ({rows} x {classes}) exceed {GRAPH_LOGITS_LIMIT} elements (hal_backend_eager.loss.GRAPH_LOGITS_LIMIT)"]
+    return []
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],

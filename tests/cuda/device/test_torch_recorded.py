@@ -99,3 +99,37 @@ def test_float32_convolutions_and_large_rms_norms_keep_hals_node() -> None:
     gate, up = _leaves(gen, (64, 512), (64, 512))
     d = hal.explain("swiglu", gate, up)
     assert (d.kernel, d.autograd_by) == ("torch", "torch"), d
+
+
+def test_compiled_lm_head_and_loss_join_the_graph_where_the_logits_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.compile, linear_cross_entropy in bfloat16 whose logits fit the limit becomes
+    torch's ops in the graph (Inductor's LM head and loss, no opaque hal node; eager calls keep the
+    blocked kernel); above the limit the opaque node stays. Both match eager PyTorch's loss and
+    gradients."""
+    from hal_backend_eager import loss as eager_loss
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    x, w = _leaves(gen, (512, 256), (3000, 256))
+    with torch.no_grad():
+        w.mul_(0.05)
+    t = torch.randint(0, 3000, (512,), generator=gen).to("cuda")
+    t[7] = -100
+    eager_route = hal.explain("linear_cross_entropy", x, w, t)
+    assert eager_route.kernel != "torch" and eager_route.compiled is not None and eager_route.compiled.kernel == "torch", eager_route
+    xr, wr = _twins([x, w])
+    ref = F.cross_entropy(F.linear(xr, wr).float(), t)
+    ref.backward()
+    for limit, joins in ((eager_loss.GRAPH_LOGITS_LIMIT, True), (512 * 3000 - 1, False)):
+        monkeypatch.setattr(eager_loss, "GRAPH_LOGITS_LIMIT", limit)
+        torch._dynamo.reset()
+        hal.dispatch.reset()  # decisions cached under the old limit
+        compiled = torch.compile(lambda a, b: hal.ops.linear_cross_entropy(a, b, t), fullgraph=True)
+        x.grad = w.grad = None
+        hal.reset_stats()
+        loss = compiled(x, w)
+        loss.backward()
+        ran = {op for (op, _, _), counts in hal.stats().items() if counts["calls"]}
+        assert ("linear_cross_entropy" not in ran) is joins, ran  # an opaque node counts its call
+        _close(loss, ref, 2e-2)
+        _close(x.grad, xr.grad, 2e-2 * float(xr.grad.abs().max()))
+        _close(w.grad, wr.grad, 2e-2 * float(wr.grad.abs().max()))
