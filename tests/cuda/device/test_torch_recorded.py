@@ -119,10 +119,10 @@ def test_compiled_lm_head_and_loss_join_the_graph_where_the_logits_fit(monkeypat
     xr, wr = _twins([x, w])
     ref = F.cross_entropy(F.linear(xr, wr).float(), t)
     ref.backward()
-    import torch._functorch.config
-    import torch._inductor.config
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
 
-    no_caches = (torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False))
+    no_caches = (inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False))
     for limit, joins in ((eager_loss.GRAPH_LOGITS_LIMIT, True), (512 * 3000 - 1, False)):
         monkeypatch.setattr(eager_loss, "GRAPH_LOGITS_LIMIT", limit)  # not in the compile caches' keys: they are off
         torch._dynamo.reset()
