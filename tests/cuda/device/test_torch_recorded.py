@@ -106,6 +106,9 @@ def test_compiled_lm_head_and_loss_join_the_graph_where_the_logits_fit(monkeypat
     torch's ops in the graph (Inductor's LM head and loss, no opaque hal node; eager calls keep the
     blocked kernel); above the limit the opaque node stays. Both match eager PyTorch's loss and
     gradients."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
     from hal_backend_eager import loss as eager_loss
 
     gen = torch.Generator().manual_seed(fresh_seed())
@@ -119,10 +122,6 @@ def test_compiled_lm_head_and_loss_join_the_graph_where_the_logits_fit(monkeypat
     xr, wr = _twins([x, w])
     ref = F.cross_entropy(F.linear(xr, wr).float(), t)
     ref.backward()
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
-
-    no_caches = (inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False))
     for limit, joins in ((eager_loss.GRAPH_LOGITS_LIMIT, True), (512 * 3000 - 1, False)):
         monkeypatch.setattr(eager_loss, "GRAPH_LOGITS_LIMIT", limit)  # not in the compile caches' keys: they are off
         torch._dynamo.reset()
@@ -130,7 +129,7 @@ def test_compiled_lm_head_and_loss_join_the_graph_where_the_logits_fit(monkeypat
         compiled = torch.compile(lambda a, b: hal.ops.linear_cross_entropy(a, b, t), fullgraph=True)
         x.grad = w.grad = None
         hal.reset_stats()
-        with no_caches[0], no_caches[1]:
+        with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
             loss = compiled(x, w)
             loss.backward()
         ran = {op for (op, _, _), counts in hal.stats().items() if counts["calls"]}
