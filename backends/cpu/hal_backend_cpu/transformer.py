@@ -3,15 +3,26 @@ half-precision x, one rounding)."""
 
 from __future__ import annotations
 
+from hal.plugin import Inputs
 from hal_backend_eager import transformer as eager
 
 from ._common import FLOATS, kernel
 
-for _op in ("rotary_embedding", "rotary_embedding_backward", "swiglu_backward"):
+
+
+def _rotary_in_graphs(inputs: Inputs) -> list[str]:
+    """rotary's eager calls stay with hal's node: its backward op is one rotation, where the recorded
+    graph of the forward's upcasts, halves and products is slower (150 against 160 us,
+    benchmarks/host_training.py on the CPU VM, float32 (2, 64, 512), 2026-12-01). Inside torch.compile
+    graphs its ops join the graph: there an opaque node cost 500 us a forward + backward against 221
+    for Inductor's code ((2, 8, 4, 16) float32, 2026-12-03)."""
+    return [] if inputs.traced else ["eagerly hal's node with its one-rotation backward is faster than torch's recorded ops"]
+
+
+for _op in ("rotary_embedding_backward", "swiglu_backward"):
     kernel(_op, name="torch", priority=20, dtypes=FLOATS)(getattr(eager, _op))
+kernel("rotary_embedding", name="torch", priority=20, dtypes=FLOATS, differentiable=_rotary_in_graphs)(eager.rotary_embedding)
 # swiglu's forward is F.silu(gate) * up, which torch's autograd records: forward + backward 124 us
 # against 375 us through hal's node and float32 backward op (benchmarks/host_training.py on the CPU
-# VM, float32 (2, 64, 512), 2026-12-01). rotary's stays with hal's node: its backward op is one
-# rotation, where the recorded graph of the forward's upcasts, halves and products is slower
-# (150 against 160 us there).
+# VM, float32 (2, 64, 512), 2026-12-01).
 kernel("swiglu", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.swiglu)
