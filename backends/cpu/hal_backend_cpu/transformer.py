@@ -14,8 +14,9 @@ def _rotary_in_graphs(inputs: Inputs) -> list[str]:
     """rotary's eager calls stay with hal's node: its backward op is one rotation, where the recorded
     graph of the forward's upcasts, halves and products is slower (150 against 160 us,
     benchmarks/host_training.py on the CPU VM, float32 (2, 64, 512), 2026-12-01). Inside torch.compile
-    graphs its ops join the graph: there an opaque node cost 500 us a forward + backward against 221
-    for Inductor's code ((2, 8, 4, 16) float32, 2026-12-03)."""
+    graphs its ops join the graph: there an opaque node cost 438 us a forward + backward against 190
+    for Inductor's code of the same ops (medians of 7 interleaved rounds, (2, 8, 4, 16) float32,
+    2026-12-03); joined, 256 against 229."""
     return [] if inputs.traced else ["eagerly hal's node with its one-rotation backward is faster than torch's recorded ops"]
 
 
