@@ -18,6 +18,7 @@ from hal.conformance.cases import all_cases, draw_call
 
 import hal
 from hal.registry import OPS, OpDecl
+from tests.compiled import compiled_with_graphs
 
 
 def _calls() -> list[Any]:
@@ -63,24 +64,6 @@ def test_explain_names_what_stats_count(op_name: str, spec: Any, require_grad: b
     assert _counted() == Counter(decision.kernels_run()), f"explain said:\n{decision}"
 
 
-def _compiled_with_graphs(fn: Any) -> tuple[Any, list[str]]:
-    """``fn`` compiled by AOTAutograd without Inductor, and the code of the forward and backward
-    graphs it traces (filled in on the first call)."""
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    graphs: list[str] = []
-
-    def keep(gm: torch.fx.GraphModule, _: Any) -> Any:
-        graphs.append(gm.code)
-        return make_boxed_func(gm.forward)
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
-
-    return torch.compile(fn, fullgraph=True, backend=backend), graphs
-
-
 def _linear_softmax(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return hal.ops.softmax(hal.ops.linear(x, w, None, "none"), -1)
 
@@ -88,7 +71,7 @@ def _linear_softmax(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def _compiled_run_matches_torch(x: torch.Tensor, w: torch.Tensor) -> list[str]:
     """Compile :func:`_linear_softmax`, run it twice (counting the second run), check its output
     and gradients against torch's; return the graphs' code."""
-    compiled, graphs = _compiled_with_graphs(_linear_softmax)
+    compiled, graphs = compiled_with_graphs(_linear_softmax)
     g = torch.randn(x.shape[0], w.shape[0], dtype=x.dtype)
     compiled(x, w).backward(g)  # compiles, then runs
     hal.reset_stats()
@@ -141,7 +124,7 @@ def test_a_hal_use_scope_keeps_compiled_calls_opaque(seed: int) -> None:
     scope is obeyed (Dynamo recompiles when the scope opens); outside, torch's ops again."""
     x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
-    compiled, graphs = _compiled_with_graphs(_linear_softmax)
+    compiled, graphs = compiled_with_graphs(_linear_softmax)
     compiled(x, w).sum().backward()
     with hal.use(backend="cpu_ref"):
         hal.reset_stats()
@@ -160,7 +143,7 @@ def test_a_ranking_scope_traces_compiled_calls_into_the_graph(seed: int) -> None
 
     x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
-    compiled, graphs = _compiled_with_graphs(_linear_softmax)
+    compiled, graphs = compiled_with_graphs(_linear_softmax)
     with hal.graphs.device_bound():
         y = compiled(x, w)
         y.sum().backward()
@@ -203,7 +186,7 @@ def test_compiled_graph_prefers_a_kernel_of_torch_ops_to_an_opaque_one(install_p
         assert "in place of the opaque graphs/fused" in str(d)
     else:
         assert d.compiled is None
-    compiled, graphs = _compiled_with_graphs(lambda t: hal.ops.softmax(t, -1))
+    compiled, graphs = compiled_with_graphs(lambda t: hal.ops.softmax(t, -1))
     g = torch.randn_like(x)
     compiled(x).backward(g)
     hal.reset_stats()
@@ -287,7 +270,7 @@ def test_a_compiled_training_decomposition_runs_its_steps(monkeypatch: pytest.Mo
     want = Counter(d.kernels_run(compiled=True))
     assert all(op != "fused_conv_bn_relu" for op, _, _ in want)
     assert (sum(want.values()) == 0) is not own_nodes, want
-    compiled, graphs = _compiled_with_graphs(f)
+    compiled, graphs = compiled_with_graphs(f)
     g = torch.randn(3, 5, 6, 6, dtype=torch.float64)
     compiled(x, w, gamma, beta).backward(g)
     hal.reset_stats()
@@ -312,7 +295,7 @@ def test_a_compiled_unbatched_call_takes_the_kernel_on_a_batch_of_one(seed: int)
     x = torch.randn(3, 6, 6, dtype=torch.float64, requires_grad=True)
     w = torch.randn(4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
     assert hal.explain("conv2d", x, w, None, 1, 1, 1, 1).traceable
-    compiled, graphs = _compiled_with_graphs(lambda a, b: hal.ops.conv2d(a, b, None, 1, 1, 1, 1))
+    compiled, graphs = compiled_with_graphs(lambda a, b: hal.ops.conv2d(a, b, None, 1, 1, 1, 1))
     g = torch.randn(4, 6, 6, dtype=torch.float64)
     y = compiled(x, w)
     y.backward(g)

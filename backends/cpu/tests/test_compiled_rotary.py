@@ -4,26 +4,11 @@ with their neighbours (an opaque node cost about twice the host time of Inductor
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 import hal
-
-
-def _compiled_with_graphs(fn: Any) -> tuple[Any, list[str]]:
-    """``fn`` compiled by AOTAutograd without Inductor, and the code of the graphs it traces."""
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    graphs: list[str] = []
-
-    def keep(gm: torch.fx.GraphModule, _: Any) -> Any:
-        graphs.append(gm.code)
-        return make_boxed_func(gm.forward)
-
-    return torch.compile(fn, fullgraph=True, backend=lambda gm, ex: aot_module_simplified(gm, ex, fw_compiler=keep, bw_compiler=keep)), graphs
+from tests.compiled import compiled_with_graphs
 
 
 def test_rotary_is_hals_node_eagerly_and_torchs_ops_in_compiled_graphs(rng: np.random.Generator) -> None:
@@ -32,7 +17,7 @@ def test_rotary_is_hals_node_eagerly_and_torchs_ops_in_compiled_graphs(rng: np.r
     d = hal.explain("rotary_embedding", x, cos, sin)
     assert (d.backend, d.kernel, d.autograd_by) == ("cpu", "torch", "hal"), d
     assert d.compiled is not None and d.compiled.traceable, d
-    compiled, graphs = _compiled_with_graphs(lambda t: hal.ops.rotary_embedding(t, cos, sin))
+    compiled, graphs = compiled_with_graphs(lambda t: hal.ops.rotary_embedding(t, cos, sin))
     g = torch.from_numpy(rng.standard_normal(x.shape))
     y = compiled(x)
     y.backward(g)
