@@ -46,8 +46,7 @@ def _writing_specs(name: str) -> list[Any]:
     decl = hal.dispatch.OPS[name]
     keep = []
     for spec in cases_for(name, "float32"):
-        call = draw_call(name, "float32", spec, 0, "cpu").args
-        args = {p.name: call.get(p.name, p.default) for p in decl.params}
+        args = _drawn(decl, spec, 0)
         if _written(decl, args) and sum(a.size if isinstance(a, np.ndarray) else a.numel() for a in _arrays(args)) <= MAX_ELEMENTS:
             keep.append(spec)
     return keep
@@ -58,11 +57,15 @@ def _valid_call(data: st.DataObject, decl: Any) -> dict[str, Any]:
     specs = _writing_specs(decl.name)
     assert specs, f"{decl.name}: no small conformance case that writes something"
     while True:
-        spec = data.draw(st.sampled_from(specs))
-        call = draw_call(decl.name, "float32", spec, data.draw(st.integers(0, 2**16)), "cpu").args
-        args = {p.name: call.get(p.name, p.default) for p in decl.params}
+        args = _drawn(decl, data.draw(st.sampled_from(specs)), data.draw(st.integers(0, 2**16)))
         if _written(decl, args):
             return args
+
+
+def _drawn(decl: Any, spec: Any, seed: int) -> dict[str, Any]:
+    """The arguments, by name, of the float32 CPU call of conformance case ``spec`` drawn from ``seed``."""
+    call = draw_call(decl.name, "float32", spec, seed, "cpu").args
+    return {p.name: call.get(p.name, p.default) for p in decl.params}
 
 
 def _written(decl: Any, args: dict[str, Any]) -> list[tuple[str, int, Any]]:

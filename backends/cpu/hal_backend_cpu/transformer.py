@@ -9,7 +9,6 @@ from hal_backend_eager import transformer as eager
 from ._common import FLOATS, kernel
 
 
-
 def _rotary_in_graphs(inputs: Inputs) -> list[str]:
     """rotary's eager calls stay with hal's node: its backward op is one rotation, where the recorded
     graph of the forward's upcasts, halves and products is slower (150 against 160 us,
