@@ -131,3 +131,29 @@ def test_cli_knows_the_compiled_context() -> None:
     from hal.cli import tune as cli
 
     assert "compiled" in cli._SCOPES
+
+
+def test_every_call_signature_is_measured_compiled(tuning, install_plugins):
+    """Dynamo keeps at most ``recompile_limit`` (8) compiled graphs on a function's code object and
+    runs the function uncompiled beyond them. Each measurement compiles its own copy of the call: the
+    ninth signature and later ones still time Inductor's code, not eager PyTorch (before, the CPU's
+    linear_cross_entropy measured after eight others timed its eager ops)."""
+    ran_compiled: list[bool] = []
+    p = Plugin("signatures", "1.0")
+    p.define_backend(priority=1000, device_types=("cpu",))
+    p.kernel("softmax", name="opaque", priority=100)(lambda x, dim: torch.softmax(x, dim))
+
+    @p.kernel("softmax", name="torch_ops", priority=50, differentiable=True)
+    def torch_ops(x, dim):
+        ran_compiled.append(torch.compiler.is_compiling())  # traced: a side effect each compiled call replays
+        return torch.softmax(x, dim)
+
+    install_plugins([p])
+    signatures = torch._dynamo.config.recompile_limit + 2
+    before = len(measure.LOG)
+    with hal.tuning.for_compile():
+        for n in range(signatures):
+            x = torch.randn(4, 8 + n)
+            torch.testing.assert_close(hal.ops.softmax(x, 1), torch.softmax(x, 1))
+    assert len([m for m in measure.LOG[before:] if m.context == "compiled"]) == signatures
+    assert ran_compiled and all(ran_compiled), f"{ran_compiled.count(False)} of {len(ran_compiled)} runs of the torch-ops kernel were not compiled"

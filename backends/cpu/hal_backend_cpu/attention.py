@@ -40,12 +40,15 @@ def _state(k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float) -> t
 
 def _recorded_flash(inputs: Inputs) -> list[str]:
     """torch's autograd records the call where its flash kernels run it (their backward takes the
-    saved output and log-sum-exp). Elsewhere hal's node and GEMM backward are faster: in bfloat16
-    at (4, 4, 128, 32), causal, forward + backward took 4953 us recorded against 2604 us through
-    hal's node (CPU VM, 2026-12-01)."""
-    if _flash_takes(inputs["q"], inputs["k"], inputs["v"], inputs["attn_mask"]):
+    saved output and log-sum-exp), and inside torch.compile graphs, where Inductor runs torch's own
+    attention kernels forward and backward. Elsewhere, in eager calls, hal's node and GEMM backward
+    are faster: in bfloat16 at (4, 4, 128, 32), causal, forward + backward took 4953 us recorded
+    against 2604 us through hal's node (CPU VM, 2026-12-01). In a graph that node's backward was the
+    slower one: 162 against 38 ms for torch's flash backward of a bf16 Llama step at (4, 8, 512,
+    64), where it made the compiled step 0.72x of torch.compile's (CPU VM, 2026-12-03)."""
+    if inputs.traced or _flash_takes(inputs["q"], inputs["k"], inputs["v"], inputs["attn_mask"]):
         return []
-    return ["not what torch's flash CPU kernels take (hal's backward op is faster there)"]
+    return ["not what torch's flash CPU kernels take, in an eager call (hal's backward op is faster there)"]
 
 
 @kernel("scaled_dot_product_attention", name="torch", priority=20, dtypes=FLOATS, differentiable=_recorded_flash)
