@@ -111,3 +111,34 @@ def test_half_precision_attention_joins_compiled_graphs_and_stays_hals_node_eage
     want.backward(g.float())
     for got, ref in zip((y, q.grad, k.grad, v.grad), (want, *(t.grad for t in refs))):
         torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_half_precision_block_tail_inference_joins_compiled_graphs(rng: np.random.Generator) -> None:
+    """A bfloat16 eval fused_conv_bn_add_relu (a ResNet block's tail): eagerly oneDNN's fused call;
+    in an inference graph torch's ops in bfloat16, the batch norm, add and ReLU left to Inductor
+    (before, an opaque node each: the CPU-size ResNet inference under torch.compile ran at 0.78x of
+    torch.compile alone, 0.95x after, 2026-12-03); with autograd, the training decomposition."""
+
+    def arr(*shape: int) -> torch.Tensor:
+        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32))
+
+    x = arr(2, 8, 6, 6).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    residual = arr(2, 8, 6, 6).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w = (arr(8, 8, 3, 3) / 8).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    gamma, beta, mean = (arr(8).to(torch.bfloat16) for _ in range(3))
+    var = (arr(8).abs() + 0.5).to(torch.bfloat16)
+
+    def tail(a: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return hal.ops.fused_conv_bn_add_relu(a, w, None, gamma, beta, mean, var, r, padding=1, training=False)
+
+    d = hal.explain("fused_conv_bn_add_relu", x, w, None, gamma, beta, mean, var, residual, padding=1, training=False)
+    assert (d.backend, d.kernel) == ("cpu", "onednn"), d
+    assert d.compiled is not None and d.compiled.kernel == "graph" and d.compiled.traceable, d
+    torch._dynamo.reset()
+    compiled, graphs = compiled_with_graphs(tail)
+    with torch.no_grad():
+        got, want = compiled(x, residual), tail(x, residual)
+    assert graphs and all("hal.fused_conv_bn_add_relu" not in code for code in graphs), graphs
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    trained = hal.explain("fused_conv_bn_add_relu", x, w.detach().requires_grad_(True), None, gamma, beta, mean, var, residual, padding=1, training=False)
+    assert trained.compiled is None or trained.compiled.kernel != "graph", trained
