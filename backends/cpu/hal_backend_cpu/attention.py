@@ -44,8 +44,8 @@ def _recorded_flash(inputs: Inputs) -> list[str]:
     attention kernels forward and backward. Elsewhere, in eager calls, hal's node and GEMM backward
     are faster: in bfloat16 at (4, 4, 128, 32), causal, forward + backward took 4953 us recorded
     against 2604 us through hal's node (CPU VM, 2026-12-01). In a graph that node's backward was the
-    slower one: 162 against 38 ms for torch's flash backward of a bf16 Llama step at (4, 8, 512,
-    64), where it made the compiled step 0.72x of torch.compile's (CPU VM, 2026-12-03)."""
+    slower one: 162 against 38 ms for torch's flash backward in a bf16 Llama step at (4, 8, 512,
+    64), whose compiled step ran at 0.66x of torch.compile's (1.01x since, CPU VM, 2026-12-03)."""
     if inputs.traced or _flash_takes(inputs["q"], inputs["k"], inputs["v"], inputs["attn_mask"]):
         return []
     return ["not what torch's flash CPU kernels take, in an eager call (hal's backward op is faster there)"]

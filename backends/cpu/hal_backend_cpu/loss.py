@@ -1,9 +1,10 @@
 """cross_entropy on torch's CPU kernels (F.cross_entropy on float32 logits), and the LM head with
-its loss in blocks of rows: at most BLOCK_ELEMENTS logits exist at a time (torch's LM head and loss,
-the whole logits, also serve calls whose logits are one block, and torch.compile graphs). A training forward (hal's
+its loss in blocks of rows: at most BLOCK_ELEMENTS logits exist at a time. A training forward (hal's
 autograd node) also turns each block's logits into gradients and keeps them for the backward;
-otherwise the backward recomputes each block's logits. No autograd graph either way. The float32 GEMMs go
-through oneDNN (hal_backend_cpu.gemm.mm: MKL's sgemm ran 2.2x slower on the AMD EPYC VM)."""
+otherwise the backward recomputes each block's logits. No autograd graph either way. The float32
+GEMMs go through oneDNN (hal_backend_cpu.gemm.mm: MKL's sgemm ran 2.2x slower on the AMD EPYC VM).
+torch's LM head and loss (the whole logits) serve calls whose logits are one block, and
+torch.compile graphs (:func:`_whole_logits_fit`)."""
 
 from __future__ import annotations
 
@@ -155,13 +156,16 @@ def _whole_logits_fit(inputs: Inputs) -> list[str]:
     """Where torch's LM head and loss (the whole logits) may run a call: in an eager call, logits
     that the blocked kernel would hold as one block anyway (BLOCK_ELEMENTS); inside torch.compile
     graphs, logits that fit hal_backend_eager.loss.GRAPH_LOGITS_LIMIT, where Inductor compiles them
-    with the step's other code. Forward + backward of one call on the CPU VM (``hal.tuning.for_compile``,
-    2026-12-03), Inductor's LM head and loss against the blocked kernel as an opaque node: 223
-    against 211 ms at 2048 x 512 x 8192 in bfloat16 (442 against 417 in float32), 1268 against
-    2086 ms at 4096 x 512 x 32000 (3415 against 3825); within a whole Llama step neither measured
-    apart from the other. A tuned step measures each call (:func:`hal.tuning.for_compile`)."""
+    with the step's other code. Forward + backward of one call on the CPU VM, timed by
+    :func:`hal.tuning.for_compile` (2026-12-03), Inductor's LM head and loss against the blocked
+    kernel as an opaque node: 223 against 211 ms at 2048 x 512 x 8192 in bfloat16 (442 against 417
+    in float32), 1268 against 2086 ms at 4096 x 512 x 32000 (3415 against 3825). Within whole Llama
+    steps the two never measured apart; a tuned step measures each call and keeps the faster."""
     rows, classes = inputs["x"].shape[0], inputs["weight"].shape[0]
-    limit, name = (eager.GRAPH_LOGITS_LIMIT, "hal_backend_eager.loss.GRAPH_LOGITS_LIMIT") if inputs.traced else (BLOCK_ELEMENTS, "one block of the blocked kernel")
+    if inputs.traced:
+        limit, name = eager.GRAPH_LOGITS_LIMIT, "hal_backend_eager.loss.GRAPH_LOGITS_LIMIT"
+    else:
+        limit, name = BLOCK_ELEMENTS, "one block of the blocked kernel"
     if rows * classes > limit:  # symbolic sizes guard on the comparison, not on their values
         return [f"would hold the whole logits ({rows} x {classes}), more than {limit} elements ({name})"]
     return []
