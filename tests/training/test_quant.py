@@ -106,7 +106,11 @@ def test_entropy_observer_clips_outliers_and_merges_bins_exactly(seed: int) -> N
     x = torch.randn(20000)
     x[:4] = torch.tensor([40.0, -35.0, 38.0, 30.0])  # rare outliers: min/max would waste the range on them
     e = quant.EntropyObserver(symmetric=True)
-    e.observe(x[:10000] * 0.5)  # a smaller first batch: the histogram range grows later
+    # a smaller first batch (its peak 5, an eighth of the last one's): the range doubles three times later,
+    # merging bins in groups of eight. Halved, the outliers (15-20) made the threshold land just past one
+    # of them for 12 of 301 seeds (CI, seed 528650862: 19.0); scaled by 1/8 they fall inside the bulk
+    # (no seed of 401 outside 2.5-8)
+    e.observe(x[:10000] * 0.125)
     e.observe(x[10000:])
     e.observe(x[:10000])
     threshold = float(e.thresholds()[0])
@@ -114,7 +118,7 @@ def test_entropy_observer_clips_outliers_and_merges_bins_exactly(seed: int) -> N
     scale, zp = e.qparams()
     assert math.isclose(float(scale), threshold / 127.5, rel_tol=1e-6) and int(zp) == 0
     one_pass = quant.EntropyObserver(symmetric=True)  # same data, range known from the start
-    one_pass.observe(torch.cat([x[:10000], x[:10000] * 0.5, x[10000:]]))
+    one_pass.observe(torch.cat([x[:10000], x[:10000] * 0.125, x[10000:]]))
     np.testing.assert_array_equal(one_pass.amax, e.amax)
     assert np.abs(one_pass.hist - e.hist).sum() <= 2 * 3  # values on a merged bin edge may move by one bin
 
