@@ -315,11 +315,6 @@ def fused_conv_bn_add_relu_unfused(x, conv_weight, conv_bias, bn_weight, bn_bias
     return F.relu(bn_forward(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps) + residual)
 
 
-def _compiled_graphs_only(inputs: Inputs) -> list[str]:
-    return [] if inputs.traced else ["runs only inside torch.compile graphs, where Inductor computes the batch norm, the residual add and the ReLU "
-                                     "in float32 and rounds once (eagerly oneDNN's fused call or the torch kernel in float32 do)"]
-
-
 def _untrained(inputs: Inputs) -> list[str]:
     return ["a call with autograd takes the op's training decomposition (its steps join the graph one by one)"] if needs_autograd(inputs.args) else []
 
@@ -329,12 +324,9 @@ def _untrained(inputs: Inputs) -> list[str]:
 # the ReLU into one kernel that computes in float32 and rounds once, as the op asks. Before, each
 # block tail of a bfloat16 ResNet's inference graph stayed an opaque oneDNN node (CPU size, interleaved:
 # hal+compile 0.78x of torch.compile before, 0.95x after, 2026-12-03).
-@kernel("fused_conv_bn_add_relu", name="graph", priority=2, dtypes=("bfloat16", "float16"),
-        checks=[torch_bn_eps, padding_in_proportion, _compiled_graphs_only], differentiable=_untrained)
-def fused_conv_bn_add_relu_graph(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
-                                 eps, momentum, training):
-    return eager.fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation,
-                                        groups, eps, momentum, training)
+kernel("fused_conv_bn_add_relu", name="graph", priority=2, dtypes=("bfloat16", "float16"),
+       checks=[torch_bn_eps, padding_in_proportion, eager.in_compiled_graphs_only("oneDNN's fused call or the torch kernel in float32")],
+       differentiable=_untrained)(eager.fused_conv_bn_add_relu)
 
 
 @kernel("fused_conv_bn_add_relu_backward", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion])

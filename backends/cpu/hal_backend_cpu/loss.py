@@ -161,13 +161,11 @@ def _whole_logits_fit(inputs: Inputs) -> list[str]:
     kernel as an opaque node: 223 against 211 ms at 2048 x 512 x 8192 in bfloat16 (442 against 417
     in float32), 1268 against 2086 ms at 4096 x 512 x 32000 (3415 against 3825). Within whole Llama
     steps the two never measured apart; a tuned step measures each call and keeps the faster."""
-    rows, classes = inputs["x"].shape[0], inputs["weight"].shape[0]
     if inputs.traced:
-        limit, name = eager.GRAPH_LOGITS_LIMIT, "hal_backend_eager.loss.GRAPH_LOGITS_LIMIT"
-    else:
-        limit, name = BLOCK_ELEMENTS, "one block of the blocked kernel"
-    if rows * classes > limit:  # symbolic sizes guard on the comparison, not on their values
-        return [f"would hold the whole logits ({rows} x {classes}), more than {limit} elements ({name})"]
+        return eager.whole_logits_in_graphs(inputs)
+    rows, classes = inputs["x"].shape[0], inputs["weight"].shape[0]
+    if rows * classes > BLOCK_ELEMENTS:
+        return [f"would hold the whole logits ({rows} x {classes}), more than {BLOCK_ELEMENTS} elements (one block of the blocked kernel)"]
     return []
 
 

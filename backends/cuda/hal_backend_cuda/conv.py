@@ -168,13 +168,7 @@ def fused_conv_bn_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, runn
 # ops would round between the steps (the float32 ``torch`` kernels exist for that).
 
 
-def _compiled_graphs_only(inputs: Inputs) -> list[str]:
-    return [] if inputs.traced else ["runs only inside torch.compile graphs, where Inductor computes the batch norm, the "
-                                           "residual add and the ReLU in float32 and rounds once (eagerly cudnn_fused or torch's "
-                                           "float32 ops do)"]
-
-
-_GRAPH_CHECKS = _NATIVE_CHECKS + [eager.padding_in_proportion, _compiled_graphs_only]
+_GRAPH_CHECKS = _NATIVE_CHECKS + [eager.padding_in_proportion, eager.in_compiled_graphs_only("cudnn_fused or torch's float32 ops")]
 
 
 @kernel("fused_conv_bn_relu", name="graph", priority=2, dtypes=HALF, checks=_GRAPH_CHECKS, differentiable=True)

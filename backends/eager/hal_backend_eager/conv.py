@@ -347,6 +347,19 @@ def add_relu_in_float32(kernel: Callable[..., torch.Tensor]) -> Callable[..., to
     return run
 
 
+def in_compiled_graphs_only(eagerly: str) -> Callable[[Inputs], list[str]]:
+    """The check of a backend's ``graph`` kernel of a fused convolution (torch's ops in the inputs'
+    half precision): it runs only inside torch.compile graphs, where Inductor fuses what follows the
+    convolution into one kernel that rounds once; ``eagerly`` names what does that in eager calls."""
+    reason = ("runs only inside torch.compile graphs, where Inductor computes the batch norm, the residual add and the ReLU in float32 "
+              f"and rounds once (eagerly {eagerly} do)")
+
+    def check(inputs: Inputs) -> list[str]:
+        return [] if inputs.traced else [reason]
+
+    return check
+
+
 def recorded_in_float64_only(inputs: Inputs) -> list[str]:
     """The ``differentiable`` check of an :func:`add_relu_in_float32` kernel: torch's autograd may
     record it for float64 calls only. A half-precision call runs its convolution and batch norm in
