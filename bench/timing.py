@@ -9,6 +9,8 @@ of it, outside the timed region, so the device does not wait on the host between
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import statistics
 import time
 from typing import Any, Callable, Optional
@@ -130,3 +132,24 @@ def host_overhead_us(fn: Callable[[], Any], calls: int = 2000) -> float:
             fn()
         best = min(best, (time.perf_counter() - t0) / calls * 1e6)
     return best
+
+
+def print_host_profile(label: str, step: Callable[[], Any], steps: int, sync: Callable[[], None]) -> None:
+    """cProfile ``steps`` calls of ``step`` and print, per call, the 25 functions with the most host
+    time of their own, then how much of the host time is spent in hal's own modules (its dispatcher,
+    kits and backend plugins) rather than torch's: where a compiled step's host time goes."""
+    profiler = cProfile.Profile()
+    sync()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    sync()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, callers)
+    print(f"\n{label}: cProfile of {steps} steps, per step (own ms, calls, function)")
+    for (file, line, name), (calls, _, own, _, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:25]:
+        where = name if file == "~" else f"{'/'.join(file.split('/')[-2:])}:{line} {name}"
+        print(f"  {own / steps * 1e3:8.3f} {calls / steps:8.1f}  {where}")
+    total = sum(v[2] for v in stats.values())
+    in_hal = sum(v[2] for (file, _, _), v in stats.items() if any(p in file for p in ("/hal/", "/hal_backend_", "/kits/")))
+    print(f"  host time per step {total / steps * 1e3:.2f} ms (profiled), of which in hal's modules {in_hal / steps * 1e3:.2f} ms")

@@ -7,7 +7,10 @@ optimizer (torch's fused AdamW, hal's), so the optimizer's share of a difference
 torch.compile and hal+compile columns of ``hal bench --models`` shows apart from the model's. The
 variants alternate round by round in one process (the device host's speed drifts between calls).
 
-    python benchmarks/phase_split.py [--size full] [--rounds 5] [--steps 10] [--eager] [--device cuda]
+    python benchmarks/phase_split.py [--size full] [--rounds 5] [--steps 10] [--eager] [--device cuda] [--profile 20]
+
+``--profile N``: after the timed rounds, cProfile N steps of each variant and print the functions
+with the most host time of their own, and the share of the step spent under ``hal``'s code.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 import hal
 from hal_bench.models_llama import LlamaTrain
+from hal_bench.timing import print_host_profile
 from hal_bench.workload import compiled
 
 PHASES = ("forward", "backward", "optimizer")
@@ -62,6 +66,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--eager", action="store_true", help="no torch.compile")
     parser.add_argument("--device", default="cuda", help="cuda; cpu (with --size cpu) checks the script")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N steps of each variant")
     args = parser.parse_args()
     device = torch.device(args.device)
     mode = None if args.eager else "default"
@@ -89,6 +94,9 @@ def main() -> None:
         total = sum(per_phase.values())
         print(f"{key[0]:>6} {key[1]:>6} | " + " ".join(f"{per_phase[p]:13.2f}" for p in PHASES)
               + f" | {total:8.2f} {statistics.median(step_ms[key]):8.2f}")
+    for key, step in variants.items():
+        if args.profile:
+            print_host_profile(f"{key[0]} model, {key[1]} AdamW", step, args.profile, sync)
 
 
 if __name__ == "__main__":

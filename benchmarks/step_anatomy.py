@@ -32,6 +32,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from hal_bench.models import all_workloads, copied_outputs, with_graphs
+from hal_bench.timing import print_host_profile
 
 ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4, "bool": 1,
                  "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4}
@@ -120,6 +121,7 @@ def main() -> int:
     ap.add_argument("--tflops", type=float, default=0.0, help="measured bf16 GEMM ceiling, for the % column")
     ap.add_argument("--gbps", type=float, default=0.0, help="measured copy bandwidth, for the % column")
     ap.add_argument("--json")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N", help="also cProfile N steps of each variant (host time by function)")
     args = ap.parse_args()
     device = torch.device("cuda")
     workload = {w.name: w for w in all_workloads("full")}[args.model]
@@ -145,6 +147,8 @@ def main() -> int:
                    "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
             rec.update(anatomy(step, args.steps, attribute_ops=not variant.graph))
             rec["idle_ms"] = rec["step_ms"] - rec["device_ms"]
+            if args.cprofile:
+                print_host_profile(f"{args.model} {name}", step, args.cprofile, _sync)
         except Exception as exc:  # noqa: BLE001 - one variant failing is recorded, the others still run
             rec = {"error": f"{type(exc).__name__}: {exc}"[:400]}
         doc["variants"][name] = rec
