@@ -29,7 +29,10 @@ optimizer and the loss scaling stay eager) and measures every variant the same w
 - **best peer / best hal** (issue 28): per model, the fastest peer (every variant that is not one of
   hal's: eager, the torch.compile modes, the graphed peers, Liger-Kernel, a workload's own) and the
   fastest of hal, hal+compile, hal+graph and hal+compile+graph, their ratio (peer time / hal time)
-  and the best hal step's peak memory over eager's (``row["best"]``).
+  and the best hal step's peak memory over eager's (``row["best"]``);
+- **side by side** (``row["paired"]``): the judged pairs, (compile, hal+compile) and (best peer, best
+  hal), built again after the sweep and timed in alternating rounds (:mod:`hal_bench.models_paired`):
+  the targets take these ratios, which the host's drift between variants does not bias.
 
 Sizes come from a preset (:data:`hal_bench.workload.SIZES`): ``full`` (the issue's sizes, for a GPU), ``cpu`` (small
 models that take milliseconds per step on a CPU) and ``tiny`` (the CI tests).
@@ -49,6 +52,7 @@ import torch
 from .models_hf import HFLlamaTrain
 from .models_llama import LlamaPrefill, LlamaTrain
 from .models_moe import MoEForwardBackward
+from .models_paired import ROUNDS, judged_pairs, time_side_by_side
 from .models_resnet import ResNetInference, ResNetTrain
 from .timing import Timer
 from .workload import HAL_VARIANTS, TRAJECTORY_STEPS, NotApplicable, Step, Variant, Workload
@@ -121,10 +125,7 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        if variant.graph and device.type != "cuda":
-            raise NotApplicable("CUDA graphs need a CUDA device")
-        step = workload.make(variant.impl, variant.compile_mode, device, seed)
-        step = with_graphs(step) if variant.graph else copied_outputs(step) if variant.compile_mode == "reduce-overhead" else step
+        step = build_step(workload, variant, device, seed)
     except NotApplicable as exc:
         rec["skipped"] = str(exc)
         return rec
@@ -167,6 +168,15 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
         torch._dynamo.reset()  # frees the compiled graphs
     _free(device)
     return rec
+
+
+def build_step(workload: Workload, variant: Variant, device: torch.device, seed: int) -> Step:
+    """The step of one variant as the table times it: captured whole for a +graph variant, its
+    outputs copied under reduce-overhead (whose graphs overwrite them on the next replay)."""
+    if variant.graph and device.type != "cuda":
+        raise NotApplicable("CUDA graphs need a CUDA device")
+    step = workload.make(variant.impl, variant.compile_mode, device, seed)
+    return with_graphs(step) if variant.graph else copied_outputs(step) if variant.compile_mode == "reduce-overhead" else step
 
 
 #: the peers of hal+graph and hal+compile+graph: every step captured as CUDA graphs too
@@ -245,8 +255,9 @@ def best_of(row: dict[str, Any]) -> dict[str, Any]:
 def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: int, use_compile: bool, max_autotune: bool,
                  wanted: Optional[set[str]] = None, progress: Callable[[str], None] = lambda s: None,
                  on_variant: Callable[[dict[str, Any]], None] = lambda row: None, steps: int = TRAJECTORY_STEPS,
-                 graphs: bool = False) -> dict[str, Any]:
-    """The row of one workload: every variant measured in turn (``on_variant`` after each)."""
+                 graphs: bool = False, paired_rounds: int = ROUNDS) -> dict[str, Any]:
+    """The row of one workload: every variant measured in turn (``on_variant`` after each), then the
+    judged pairs timed again side by side in ``paired_rounds`` rounds (:mod:`hal_bench.models_paired`)."""
     row: dict[str, Any] = {"model": workload.name, "kind": workload.kind, "describe": workload.describe(), "unit": workload.unit,
                            "items_per_step": workload.items_per_step(), "variants": []}
     reference = None
@@ -256,9 +267,11 @@ def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: i
         except Exception as exc:  # noqa: BLE001
             row["reference_error"] = _error(exc)
         _free(device)
+    built: dict[str, Variant] = {}
     for variant in workload.variants(use_compile, max_autotune, graphs):
         if wanted and variant.name not in wanted:
             continue
+        built[variant.name] = variant
         t0 = time.perf_counter()
         progress(f"{workload.name}: {variant.name} ...")
         rec = measure_variant(workload, variant, device, timer, seed, reference, steps)
@@ -266,6 +279,18 @@ def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: i
         add_ratios(row)
         state = rec.get("skipped") or rec.get("error") or f"{rec['step_us'] / 1000:.2f} ms/step"
         progress(f"{workload.name}: {variant.name}: {state} ({time.perf_counter() - t0:.0f} s)")
+        on_variant(row)
+    if judged_pairs(row) and paired_rounds > 0:
+        t0 = time.perf_counter()
+        progress(f"{workload.name}: {', '.join(' against '.join(p) for p in judged_pairs(row))}, side by side ...")
+        torch._dynamo.reset()
+        _free(device)
+        row["paired"] = time_side_by_side(row, lambda name: build_step(workload, built[name], device, seed), timer,
+                                          lambda: _sync(device), paired_rounds)
+        torch._dynamo.reset()
+        _free(device)
+        progress(f"{workload.name}: side by side: " + (row["paired"].get("error") or ", ".join(
+            f"{p['peer']} / {p['hal']} {p['ratio']:.2f}x" for p in row["paired"]["pairs"])) + f" ({time.perf_counter() - t0:.0f} s)")
         on_variant(row)
     return row
 
@@ -279,11 +304,13 @@ def all_workloads(size: str) -> list[Workload]:
 def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Optional[str] = None, use_compile: Optional[bool] = None,
         max_autotune: bool = True, variants: Optional[Sequence[str]] = None, seed: int = 0,
         progress: Callable[[str], None] = lambda s: None, on_result: Callable[[dict[str, Any]], None] = lambda doc: None,
-        steps: int = TRAJECTORY_STEPS, budget_s: Optional[float] = None, graphs: Optional[bool] = None) -> dict[str, Any]:
+        steps: int = TRAJECTORY_STEPS, budget_s: Optional[float] = None, graphs: Optional[bool] = None,
+        paired_rounds: int = ROUNDS) -> dict[str, Any]:
     """Measure the workloads (all, or those named in ``models``) on ``device``; returns the result
     document (``on_result`` sees it after every variant, to save partial results). ``steps``: the
     length of the loss trajectory; ``budget_s``: the timing budget per variant (default 1 s on a
-    GPU, 0.3 s on the CPU); ``graphs``: the CUDA-graph variants too (default: on a GPU)."""
+    GPU, 0.3 s on the CPU); ``graphs``: the CUDA-graph variants too (default: on a GPU);
+    ``paired_rounds``: the rounds of each row's side-by-side timing (0: none)."""
     from .models_report import judge
     from .runner import environment
 
@@ -309,7 +336,8 @@ def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Opti
             rows[n:] = [row]
             on_result(doc)
 
-        run_workload(workload, device, timer, seed, use_compile, max_autotune, set(variants) if variants else None, progress, save, steps, graphs)
+        run_workload(workload, device, timer, seed, use_compile, max_autotune, set(variants) if variants else None, progress, save, steps, graphs,
+                     paired_rounds)
     return doc
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .models_paired import paired_ratio
 from .report import _us, _x
 
 #: model -> the speed-up hal must reach over the faster of eager and torch.compile (on a GPU)
@@ -33,9 +34,16 @@ COLUMNS = ("eager", "compile", "compile max-autotune", "hal", "hal+compile", "li
 UNGRAPHED_PEERS = ("eager", "compile", "compile max-autotune")
 
 
-def _target(name: str, goal: float, value: Optional[float], at_most: bool = False) -> dict[str, Any]:
+def _target(name: str, goal: float, value: Optional[float], at_most: bool = False, side_by_side: bool = False) -> dict[str, Any]:
     met = None if value is None else (value <= goal if at_most else value >= goal)
-    return {"target": name, "goal": goal, "at_most": at_most, "value": value, "met": met}
+    return {"target": name, "goal": goal, "at_most": at_most, "value": value, "met": met, "side_by_side": side_by_side}
+
+
+def _pair_target(row: dict[str, Any], name: str, goal: float, peer: Optional[str], hal: Optional[str], in_turn: Optional[float]) -> dict[str, Any]:
+    """A ratio target judged on the pair's side-by-side ratio where it was timed so
+    (:mod:`hal_bench.models_paired`), else on the sweep's ratio ``in_turn``."""
+    paired = paired_ratio(row, peer, hal)
+    return _target(name, goal, in_turn if paired is None else paired, side_by_side=paired is not None)
 
 
 def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -67,12 +75,17 @@ def judge(row: dict[str, Any], gpu: bool) -> list[dict[str, Any]]:
         out.append(_target("hal host time per step / eager's", HOST_GOAL, _div(v.get("hal", {}).get("host_us"), v.get("eager", {}).get("host_us")), at_most=True))
     best = row.get("best") or {}
     if gpu and row["model"] in BEST_SPEED_GOALS:
-        out.append(_target(BEST_SPEED_TARGET, BEST_SPEED_GOALS[row["model"]], best.get("ratio")))
+        out.append(_pair_target(row, BEST_SPEED_TARGET, BEST_SPEED_GOALS[row["model"]], _name(best.get("peer")), _name(best.get("hal")),
+                                best.get("ratio")))
     if gpu and row["model"] in BEST_MEMORY_GOALS:
         out.append(_target(BEST_MEMORY_TARGET, BEST_MEMORY_GOALS[row["model"]], best.get("peak_vs_eager"), at_most=True))
     out.append(_target("hal vs eager", 1.0, v.get("eager", {}).get("ratio")))
-    out.append(_target("hal+compile vs torch.compile", 1.0, v.get("hal+compile", {}).get("ratio_vs_compile")))
+    out.append(_pair_target(row, "hal+compile vs torch.compile", 1.0, "compile", "hal+compile", v.get("hal+compile", {}).get("ratio_vs_compile")))
     return out
+
+
+def _name(brief: Optional[dict[str, Any]]) -> Optional[str]:
+    return brief["variant"] if brief else None
 
 
 def _bytes(n: Optional[int], cpu: bool = False) -> str:
@@ -137,6 +150,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         others = "; ".join(f"{n}: {_cell(r)}" for n, r in v.items() if n not in COLUMNS) or "-"
         lines.append(f"| {row['describe']} | " + " | ".join(_cell(v.get(c)) for c in COLUMNS) + f" | {others} |")
     lines += best_lines(doc)
+    lines += paired_lines(doc)
     cpu = dev.get("type") == "cpu"
     lines += ["", "## Every variant", "",
               "| model | variant | step | throughput | peak memory | peak / eager's | host time / step | syncs / step | first step | check |",
@@ -161,7 +175,8 @@ def to_markdown(doc: dict[str, Any]) -> str:
         for t in row.get("targets", []):
             goal = f"{'≤' if t['at_most'] else '≥'} {t['goal']:.2f}{'' if 'memory' in t['target'] else '×'}"
             verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "**missed**")
-            lines.append(f"| {row['model']} | {t['target']} | {goal} | {_x(t['value'])} | {verdict} |")
+            measured = _x(t["value"]) + (" (side by side)" if t.get("side_by_side") else "")
+            lines.append(f"| {row['model']} | {t['target']} | {goal} | {measured} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -172,7 +187,7 @@ def best_lines(doc: dict[str, Any]) -> list[str]:
     lines = ["", "## Best hal vs best peer (issue 28)", "",
              "Best peer: the fastest variant that is not a hal step (eager, torch.compile in any mode, the graphed peers, Liger-Kernel, "
              "a workload's own); best hal: the fastest of hal, hal+compile, hal+graph and hal+compile+graph. Ratio: best peer time / "
-             "best hal time. Peak memory: a +graph variant's covers the whole variant (its graph's memory is taken at the capture), the "
+             "best hal time, side by side where the pair was timed so (next section), in turn (the sweep) otherwise. Peak memory: a +graph variant's covers the whole variant (its graph's memory is taken at the capture), the "
              "others' their timed steps. The goals are GPU targets" + ("." if gpu else ": not judged on this CPU run."),
              "", "| model | best peer | best hal | best peer / best hal | goal | best hal's peak / eager's | goal | |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -184,9 +199,37 @@ def best_lines(doc: dict[str, Any]) -> list[str]:
         verdicts = [t["met"] for n in (BEST_SPEED_TARGET, BEST_MEMORY_TARGET) if (t := targets.get(n))]
         verdict = ("not judged (CPU)" if not gpu else "n/a" if not verdicts or None in verdicts
                    else "met" if all(verdicts) else "**missed**")
-        lines.append(f"| {row['model']} | {named(best.get('peer'))} | {named(best.get('hal'))} | {_x(best.get('ratio'))} | "
+        paired = paired_ratio(row, _name(best.get("peer")), _name(best.get("hal")))
+        ratio = _x(best.get("ratio")) if paired is None else f"{_x(paired)} side by side ({_x(best.get('ratio'))} in turn)"
+        lines.append(f"| {row['model']} | {named(best.get('peer'))} | {named(best.get('hal'))} | {ratio} | "
                      f"{'-' if speed is None else f'≥ {speed:.2f}×'} | {_x(best.get('peak_vs_eager'))} | "
                      f"{'-' if memory is None else f'≤ {memory:.2f}×'} | {verdict} |")
+    return lines
+
+
+def paired_lines(doc: dict[str, Any]) -> list[str]:
+    """The judged pairs of each row timed side by side (:mod:`hal_bench.models_paired`), next to the
+    ratio the sweep measured in turn."""
+    rows = [row for row in doc.get("models", []) if row.get("paired")]
+    if not rows:
+        return []
+    lines = ["", "## Side by side", "",
+             "The judged pairs, (compile, hal+compile) and (best peer, best hal), built again after the sweep, all alive at once, and "
+             "timed in alternating rounds (the order rotating); step: the median over the rounds; ratio: the median of the rounds' "
+             "ratios (peer / hal), with their range. In turn: the same ratio from the sweep, where each variant ran after the previous "
+             "one was freed.", "",
+             "| model | peer | hal | peer step | hal step | peer / hal | range over rounds | in turn |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        paired = row["paired"]
+        if "error" in paired:
+            lines.append(f"| {row['model']} | | | | | error ({paired['error']}) | | |")
+            continue
+        swept = {r["variant"]: r.get("step_us") for r in row["variants"]}
+        for p in paired["pairs"]:
+            lo, hi = p["ratio_range"]
+            lines.append(f"| {row['model']} | {p['peer']} | {p['hal']} | {_us(p['peer_us'])} | {_us(p['hal_us'])} | {_x(p['ratio'])} | "
+                         f"{_x(lo)}-{_x(hi)} over {paired['rounds']} | {_x(_div(swept.get(p['peer']), swept.get(p['hal'])))} |")
     return lines
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hal_bench.models import all_workloads, copied_outputs, with_graphs
+from hal_bench.models import all_workloads, build_step
 from hal_bench.timing import print_host_profile
 
 ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4, "bool": 1,
@@ -136,8 +136,7 @@ def main() -> int:
             continue
         try:
             torch._dynamo.reset()
-            step = workload.make(variant.impl, variant.compile_mode, device, 0)
-            step = with_graphs(step) if variant.graph else copied_outputs(step) if variant.compile_mode == "reduce-overhead" else step
+            step = build_step(workload, variant, device, 0)
             for _ in range(4):  # compile, tune, capture
                 step()
             _sync()

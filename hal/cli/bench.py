@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave out the CUDA-graph variants (eager+graph, compile reduce-overhead, compile+graph, hal+graph, "
                              "hal+compile+graph; measured by default on a GPU)")
     models.add_argument("--no-max-autotune", dest="max_autotune", action="store_false", help="leave out torch.compile max-autotune-no-cudagraphs for inference")
+    models.add_argument("--paired-rounds", type=int, default=5, metavar="N",
+                        help="after each model's sweep, time the judged pairs (compile against hal+compile, best peer against best "
+                             "hal) again side by side in N alternating rounds (default 5; 0 leaves them out)")
     try:
         from hal.dist import bench as dist_bench
     except ImportError:
@@ -171,7 +174,7 @@ def run_models(args: argparse.Namespace) -> int:
     with hal.use(backend=args.backend) if args.backend else contextlib.nullcontext():
         try:
             doc = models.run(device, args.models or None, args.model_size, args.use_compile, args.max_autotune, args.variants,
-                             progress=progress, on_result=save, graphs=args.graphs)
+                             progress=progress, on_result=save, graphs=args.graphs, paired_rounds=args.paired_rounds)
         except ValueError as exc:
             print(f"hal bench --models: {exc}", file=sys.stderr)
             return 2
