@@ -280,12 +280,13 @@ def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: i
         state = rec.get("skipped") or rec.get("error") or f"{rec['step_us'] / 1000:.2f} ms/step"
         progress(f"{workload.name}: {variant.name}: {state} ({time.perf_counter() - t0:.0f} s)")
         on_variant(row)
-    if judged_pairs(row) and paired_rounds > 0:
+    pairs = judged_pairs(row)
+    if pairs and paired_rounds > 0:
         t0 = time.perf_counter()
-        progress(f"{workload.name}: {', '.join(' against '.join(p) for p in judged_pairs(row))}, side by side ...")
+        progress(f"{workload.name}: {', '.join(' against '.join(p) for p in pairs)}, side by side ...")
         torch._dynamo.reset()
         _free(device)
-        row["paired"] = time_side_by_side(row, lambda name: build_step(workload, built[name], device, seed), timer,
+        row["paired"] = time_side_by_side(pairs, lambda name: build_step(workload, built[name], device, seed), timer,
                                           lambda: _sync(device), paired_rounds)
         torch._dynamo.reset()
         _free(device)

@@ -44,14 +44,10 @@ def judged_pairs(row: dict[str, Any]) -> list[tuple[str, str]]:
     return pairs
 
 
-def time_side_by_side(row: dict[str, Any], build: Callable[[str], Step], timer: Timer, sync: Callable[[], None],
-                      rounds: int = ROUNDS) -> Optional[dict[str, Any]]:
-    """Build each variant of the row's :func:`judged_pairs` with ``build(name)``, warm it up and
-    time them all in ``rounds`` alternating rounds; the record of the module docstring, or None when
-    the row has no pair to judge (``rounds`` 0: not asked for)."""
-    pairs = judged_pairs(row)
-    if not pairs or rounds <= 0:
-        return None
+def time_side_by_side(pairs: list[tuple[str, str]], build: Callable[[str], Step], timer: Timer, sync: Callable[[], None],
+                      rounds: int = ROUNDS) -> dict[str, Any]:
+    """Build each variant of ``pairs`` (a row's :func:`judged_pairs`) with ``build(name)``, warm it
+    up and time them all in ``rounds`` alternating rounds; the record of the module docstring."""
     names = list(dict.fromkeys(name for pair in pairs for name in pair))
     steps: dict[str, Step] = {}
     try:

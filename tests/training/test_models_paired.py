@@ -46,7 +46,7 @@ def test_rounds_alternate_and_the_ratio_is_the_rounds_median() -> None:
 
     row = _row({"eager": 9.0, "compile": 1.0, "hal+compile": 3.0, "hal": 8.0})  # the sweep's drifted figures
     assert judged_pairs(row) == [("compile", "hal+compile")]  # the best pair is the same pair: timed once
-    rec = time_side_by_side(row, build, Timer(CPU, budget_s=0.02, min_reps=3), lambda: None, rounds=3)
+    rec = time_side_by_side(judged_pairs(row), build, Timer(CPU, budget_s=0.02, min_reps=3), lambda: None, rounds=3)
     assert built == ["compile", "hal+compile"]
     assert rec["rounds"] == 3 and all(len(t) == 3 for t in rec["times_us"].values())
     (pair,) = rec["pairs"]
@@ -67,7 +67,7 @@ def test_best_pair_joins_and_a_failed_rebuild_leaves_the_sweep() -> None:
             raise RuntimeError("no capture here\nsecond line")
         return _sleeper(0.0)
 
-    row["paired"] = time_side_by_side(row, build, Timer(CPU, budget_s=0.01), lambda: None, rounds=2)
+    row["paired"] = time_side_by_side(judged_pairs(row), build, Timer(CPU, budget_s=0.01), lambda: None, rounds=2)
     assert row["paired"] == {"error": "RuntimeError: no capture here"}
     targets = {t["target"]: t for t in models_report.judge(row, gpu=True)}
     assert targets["hal+compile vs torch.compile"]["value"] == pytest.approx(5.0 / 6.0)
