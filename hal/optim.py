@@ -9,6 +9,10 @@ than the parameter's precision are not lost. Without it, moments have the parame
 
 With ``hal.amp.DynamicLossScaler`` the step receives ``found_inf``: the kernel skips the update when
 it is non-zero, and the step count does not advance (as a step that GradScaler skips).
+
+Checkpoints move both ways between this class and ``torch.optim.AdamW``: :meth:`AdamW.state_dict`
+gives torch's layout (one step count per parameter), and :meth:`AdamW.load_state_dict` takes
+torch's, keeping float32 masters and moments where master weights are on.
 """
 
 from __future__ import annotations
@@ -79,27 +83,72 @@ class AdamW(torch.optim.Optimizer):
             state["master_param"] = p.detach().to(torch.float32, copy=True)
         return state
 
-    def _share_steps(self) -> None:
-        """After loading a state_dict (one step tensor per parameter, perhaps on the CPU): the counts
-        moved to their parameters' devices and shared by the parameters of a group at one count, so
-        that they step in one launch again. Reads the counts once (on a load, not in a step)."""
+    def _settle_loaded_state(self) -> None:
+        """At the first step after loading a state_dict (one step tensor per parameter, perhaps on
+        the CPU): the counts moved to their parameters' devices and shared by the parameters of a
+        group at one count, so that they step in one launch again; and a master weight that no
+        longer rounds to its parameter is made again from the parameter. Such a master is stale:
+        the parameter was updated without it (by torch.optim.AdamW, which carries hal's master
+        along untouched, or by weights loaded since). Done at the step, not in the load, so that
+        model weights loaded after the optimizer's state count. Reads the counts once."""
         for group in self.param_groups:
             shared: dict[tuple[Any, float], torch.Tensor] = {}
             for p in group["params"]:
                 state = self.state.get(p)
-                if not state or "step" not in state:
+                if not state:
                     continue
-                step = state["step"]
-                value = float(step)
+                master = state.get("master_param")
+                if master is not None and not torch.equal(master.to(p.dtype), p.detach()):
+                    state["master_param"] = p.detach().to(torch.float32, copy=True)
+                if "step" not in state:
+                    continue
+                value = float(state["step"])
                 key = (p.device, value)
                 if key not in shared:
                     shared[key] = torch.full((), value, dtype=torch.float32, device=p.device)
                 state["step"] = shared[key]
-        self._steps_shared = True
+        self._loaded_unsettled = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """``torch.optim.AdamW``'s layout: each parameter's state with its own step count, a 0-d
+        float32 tensor on the CPU. hal shares one count among the parameters of a launch; a shared
+        tensor handed out would be incremented once per parameter by torch's AdamW after loading.
+        The other tensors are the optimizer's own, not copies, as in torch's state_dict."""
+        packed = super().state_dict()
+        on_host: dict[int, torch.Tensor] = {}  # one device-to-host copy per shared count
+
+        def own_step(state: dict[str, Any]) -> dict[str, Any]:
+            step = state.get("step")
+            if not isinstance(step, torch.Tensor):
+                return state
+            if id(step) not in on_host:
+                on_host[id(step)] = step.detach().to("cpu", torch.float32)
+            return {**state, "step": on_host[id(step)].clone()}
+
+        packed["state"] = {index: own_step(state) for index, state in packed["state"].items()}
+        return packed
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state_dict of this class or of ``torch.optim.AdamW``. torch's loader casts every
+        state tensor to its parameter's dtype; where a group keeps master weights for a half
+        precision parameter, its float32 master and moments are put back in float32 (moments
+        saved in half precision, from torch's AdamW, are widened; a missing master is made from
+        the parameter at its next step), and where it does not, a saved master is dropped."""
+        saved = _saved_states_by_param(self.param_groups, state_dict)
         super().load_state_dict(state_dict)
-        self._steps_shared = False
+        for group in self.param_groups:  # master_weights set by __setstate__, which the load calls
+            for p in group["params"]:
+                state, kept = self.state.get(p), saved.get(p)
+                if not state or kept is None:
+                    continue
+                if group["master_weights"] and p.dtype in _LOW_PRECISION:
+                    for key in ("master_param", "exp_avg", "exp_avg_sq"):
+                        value = kept.get(key)
+                        if isinstance(value, torch.Tensor) and value.is_floating_point():
+                            state[key] = value.to(device=p.device, dtype=torch.float32)
+                else:
+                    state.pop("master_param", None)
+        self._loaded_unsettled = True
         self._launch_cache.clear()
 
     def _launches(self, group: dict[str, Any], params: list[torch.Tensor]) -> list["_Launch"]:
@@ -136,8 +185,8 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if not getattr(self, "_steps_shared", True):
-            self._share_steps()
+        if getattr(self, "_loaded_unsettled", False):
+            self._settle_loaded_state()
         skip_all = found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0
         if skip_all:
             return loss
@@ -154,6 +203,16 @@ class AdamW(torch.optim.Optimizer):
                 launch.step.add_(1.0 if skip is None else (skip == 0).to(launch.step.dtype))
                 launch.run(grads, lr, float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"]), skip)
         return loss
+
+
+def _saved_states_by_param(groups: list[dict[str, Any]], state_dict: dict[str, Any]) -> dict[torch.Tensor, dict[str, Any]]:
+    """The saved state of each parameter of ``groups``, before torch's loader casts it: saved ids
+    map to parameters in the order of the groups, as ``torch.optim.Optimizer.load_state_dict``
+    maps them (it checks that the groups match)."""
+    saved_ids = [i for group in state_dict.get("param_groups", ()) for i in group["params"]]
+    params = [p for group in groups for p in group["params"]]
+    states = state_dict.get("state", {})
+    return {p: states[i] for i, p in zip(saved_ids, params) if i in states}
 
 
 _GRAD = operator.attrgetter("grad")

@@ -4,6 +4,7 @@ torch.optim.AdamW, with and without float32 master weights."""
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -307,3 +308,135 @@ def test_scaler_holds_its_unscale_plan_and_rebinds_for_other_strides(seed: int) 
         scaler.step(opt)
         scaler.update(8.0)
     assert held[0] is held[1] and held[2] is not held[1]
+
+
+# --- checkpoints between hal.optim.AdamW and torch.optim.AdamW ----------------------------------
+
+
+def _mlp(dtype: torch.dtype = torch.float32) -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(dtype)
+
+
+def _two_groups(model: torch.nn.Module) -> list[dict]:
+    """Two param groups with their own learning rate and weight decay (the first layer, the last)."""
+    first, last = model[0], model[2]
+    return [{"params": list(first.parameters())}, {"params": list(last.parameters()), "lr": 3e-3, "weight_decay": 0.1}]
+
+
+def _make(kind: str, model: torch.nn.Module, master: bool = False) -> torch.optim.Optimizer:
+    if kind == "hal":
+        return hal.optim.AdamW(_two_groups(model), lr=2e-2, betas=(0.8, 0.99), master_weights=master)
+    return torch.optim.AdamW(_two_groups(model), lr=2e-2, betas=(0.8, 0.99))
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x.to(model[0].weight.dtype)).float(), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _checkpointed(opt: torch.optim.Optimizer) -> dict:
+    """The optimizer's state_dict through torch.save and torch.load, as a checkpoint file holds it."""
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    return torch.load(buffer)
+
+
+@pytest.mark.parametrize("first, then", [("hal", "torch"), ("torch", "hal")])
+def test_adamw_checkpoint_resumes_in_the_other_optimizer_as_if_never_switched(first: str, then: str, seed: int) -> None:
+    """A model trained 3 steps by one AdamW, checkpointed and resumed for 4 steps by the other,
+    gives the losses and parameters of 7 steps of one optimizer (to float rounding), with two
+    param groups; every parameter counts its own 7 steps. Before: hal's state held one step tensor
+    shared by the parameters of a launch, which torch.optim.AdamW incremented once per parameter
+    (4 parameters: 3 + 4 * 4 = 19 after the switch), and the loss drifted."""
+    batches = [(torch.randn(16, 6), torch.randn(16, 3)) for _ in range(7)]
+    model = _mlp()
+    straight = copy.deepcopy(model)
+    opt = _make(first, model)
+    losses = _train(model, opt, batches[:3])
+    resumed = _make(then, model)
+    resumed.load_state_dict(_checkpointed(opt))
+    losses += _train(model, resumed, batches[3:])
+
+    reference = _make(then, straight)
+    want = _train(straight, reference, batches)
+    torch.testing.assert_close(losses, want, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), straight.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
+    steps = [resumed.state[p]["step"] for p in model.parameters()]
+    assert [float(s) for s in steps] == [7.0] * 4
+    assert resumed.param_groups[1]["lr"] == 3e-3 and resumed.param_groups[1]["weight_decay"] == 0.1
+
+
+def test_adamw_state_dict_gives_each_parameter_its_own_step_as_torch_does(seed: int) -> None:
+    """hal shares one step tensor inside a launch, but the state_dict it gives out holds one
+    independent step tensor per parameter, on the CPU, as torch.optim.AdamW's does; hal's own
+    steps are unchanged by what is done to the state_dict."""
+    model = _mlp()
+    opt = _make("hal", model)
+    _train(model, opt, [(torch.randn(4, 6), torch.randn(4, 3))] * 2)
+    ours, theirs = opt.state_dict(), _make("torch", _mlp()).state_dict()
+    steps = [s["step"] for s in ours["state"].values()]
+    assert len(steps) == 4 and len({id(s) for s in steps}) == 4
+    assert all(s.device.type == "cpu" and s.dtype == torch.float32 and s.shape == () and float(s) == 2.0 for s in steps)
+    steps[0].add_(5.0)
+    assert [float(opt.state[p]["step"]) for p in model.parameters()] == [2.0] * 4
+    assert ours["param_groups"][0].keys() - theirs["param_groups"][0].keys() == {"master_weights"}
+
+
+def test_adamw_master_weights_resume_from_a_checkpoint_exactly(seed: int) -> None:
+    """master_weights=True on a bfloat16 model: resumed from a checkpoint, training goes on bit for
+    bit as without the checkpoint (float32 masters and moments survive the load). Before: loading
+    cast the masters and moments to the parameters' bfloat16, as torch's Optimizer casts state."""
+    batches = [(torch.randn(16, 6), torch.randn(16, 3)) for _ in range(6)]
+    model = _mlp(torch.bfloat16)
+    straight = copy.deepcopy(model)
+    opt = _make("hal", model, master=True)
+    losses = _train(model, opt, batches[:3])
+    resumed = _make("hal", model, master=True)
+    resumed.load_state_dict(_checkpointed(opt))
+    losses += _train(model, resumed, batches[3:])
+    want = _train(straight, _make("hal", straight, master=True), batches)
+    assert losses == want
+    for p, q in zip(model.parameters(), straight.parameters()):
+        assert torch.equal(p, q)
+        assert resumed.state[p]["master_param"].dtype == resumed.state[p]["exp_avg"].dtype == torch.float32
+
+
+def test_adamw_master_weights_state_goes_to_torch_and_comes_back(seed: int) -> None:
+    """A bfloat16 model's master-weight state loads into torch.optim.AdamW (one step count per
+    parameter, the moments cast to the parameters' dtype as torch does), and torch's state loads
+    into hal with master weights: moments in float32, masters made from the parameters, and the
+    masters then follow torch's AdamW in float32 from that state, fed the same gradients."""
+    model = _mlp(torch.bfloat16)
+    params = list(model.parameters())
+    grads = [[torch.randn_like(p) for p in params] for _ in range(6)]
+    opt = _make("hal", model, master=True)
+    _adamw_run(params, opt, grads[:2])
+    theirs = _make("torch", model)
+    theirs.load_state_dict(_checkpointed(opt))
+    _adamw_run(params, theirs, grads[2:4])
+    assert [float(theirs.state[p]["step"]) for p in params] == [4.0] * 4
+    assert all(theirs.state[p]["exp_avg"].dtype == torch.bfloat16 for p in params)
+
+    back = _make("hal", model, master=True)
+    back.load_state_dict(_checkpointed(theirs))
+    assert all(back.state[p]["exp_avg"].dtype == back.state[p]["exp_avg_sq"].dtype == torch.float32 for p in params)
+    reference = _mlp()
+    with torch.no_grad():
+        for r, p in zip(reference.parameters(), params):
+            r.copy_(p.float())
+    float_opt = _make("torch", reference)
+    float_opt.load_state_dict(_checkpointed(theirs))
+    _adamw_run(params, back, grads[4:])
+    _adamw_run(list(reference.parameters()), float_opt, grads[4:])
+    for p, r in zip(params, reference.parameters()):
+        assert float(back.state[p]["step"]) == 6.0
+        torch.testing.assert_close(back.state[p]["master_param"], r.detach(), rtol=1e-5, atol=1e-6)
+        assert torch.equal(p.detach(), back.state[p]["master_param"].to(torch.bfloat16))
