@@ -11,8 +11,11 @@ the writer merges what is on disk with its own measurements and replaces the fil
 concurrent processes lose no entry and a reader never sees half a file.
 
 A cache must never stop a program: a file hal cannot use is ignored with one warning (and moved
-aside to ``<file>.corrupt`` before the next write replaces it), and a directory hal cannot write
-leaves the measurements in memory for this process, again with one warning.
+aside to ``<file>.corrupt`` before the next write replaces it), a record whose fields do not hold
+what the dispatcher reads (:data:`FIELDS`) is dropped with one warning per file naming the record
+and the field (the call is measured again, and the next write leaves the record out), and a
+directory hal cannot write leaves the measurements in memory for this process, again with one
+warning.
 
 A plugin may ship *seed* files, measured on the project's machines, in the same format. A seed is
 matched by device only (its versions may be older); its records are served with ``"source":
@@ -31,7 +34,7 @@ import re
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 log = logging.getLogger("hal")
 
@@ -41,6 +44,54 @@ Record = dict[str, Any]
 
 #: the file layout this module reads and writes; a file of another format is ignored.
 FORMAT = 1
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_time(value: Any) -> bool:
+    """Microseconds as the dispatcher writes them: a number >= 0, or "inf" (the kernel raised)."""
+    if value == "inf":
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0  # NaN fails too
+
+
+def _is_times(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and _is_time(t) for k, t in value.items())
+
+
+#: what each field of a record must hold, as (required, description, check): the dispatcher reads
+#: ``winner`` and ``times_us`` (:mod:`hal.dispatch.measure`), reports print the others. Fields not
+#: named here are kept as they are.
+FIELDS: dict[str, tuple[bool, str, Callable[[Any], bool]]] = {
+    "winner": (True, "the winning route's label, a string", _is_text),
+    "times_us": (True, 'an object of route label -> microseconds (a number >= 0, or "inf")', _is_times),
+    "context": (False, "a string", _is_text),
+    "op": (False, "a string", _is_text),
+    "source": (False, "a string", _is_text),
+    "measured": (False, "a string (an ISO 8601 time)", _is_text),
+}
+
+
+def record_problem(record: Any) -> Optional[str]:
+    """Why ``record`` (parsed JSON) is not a usable record, naming the field; None if it is."""
+    if not isinstance(record, dict):
+        return f"not an object but {_shown(record)}"
+    for field, (required, description, check) in FIELDS.items():
+        if field not in record:
+            if required:
+                return f"field {field!r} is missing (it must be {description})"
+        elif not check(record[field]):
+            return f"field {field!r} must be {description}, got {_shown(record[field])}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A value as the file spells it, shortened."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
 
 #: a device slug names a file, so it may not hold path separators or start with a dot.
 _DEVICE_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -106,8 +157,9 @@ class TuneCache:
     def put(self, key: str, record: Record) -> None:
         """Keep ``record`` for ``key`` in memory and merge it into the file.
 
-        Raises TypeError if ``record`` is not a JSON-able dict (a caller's bug); problems with the
-        file or its directory are only warned about, since the record stays usable in memory."""
+        Raises TypeError if ``record`` is not a JSON-able dict whose fields hold what
+        :data:`FIELDS` says (a caller's bug); problems with the file or its directory are only
+        warned about, since the record stays usable in memory."""
         kept = _frozen(key, record)
         with self._lock:
             self._mine[key] = kept
@@ -154,7 +206,7 @@ class TuneCache:
         is warned about and, with ``quarantine`` (only under the file lock, about to rewrite it),
         moved to ``<file>.corrupt`` so that the rewrite loses nothing."""
         try:
-            return _read_entries(self.path, self.device, self.versions)
+            entries, dropped = _read_entries(self.path, self.device, self.versions)
         except _Unusable as problem:
             corrupt = self.path.with_name(self.path.name + ".corrupt")
             _warn_once(
@@ -167,13 +219,22 @@ class TuneCache:
             if quarantine:
                 os.replace(self.path, corrupt)
             return {}
+        if dropped:
+            _warn_once(
+                "records",
+                self.path,
+                f"hal tuning cache {self.path}: {_listed(dropped)}; ignored, so those calls are "
+                "measured again, and the next measurement rewrites the file without them. Nothing "
+                "needs doing.",
+            )
+        return entries
 
     def _read_seeds(self, seeds: Sequence[Path]) -> dict[str, Record]:
         """The records of the seed files for this device, each marked ``"source": "seed"``."""
         records: dict[str, Record] = {}
         for seed in map(Path, seeds):
             try:
-                entries = _read_entries(seed, self.device, versions=None)
+                entries, dropped = _read_entries(seed, self.device, versions=None)
             except _Unusable as problem:
                 _warn_once(
                     "seed",
@@ -183,6 +244,14 @@ class TuneCache:
                     "model, or remove the file.",
                 )
                 continue
+            if dropped:
+                _warn_once(
+                    "seed records",
+                    seed,
+                    f"hal tuning seed file {seed}: {_listed(dropped)}; ignored, the choices they "
+                    "held will be measured on this machine. Export seeds with 'hal tune --export' "
+                    "rather than editing them by hand.",
+                )
             records.update({key: {**record, "source": "seed"} for key, record in entries.items()})
         return records
 
@@ -207,19 +276,23 @@ def _frozen(key: str, record: Record) -> Record:
     if not isinstance(record, dict):
         raise TypeError(f"tuning record for {key!r} must be a dict, got {type(record).__name__}")
     try:
-        return json.loads(json.dumps(record))
+        kept = json.loads(json.dumps(record))
     except (TypeError, ValueError) as error:
         raise TypeError(f"tuning record for {key!r} is not JSON-able: {error}") from error
+    problem = record_problem(kept)
+    if problem is not None:  # what a later load would drop
+        raise TypeError(f"tuning record for {key!r}: {problem}")
+    return kept
 
 
-def _read_entries(path: Path, device: str, versions: Optional[Mapping[str, str]]) -> dict[str, Record]:
-    """The entries of the cache or seed file at ``path``; none if there is no file. Raises
-    _Unusable if the file cannot be read or parsed, or is not of ``device`` and (unless None)
-    ``versions``."""
+def _read_entries(path: Path, device: str, versions: Optional[Mapping[str, str]]) -> tuple[dict[str, Record], list[str]]:
+    """The usable entries of the cache or seed file at ``path`` (none if there is no file), and
+    what was wrong with each record left out. Raises _Unusable if the file cannot be read or
+    parsed, or is not of ``device`` and (unless None) ``versions``."""
     try:
         text = path.read_text(encoding="utf-8")
     except (FileNotFoundError, NotADirectoryError):
-        return {}
+        return {}, []
     except (OSError, UnicodeDecodeError) as error:
         raise _Unusable(f"cannot read it: {error}") from error
     try:
@@ -229,8 +302,9 @@ def _read_entries(path: Path, device: str, versions: Optional[Mapping[str, str]]
     return _checked_entries(document, device, versions)
 
 
-def _checked_entries(document: Any, device: str, versions: Optional[Mapping[str, str]]) -> dict[str, Record]:
-    """The entries of a parsed file, after checking its structure, format, device and versions."""
+def _checked_entries(document: Any, device: str, versions: Optional[Mapping[str, str]]) -> tuple[dict[str, Record], list[str]]:
+    """The usable entries of a parsed file, after checking its structure, format, device and
+    versions, and each record's fields; with what was wrong with each record left out."""
     if not isinstance(document, dict) or not isinstance(document.get("entries"), dict):
         raise _Unusable("not a tuning cache: expected an object with format, device, versions and entries")
     if document.get("format") != FORMAT:
@@ -239,11 +313,21 @@ def _checked_entries(document: Any, device: str, versions: Optional[Mapping[str,
         raise _Unusable(f"measured on device {document.get('device')!r}, not {device!r}")
     if versions is not None and document.get("versions") != dict(versions):
         raise _Unusable(f"measured with versions {document.get('versions')!r}, not {dict(versions)!r}")
-    entries: dict[str, Any] = document["entries"]
-    for key, record in entries.items():
-        if not isinstance(record, dict):
-            raise _Unusable(f"entry {key!r} is not an object")
-    return entries
+    entries: dict[str, Record] = {}
+    dropped: list[str] = []
+    for key, record in document["entries"].items():
+        problem = record_problem(record)
+        if problem is None:
+            entries[key] = record
+        else:
+            dropped.append(f"record {key!r}: {problem}")
+    return entries, dropped
+
+
+def _listed(dropped: Sequence[str], shown: int = 3) -> str:
+    """The records left out, for a warning: the first few, then how many more."""
+    more = f"; and {len(dropped) - shown} more" if len(dropped) > shown else ""
+    return f"{len(dropped)} unusable record(s) ({'; '.join(dropped[:shown])}{more})"
 
 
 @contextlib.contextmanager

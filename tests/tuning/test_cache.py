@@ -141,13 +141,12 @@ def _other_device(path: Path) -> None:
         (lambda p: p.write_text('{"format": 1, "entries": {"half'), "not valid JSON"),
         (lambda p: p.write_bytes(b"\xff\xfe\x00garbage"), "cannot read it"),
         (lambda p: p.write_text("[1, 2, 3]"), "not a tuning cache"),
-        (lambda p: write_document(p, entries={"k": [1, 2]}), "entry 'k' is not an object"),
         (lambda p: p.write_text(json.dumps({"format": 2, "device": DEVICE, "versions": VERSIONS, "entries": {}})), "format 2"),
         (_other_versions, "measured with versions"),
         (_other_device, "measured on device 'nvidia-h200-sm90'"),
         (lambda p: p.mkdir(), "cannot read it"),  # a directory in the file's place: read fails
     ],
-    ids=["bad-json", "not-utf8", "wrong-structure", "bad-entry", "other-format", "other-versions", "other-device", "unreadable"],
+    ids=["bad-json", "not-utf8", "wrong-structure", "other-format", "other-versions", "other-device", "unreadable"],
 )
 def test_an_unusable_file_is_ignored_with_one_warning_then_set_aside_and_rewritten(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage, reason: str
@@ -169,6 +168,66 @@ def test_an_unusable_file_is_ignored_with_one_warning_then_set_aside_and_rewritt
     assert corrupt.exists() and (damaged is None or corrupt.read_bytes() == damaged)
     assert json.loads(path.read_text())["entries"] == {"new": measured("cuda/triton")}
     assert TuneCache(DEVICE, VERSIONS, tmp_path).entries() == {"new": measured("cuda/triton")}
+
+
+BAD_RECORDS = {
+    "times_us null": ({**measured("cuda/triton"), "times_us": None}, "field 'times_us' must be", "null"),
+    "times_us a list": ({**measured("cuda/triton"), "times_us": [1.0, 2.0]}, "field 'times_us' must be", "[1.0, 2.0]"),
+    "times_us a string": ({**measured("cuda/triton"), "times_us": "fast"}, "field 'times_us' must be", '"fast"'),
+    "a time a string": ({**measured("cuda/triton"), "times_us": {"cuda/triton": "fast"}}, "field 'times_us' must be", '"fast"'),
+    "a time null": ({**measured("cuda/triton"), "times_us": {"cuda/triton": None}}, "field 'times_us' must be", "null"),
+    "a time negative": ({**measured("cuda/triton"), "times_us": {"cuda/triton": -3.0}}, "field 'times_us' must be", "-3.0"),
+    "a time true": ({**measured("cuda/triton"), "times_us": {"cuda/triton": True}}, "field 'times_us' must be", "true"),
+    "a time NaN": ({**measured("cuda/triton"), "times_us": {"cuda/triton": float("nan")}}, "field 'times_us' must be", "NaN"),
+    "times_us missing": ({"winner": "cuda/triton"}, "field 'times_us' is missing", "times_us"),
+    "winner a number": ({**measured("cuda/triton"), "winner": 3}, "field 'winner' must be", "got 3"),
+    "winner a list": ({**measured("cuda/triton"), "winner": ["cuda/triton"]}, "field 'winner' must be", '["cuda/triton"]'),
+    "winner missing": ({"times_us": {"a": 1.0}}, "field 'winner' is missing", "winner"),
+    "context an object": ({**measured("cuda/triton"), "context": {"a": 1}}, "field 'context' must be", '{"a": 1}'),
+    "source null": ({**measured("cuda/triton"), "source": None}, "field 'source' must be", "null"),
+    "not an object": ([1, 2], "not an object", "[1, 2]"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECORDS))
+def test_a_record_with_a_field_of_the_wrong_type_is_dropped_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    """Before: such a record was served, and every call it matched raised AttributeError or
+    ValueError in the dispatcher. Now it is dropped on load, the other records of the file serve,
+    one warning names the file, the record and the field, and the next write leaves it out."""
+    bad, field, shown = BAD_RECORDS[case]
+    path = TuneCache(DEVICE, VERSIONS, tmp_path).path
+    write_document(path, entries={"good": measured("cuda/torch"), "bad": bad, "bad too": bad})
+    with caplog.at_level(logging.WARNING, logger="hal"):
+        cache = TuneCache(DEVICE, VERSIONS, tmp_path)
+        assert cache.get("bad") is None and cache.get("bad too") is None
+        assert cache.entries() == {"good": measured("cuda/torch")}
+        cache.put("new", measured("cuda/triton"))  # re-reads the file under the lock: no second warning
+    [warning] = hal_warnings(caplog)
+    assert str(path) in warning and "2 unusable record(s)" in warning
+    assert f"record 'bad': {field}" in warning and shown in warning and "measured again" in warning
+    assert json.loads(path.read_text())["entries"] == {"good": measured("cuda/torch"), "new": measured("cuda/triton")}
+    assert not Path(f"{path}.corrupt").exists()
+
+
+def test_a_seed_record_with_a_field_of_the_wrong_type_is_dropped_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    seed = tmp_path / "seed.json"
+    write_document(seed, entries={"matmul": measured("cuda/triton"), "gelu": {**measured("cuda/torch"), "times_us": None}})
+    with caplog.at_level(logging.WARNING, logger="hal"):
+        cache = TuneCache(DEVICE, VERSIONS, tmp_path / "cache", seeds=[seed])
+    assert cache.get("gelu") is None and cache.get("matmul") == {**measured("cuda/triton"), "source": "seed"}
+    [warning] = hal_warnings(caplog)
+    assert str(seed) in warning and "record 'gelu': field 'times_us' must be" in warning
+
+
+@pytest.mark.parametrize("case", ["times_us null", "a time a string", "winner missing"])
+def test_put_refuses_a_record_that_a_load_would_drop(tmp_path: Path, case: str) -> None:
+    bad, field, _ = BAD_RECORDS[case]
+    with pytest.raises(TypeError, match=f"tuning record for 'k': {field}"):
+        TuneCache(DEVICE, VERSIONS, tmp_path).put("k", bad)
 
 
 def test_a_version_change_reads_another_file_and_serves_no_old_record(tmp_path: Path) -> None:

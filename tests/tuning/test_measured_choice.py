@@ -267,6 +267,28 @@ def test_an_unreadable_cache_is_ignored_with_a_warning(tuning, install_plugins, 
     assert json.loads(files[0].read_text())["entries"], "measured again and written back"
 
 
+@pytest.mark.parametrize("damage", [None, [3.0, 1.0], {"timed/fast": "quick"}], ids=["times_us null", "a list", "a string time"])
+def test_a_cached_record_with_a_field_of_the_wrong_type_is_measured_again(tuning, install_plugins, caplog, damage):
+    """Before: the call matching the record raised AttributeError (times_us null or a list) or
+    ValueError (a time as a string) on every run. Now the record is dropped with a warning naming
+    the file and the field, the call is measured again and the file rewritten with a good record."""
+    install_plugins([plugin({"slow": 0.002, "fast": 0.0})])
+    x = torch.randn(4, 8)
+    hal.ops.softmax(x, 1)
+    [path] = tuning.glob("*.json")
+    document = json.loads(path.read_text())
+    [key] = document["entries"]
+    document["entries"][key]["times_us"] = damage
+    path.write_text(json.dumps(document))
+    dispatch.reset()
+    RAN.clear()
+    with caplog.at_level(logging.WARNING, logger="hal"):
+        torch.testing.assert_close(hal.ops.softmax(x, 1), torch.softmax(x, 1))
+    assert RAN[-1] == "fast" and len(RAN) > 1, "measured again"
+    assert str(path) in caplog.text and f"record {key!r}: field 'times_us' must be" in caplog.text
+    assert json.loads(path.read_text())["entries"][key]["times_us"]["timed/fast"] >= 0
+
+
 def test_hal_tune_command_end_to_end(tuning, tmp_path):
     """``hal tune module:callable`` in a real process: measures, exports a seed file, and a second
     run finds everything cached."""
