@@ -116,6 +116,11 @@ def quantize(x: Tensor, scale: ScalarOrTensor, zero_point: ScalarOrTensor, axis:
 
     The division is float32 (x and scale converted to float32). Per-tensor when axis is None, else
     per-channel along axis.
+
+    Non-finite x, as ``torch.quantize_per_tensor``: +inf saturates to the top of the range (127 for
+    int8, 255 for uint8), -inf to the bottom (-128, 0), and NaN gives the top too, whatever the
+    zero point, per tensor and per channel alike (torch's ``quantize_per_channel`` gives 0 for NaN,
+    and NumPy's or torch's cast of a NaN code is undefined: hal keeps the per-tensor rule).
     """
 
 

@@ -11,6 +11,7 @@ Parameters read from device tensors are checked where they are loaded, since the
 them without a synchronisation: an element whose scale is not positive and finite, or whose zero
 point is not an integer in the quantised range, gets NaN (float results), so a bad parameter never
 passes as plausible numbers; quantize's integer result cannot carry NaN (see ops/quant.py).
+quantize maps a NaN input to the top of the quantised range, as ``torch.quantize_per_tensor`` does;
 fake_quantize maps a NaN input to quant_min, as torch's CPU kernels clamp with fmin/fmax.
 
 x is contiguous and seen as a (R, C) matrix: for per-channel parameters along ``axis`` either the
@@ -92,6 +93,7 @@ def quantize_kernel(
     z = _param(z_ptr, z_val, rows, cols, mask, channels, Z_MODE, PER_ROW)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     q = tl.minimum(tl.maximum(_rne(x / s) + z, qmin), qmax)
+    q = tl.where(x == x, q, qmax)  # NaN x: the top code, as torch.quantize_per_tensor (ops/quant.py)
     tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 

@@ -34,8 +34,9 @@ def _qparam(v, axis: Optional[int], ndim: int, dtype: type) -> np.ndarray:
 def quantize(x, scale, zero_point, axis, dtype):
     s = _qparam(scale, axis, x.ndim, np.float32)
     z = _qparam(zero_point, axis, x.ndim, np.float64)
+    lo, hi = QRANGE[dtype]
     q = np.rint(x.astype(np.float32) / s) + z  # float32 division, ties to even
-    return np.clip(q, *QRANGE[dtype]).astype(dtype)
+    return np.clip(np.where(np.isnan(q), hi, q), lo, hi).astype(dtype)  # NaN: the top code, as torch (ops/quant.py)
 
 
 @reference("dequantize")

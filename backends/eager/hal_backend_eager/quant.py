@@ -26,8 +26,9 @@ def _qparam(v: Scalar, x: torch.Tensor, axis: Optional[int], dtype: torch.dtype)
 
 
 def quantize(x: torch.Tensor, scale: Scalar, zero_point: Scalar, axis: Optional[int], dtype: str) -> torch.Tensor:
+    lo, hi = QRANGE[dtype]
     q = torch.round(x.float() / _qparam(scale, x, axis, torch.float32)) + _qparam(zero_point, x, axis, torch.float32)
-    return q.clamp(*QRANGE[dtype]).to(torch_dtype(dtype))
+    return q.nan_to_num_(nan=hi).clamp_(lo, hi).to(torch_dtype(dtype))  # NaN: the top code, as torch (ops/quant.py)
 
 
 def dequantize(q: torch.Tensor, scale: Scalar, zero_point: Scalar, axis: Optional[int]) -> torch.Tensor:

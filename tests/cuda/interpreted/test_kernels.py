@@ -408,6 +408,17 @@ def test_quantize_rounds_half_to_even_and_saturates():
 
 
 @pytest.mark.parametrize("axis", [None, 1])
+@pytest.mark.parametrize("qtype,lo,hi", [("int8", -128, 127), ("uint8", 0, 255)])
+def test_quantize_of_nan_is_the_top_code_as_torch(gen, axis, qtype, lo, hi):
+    """As torch.quantize_per_tensor: NaN gives the top of the range, infinities saturate."""
+    x = randn(gen, 3, 8)
+    x[1, 2:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")])
+    scale, zp = (0.1, 7) if axis is None else (torch.full((8,), 0.1), torch.full((8,), 7, dtype=torch.int32))
+    check("quantize", kern("quantize", "triton"), (x, scale, zp, axis, qtype))
+    assert kern("quantize", "triton")(x, scale, zp, axis, qtype)[1, 2:6].tolist() == [hi, hi, lo, hi]
+
+
+@pytest.mark.parametrize("axis", [None, 1])
 def test_fake_quantize_of_nan_is_quant_min_as_torch(gen, axis):
     """torch's CPU kernels clamp with fmax/fmin: NaN becomes quant_min; infinities saturate."""
     x = randn(gen, 3, 8)

@@ -2,7 +2,7 @@
 five passes with a temporary each).
 
 quantize: ``q = rint(float32(x) / scale) + zero_point`` in float32 (rounding half to even),
-saturated to [lo, hi]; NaN gives 0 (as the reference and torch's cast give). dequantize:
+saturated to [lo, hi]; NaN gives hi (as torch.quantize_per_tensor; ops/quant.py). dequantize:
 ``(q - zero_point) * scale`` in float32. Plain parallel loops over the flat arrays: LLVM vectorises
 them (a loop over chunks inside the parallel one measured six times slower: it did not).
 
@@ -23,12 +23,12 @@ def quantize_flat(x, scale, zero_point, lo, hi, magic, out):
     which the saturation maps to lo or hi as it would the exact rint."""
     n = x.size
     s, z, m = np.float32(scale), np.float32(zero_point), np.float32(magic)
-    flo, fhi, zero = np.float32(lo), np.float32(hi), np.float32(0)
+    flo, fhi = np.float32(lo), np.float32(hi)
     for i in prange(n):
         q = ((np.float32(x[i]) / s + m) - m) + z
         q = flo if q < flo else q
         q = fhi if q > fhi else q
-        out[i] = zero if q != q else q
+        out[i] = fhi if q != q else q
 
 
 @njit(parallel=True, cache=True)
