@@ -87,17 +87,44 @@ def _one_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     )
 
 
+def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Grouped-query attention as ``hal.nn.patch`` and torch's broadcasting spell it: q (B, Hkv, G,
+    L, E) against k, v (B, Hkv, 1, S, E), each key/value head shared by G query heads."""
+    return (
+        q.ndim == 5 and k.ndim == 5 and v.ndim == 5 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+        and k.shape[2] == 1 and v.shape[2] == 1 and q.shape[2] > 1
+    )
+
+
+#: the backends whose aten op takes fewer key/value heads than query heads (GQA) as they are
+_NATIVE_GQA = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION)
+
+
+def _aten(backend: SDPBackend, q, k, v, is_causal: bool, scale: float) -> torch.Tensor:
+    op, takes_bias = _ATEN[backend]
+    if takes_bias:
+        lse = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        return op(q, k, v, None, lse, 0.0, is_causal, scale=scale)[0]
+    return op(q, k, v, 0.0, is_causal, False, scale=scale)[0]
+
+
 def _run_backend(backend: SDPBackend, q, k, v, is_causal: bool, scale: float) -> torch.Tensor:
     """One SDPA backend. (B, H, L, E) inputs of one batch go straight to the backend's aten op:
     F.scaled_dot_product_attention would choose it again, under an ``sdpa_kernel`` scope, after the
     views every other input needs; on the H200's host that cost a training step 380 us per
-    attention call (benchmarks/host_training.py, 2026-12-01: 578 against torch's 199 us)."""
+    attention call (benchmarks/host_training.py, 2026-12-01: 578 against torch's 199 us).
+
+    Grouped queries (:func:`_grouped`) go to cuDNN's and FlashAttention's aten ops as (B, H, L, E)
+    queries over (B, Hkv, S, E) keys and values, which both take natively; repeating the key/value
+    heads instead (what the broadcast below does) cost hal's attention 0.86 ms against cuDNN's
+    0.48 ms forward + backward at Llama-3.2-1B's shape (B 2, H 32/8, T 2048, d 64; H100,
+    benchmarks/levers40.py, 2026-12-07)."""
     if _one_batch(q, k, v):
-        op, takes_bias = _ATEN[backend]
-        if takes_bias:
-            lse = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-            return op(q, k, v, None, lse, 0.0, is_causal, scale=scale)[0]
-        return op(q, k, v, 0.0, is_causal, False, scale=scale)[0]
+        return _aten(backend, q, k, v, is_causal, scale)
+    if backend in _NATIVE_GQA and _grouped(q, k, v) and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1:
+        b, hkv, g, t, e = q.shape
+        out = _aten(backend, q.reshape(b, hkv * g, t, e), k.squeeze(2), v.squeeze(2), is_causal, scale)
+        return out.view(b, hkv, g, t, v.shape[-1])
     batch = attention_batch(q, k, v)
     with sdpa_kernel([backend]):
         out = F.scaled_dot_product_attention(_as_4d(q, batch), _as_4d(k, batch), _as_4d(v, batch), is_causal=is_causal, scale=scale)

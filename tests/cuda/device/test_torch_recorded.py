@@ -60,6 +60,34 @@ def test_sdpa_is_recorded_by_torch_and_matches_it(kernel: str, layout: str) -> N
         _close(got, ref, 5e-2)
 
 
+@pytest.mark.parametrize("kernel", ["cudnn", "flash", "efficient"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sdpa_grouped_queries_match_torch(kernel: str, causal: bool) -> None:
+    """hal.nn.patch's grouped-query call, q (B, Hkv, G, L, E) over k, v (B, Hkv, 1, S, E): cuDNN and
+    FlashAttention take the key/value heads as they are (no repeat), efficient attention through the
+    broadcast; results and gradients equal torch's SDPA with enable_gqa on the (B, H, L, E) views."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    b, hkv, g, n, e = 2, 2, 4, 80, 64
+    # projections laid out as a model's: (B, L, H, E), seen as (B, H, L, E), the heads then grouped
+    qp, kp, vp = _leaves(gen, (b, n, hkv * g, e), (b, n, hkv, e), (b, n, hkv, e))
+    q = qp.transpose(1, 2).reshape(b, hkv, g, n, e)
+    k, v = kp.transpose(1, 2).unsqueeze(2), vp.transpose(1, 2).unsqueeze(2)
+    with hal.use(kernel={"scaled_dot_product_attention": kernel}):
+        d = hal.explain("scaled_dot_product_attention", q, k, v, None, causal)
+        assert (d.route, d.kernel) == ("autograd", kernel), d
+        out = hal.ops.scaled_dot_product_attention(q, k, v, None, causal)
+    assert out.shape == (b, hkv, g, n, e)
+    q2, k2, v2 = _twins([qp, kp, vp])
+    want = F.scaled_dot_product_attention(q2.transpose(1, 2), k2.transpose(1, 2), v2.transpose(1, 2), is_causal=causal,
+                                          enable_gqa=True)
+    _close(out.reshape(b, hkv * g, n, e), want, 2e-2)
+    grad = torch.randn(want.shape, generator=gen).to("cuda", want.dtype)
+    out.backward(grad.reshape(out.shape))
+    want.backward(grad)
+    for got, ref in ((qp.grad, q2.grad), (kp.grad, k2.grad), (vp.grad, v2.grad)):
+        _close(got, ref, 5e-2)
+
+
 def test_training_layer_in_bf16_is_recorded_and_matches_eager() -> None:
     gen = torch.Generator().manual_seed(fresh_seed())
     cl = torch.channels_last
