@@ -19,8 +19,21 @@ so that replacing it cannot change another computation. A ReLU module called fro
 - Any other ``nn.Conv2d`` -> ``nn.BatchNorm2d`` (torchvision's downsample ``nn.Sequential(conv,
   bn)``, a tail whose sum is used elsewhere too) becomes :class:`FusedConvBN2d`, placed the same
   way; the batch norm's result may have several users.
-- ``nn.Linear`` -> activation becomes :class:`hal.nn.Linear` with that activation, at the linear's
-  path with the same parameters (state_dict unchanged).
+- ``nn.Linear`` -> activation becomes :class:`hal.nn.modules.FusedLinearAct`, which borrows the
+  linear the same way (``<linear name>_fused``) and reads its parameters at each call.
+
+Nothing of the model moves: the returned module lists its submodules, parameters and buffers in the
+model's order and under the model's names (``named_parameters()`` and ``state_dict()`` equal the
+model's, so optimizer state saved from either loads into the other), modules the forward never calls
+included.
+
+Hooks: a fused module calls the modules of its chain one by one (not the fused op) while any of them
+has a forward, forward-pre or backward hook, registered before or after fusing, so every hook runs
+with the arguments it sees in the original model. A module with hooks that the trace would enter (a
+``nn.Sequential``, a block) is kept as one call, and its hooks run. Hooks on the model itself cannot
+be kept (the GraphModule replaces it): fuse raises ValueError. Parametrized modules
+(``torch.nn.utils.parametrize``, ``spectral_norm``) are called as they are and never fused.
+``fuse_notes(gm)`` lists what was left unfused or runs unfused for these reasons.
 
 A fused conv module's train/eval mode is its batch norm's (``model.train()`` and ``.eval()`` reach
 both; a batch norm put in eval on its own, to freeze its statistics, stays frozen).
@@ -32,14 +45,21 @@ of ``hal.ops.linear`` (relu, gelu, gelu_tanh, silu, sigmoid, tanh) as modules, f
 from __future__ import annotations
 
 import copy
+import logging
 import operator
 from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.nn.utils import parametrize
 
-from hal.nn.modules import FusedConvBN2d, FusedConvBNAddReLU2d, FusedConvBNReLU2d, Linear, fusion_problem
+from hal.nn.agreement import has_hooks
+from hal.nn.modules import FusedConvBN2d, FusedConvBNAddReLU2d, FusedConvBNReLU2d, FusedLinearAct, fusion_problem
+
+log = logging.getLogger("hal.nn.fuse")
+#: the key of ``GraphModule.meta`` under which fuse leaves its notes (:func:`fuse_notes`)
+_NOTES = "hal_fuse_notes"
 
 _ACT_MODULES: dict[type, Callable[[nn.Module], Optional[str]]] = {
     nn.ReLU: lambda m: "relu",
@@ -70,32 +90,89 @@ def fuse(model: nn.Module, inplace: bool = False) -> fx.GraphModule:
     (-> add -> ReLU, or -> ReLU) and linear -> activation chains replaced by hal's fused modules.
 
     ``inplace=False`` (default) works on a deep copy; ``inplace=True`` shares the model's modules and
-    parameters with the result. Raises ValueError when the model cannot be traced by torch.fx.
-    """
+    parameters with the result (the model object itself is not changed). Raises ValueError when the
+    model cannot be traced by torch.fx, or has hooks of its own (module docstring)."""
+    if has_hooks(model):
+        raise ValueError(
+            f"hal.nn.fuse cannot keep the hooks registered on {type(model).__name__} itself (the traced GraphModule "
+            "replaces the model); fuse its submodules instead (their hooks are kept), or register the hooks on the "
+            "module fuse returns"
+        )
     if not inplace:
         model = copy.deepcopy(model)
+    tracer = _Tracer()
     try:
-        gm = fx.symbolic_trace(model)
+        graph = tracer.trace(model)
     except Exception as exc:  # fx raises many kinds (TraceError, TypeError ...) on untraceable code
         raise ValueError(
             f"hal.nn.fuse could not trace {type(model).__name__} with torch.fx ({type(exc).__name__}: {exc}); "
             "fuse the traceable submodules instead (for example each block of the model)"
         ) from exc
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     calls = _call_counts(gm)
     erased: set[fx.Node] = set()
+    notes: list[str] = []
     for node in list(gm.graph.nodes):
         if node.op != "call_module" or node in erased:
             continue
         module = gm.get_submodule(node.target)
         if type(module) is nn.Conv2d:
-            erased.update(_fuse_conv_bn(gm, node, calls))
+            erased.update(_fuse_conv_bn(gm, node, calls, notes))
         elif type(module) is nn.Linear:
-            erased.update(_fuse_linear_act(gm, node, calls))
+            erased.update(_fuse_linear_act(gm, node, calls, notes))
+        elif isinstance(module, (nn.Conv2d, nn.Linear)) and parametrize.is_parametrized(module):
+            notes.append(f"{node.target}: left unfused, parametrized ({', '.join(module.parametrizations)}): its weight is computed "
+                         "by the parametrization at each call")
     # no dead-code elimination: each fusion erases its own chain, and fx counts methods as pure, so
     # it would drop an in-place write whose result goes unused (``g.add_(y); return relu(g)``)
     gm.graph.lint()
     gm.recompile()
+    _keep_layout(gm, model)
+    gm.meta[_NOTES] = notes
+    for note in notes:
+        log.info("hal.nn.fuse: %s", note)
     return gm
+
+
+def fuse_notes(gm: nn.Module) -> list[str]:
+    """What :func:`fuse` left unfused, or fused but runs unfused while hooks are registered, and why
+    (empty for a module fuse did not return)."""
+    meta = getattr(gm, "meta", None)
+    return list(meta.get(_NOTES, [])) if isinstance(meta, dict) else []
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's tracer, keeping a module with hooks or parametrizations as one call (tracing into
+    it would drop its hooks, or unroll its parametrization)."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return super().is_leaf_module(m, module_qualified_name) or has_hooks(m) or parametrize.is_parametrized(m)
+
+
+def _keep_layout(gm: nn.Module, model: nn.Module) -> None:
+    """Give ``gm`` (and the containers fx made for it) ``model``'s parameters, buffers and children
+    in ``model``'s order, adding those the forward never uses (fx keeps only what the graph uses, in
+    the order of use); entries of ``gm``'s own (the fused modules) follow."""
+    if gm is model:
+        return
+    for attr in ("_parameters", "_buffers", "_modules"):
+        mine, theirs = getattr(gm, attr), getattr(model, attr)
+        ordered = {name: mine.get(name, value) for name, value in theirs.items()}
+        ordered.update((name, value) for name, value in mine.items() if name not in ordered)
+        mine.clear()
+        mine.update(ordered)
+    gm._non_persistent_buffers_set.update(model._non_persistent_buffers_set)
+    for name, child in model._modules.items():
+        mine_child = gm._modules.get(name)
+        if child is not None and mine_child is not None:
+            _keep_layout(mine_child, child)
+
+
+def _hook_note(path: str, chain: str, modules: list[Optional[nn.Module]]) -> Optional[str]:
+    """The note for a fused chain whose modules have hooks now (None: no hooks)."""
+    if not any(m is not None and has_hooks(m) for m in modules):
+        return None
+    return f"{path}: {chain} fused, but runs its modules unfused while they have hooks (they have now)"
 
 
 def _call_counts(gm: fx.GraphModule) -> dict[str, int]:
@@ -130,7 +207,12 @@ def _activation(gm: fx.GraphModule, node: Optional[fx.Node], source: fx.Node) ->
     return None
 
 
-def _fuse_conv_bn(gm: fx.GraphModule, conv_node: fx.Node, calls: dict[str, int]) -> list[fx.Node]:
+def _act_module(gm: fx.GraphModule, node: fx.Node) -> Optional[nn.Module]:
+    """The module an activation node calls (None: a function or method call)."""
+    return gm.get_submodule(node.target) if node.op == "call_module" else None
+
+
+def _fuse_conv_bn(gm: fx.GraphModule, conv_node: fx.Node, calls: dict[str, int], notes: list[str]) -> list[fx.Node]:
     """Fuse the longest chain starting at ``conv_node`` (conv -> bn -> ReLU, conv -> bn -> add ->
     ReLU, or conv -> bn) if there is one; returns the erased nodes."""
     bn_node = _only_user(conv_node)
@@ -143,14 +225,20 @@ def _fuse_conv_bn(gm: fx.GraphModule, conv_node: fx.Node, calls: dict[str, int])
         residual = None  # both operands end conv -> bn chains: the first one takes the add (``out += identity``: the block's own branch)
     relu_after_add = _only_user(after) if residual is not None else None
     if _activation(gm, after, bn_node) == "relu":
-        fused, chain, args = FusedConvBNReLU2d.from_modules(conv, bn, borrow=True), [conv_node, bn_node, after], (conv_node.args[0],)
+        act = _act_module(gm, after)
+        fused, chain, args = FusedConvBNReLU2d.from_modules(conv, bn, borrow=True, act=act), [conv_node, bn_node, after], (conv_node.args[0],)
     elif residual is not None and _activation(gm, relu_after_add, after) == "relu":
-        fused, chain, args = (FusedConvBNAddReLU2d.from_modules(conv, bn, borrow=True), [conv_node, bn_node, after, relu_after_add],
+        act = _act_module(gm, relu_after_add)
+        fused, chain, args = (FusedConvBNAddReLU2d.from_modules(conv, bn, borrow=True, act=act), [conv_node, bn_node, after, relu_after_add],
                               (conv_node.args[0], residual))
     else:
+        act = None
         fused, chain, args = FusedConvBN2d.from_modules(conv, bn, borrow=True), [conv_node, bn_node], (conv_node.args[0],)
     target = _free_path(gm, f"{conv_node.target}_fused")
     gm.add_submodule(target, fused)
+    note = _hook_note(target, f"{conv_node.target} -> {bn_node.target}", [conv, bn, act])
+    if note:
+        notes.append(note)
     return _replace(gm, chain, target, args)
 
 
@@ -195,16 +283,19 @@ def _residual(node: Optional[fx.Node], source: fx.Node) -> Optional[fx.Node]:
     return None
 
 
-def _fuse_linear_act(gm: fx.GraphModule, lin_node: fx.Node, calls: dict[str, int]) -> list[fx.Node]:
+def _fuse_linear_act(gm: fx.GraphModule, lin_node: fx.Node, calls: dict[str, int], notes: list[str]) -> list[fx.Node]:
     """Fuse the chain starting at ``lin_node`` if it is one; returns the erased nodes."""
     act_node = _only_user(lin_node)
     act = _activation(gm, act_node, lin_node)
     if act is None or calls[lin_node.target] != 1 or len(lin_node.args) != 1 or lin_node.kwargs:
         return []
-    linear = gm.get_submodule(lin_node.target)
-    gm.delete_submodule(lin_node.target)
-    gm.add_submodule(lin_node.target, Linear.from_linear(linear, act))
-    return _replace(gm, [lin_node, act_node], lin_node.target, (lin_node.args[0],))
+    linear, act_module = gm.get_submodule(lin_node.target), _act_module(gm, act_node)
+    target = _free_path(gm, f"{lin_node.target}_fused")
+    gm.add_submodule(target, FusedLinearAct(linear, act, act_module))
+    note = _hook_note(target, f"{lin_node.target} -> {act}", [linear, act_module])
+    if note:
+        notes.append(note)
+    return _replace(gm, [lin_node, act_node], target, (lin_node.args[0],))
 
 
 def _replace(gm: fx.GraphModule, chain: list[fx.Node], target: str, args: tuple) -> list[fx.Node]:

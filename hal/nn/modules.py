@@ -11,13 +11,33 @@ beside a half-precision activation, as cuDNN batch norm takes them.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import hal
+from hal.nn.agreement import has_hooks
 from hal.ops import ACTIVATIONS
+
+#: torch's function for each activation of ``hal.ops.linear``: what an unfused chain applies where
+#: the activation was a function call rather than a module
+TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": lambda y: y,
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
+
+
+def unfused_activation(module: Optional[nn.Module], act: str, y: torch.Tensor) -> torch.Tensor:
+    """``act`` applied to ``y`` as the unfused chain applied it: by its module where it was one (so
+    that the module's hooks run), else by torch's function."""
+    return module(y) if module is not None else TORCH_ACTIVATIONS[act](y)
 
 
 def autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
@@ -47,10 +67,17 @@ class _ConvBN(nn.Module):
     Or, made with ``from_modules(conv, bn, borrow=True)``, a fused module that borrows a model's
     conv and batch norm without registering them: it has no state of its own, and the two modules
     stay where they are in the model, with their state_dict keys (:func:`hal.nn.fuse`,
-    :func:`hal.nn.patch`). Its train/eval mode is the batch norm's, as in ``nn.Sequential(conv, bn)``."""
+    :func:`hal.nn.patch`). Its train/eval mode is the batch norm's, as in ``nn.Sequential(conv, bn)``.
+
+    Hooks: while the conv, the batch norm or the activation module the chain absorbed (``act`` of
+    ``from_modules``) has a forward, forward-pre or backward hook, the forward calls those modules
+    one by one instead of the fused op, so every hook runs with the arguments it would see in the
+    unfused model (hooks registered before or after the module was built)."""
 
     #: (conv, bn) of a module that borrows them (None: its own children "0" and "1")
     _hal_borrowed: Optional[tuple[nn.Conv2d, nn.BatchNorm2d]] = None
+    #: the activation module the chain absorbed (None: a function such as F.relu, or none)
+    _hal_act: Optional[nn.Module] = None
 
     def __init__(
         self,
@@ -76,10 +103,12 @@ class _ConvBN(nn.Module):
         self.add_module("1", bn)
 
     @classmethod
-    def from_modules(cls: type[_Fused], conv: nn.Conv2d, bn: nn.BatchNorm2d, borrow: bool = False) -> _Fused:
+    def from_modules(cls: type[_Fused], conv: nn.Conv2d, bn: nn.BatchNorm2d, borrow: bool = False,
+                     act: Optional[nn.Module] = None) -> _Fused:
         """A fused module around existing modules (shared, not copied): as its children "0" and
-        "1", or with ``borrow`` held without registering them (see the class docstring). Raises
-        ValueError when they cannot be fused."""
+        "1", or with ``borrow`` held without registering them (see the class docstring). ``act``:
+        the ReLU module the fused chain replaces a call of, if it was a module (called instead of
+        the fused op while it has hooks). Raises ValueError when they cannot be fused."""
         problem = fusion_problem(conv, bn)
         if problem:
             raise ValueError(f"cannot fuse {conv} and {bn}: {problem}")
@@ -90,8 +119,13 @@ class _ConvBN(nn.Module):
         else:
             fused.add_module("0", conv)
             fused.add_module("1", bn)
+        object.__setattr__(fused, "_hal_act", act)  # borrowed like conv and bn: not registered as a child
         fused.train(bn.training)
         return fused
+
+    def _hooked(self) -> bool:
+        """Whether a module of the chain has hooks now (the forward then runs the chain unfused)."""
+        return has_hooks(self.conv) or has_hooks(self.bn) or (self._hal_act is not None and has_hooks(self._hal_act))
 
     @property
     def conv(self) -> nn.Conv2d:
@@ -146,6 +180,8 @@ class FusedConvBNReLU2d(_ConvBN):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._hooked():
+            return unfused_activation(self._hal_act, "relu", self.bn(self.conv(x)))
         running_mean, running_var, momentum, use_batch_stats = self._batch_norm_state()
         x, weight, bias, *geometry = self._conv_args(x)
         bn = self.bn
@@ -169,6 +205,8 @@ class FusedConvBNAddReLU2d(_ConvBN):
     _shapes: tuple = ((), ())
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self._hooked():
+            return unfused_activation(self._hal_act, "relu", self.bn(self.conv(x)) + residual)
         state = self._batch_norm_state()
         x_, weight, bias, *geometry = self._conv_args(x)
         residual = _cast(residual, autocast_dtype(x)) if isinstance(residual, torch.Tensor) else residual
@@ -228,6 +266,8 @@ class FusedConvBN2d(_ConvBN):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._hooked():
+            return self.bn(self.conv(x))
         state = self._batch_norm_state()
         running_mean, running_var, _, use_batch_stats = state
         if use_batch_stats or _parameters_need_grad(self.conv, self.bn) or torch.compiler.is_compiling():
@@ -304,6 +344,37 @@ class Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, act={self.act}"
+
+
+class FusedLinearAct(nn.Module):
+    """``act(linear(x))`` of a model's ``nn.Linear``, which it borrows without registering it, as one
+    ``hal.ops.linear`` call: what :func:`hal.nn.fuse` puts beside the linear (``<linear>_fused``).
+
+    It has no state of its own: the linear stays at its path with its parameters (state_dict keys
+    and ``named_parameters()`` order unchanged), and each forward reads the linear's ``weight`` and
+    ``bias`` as they are then (a parameter replaced after fusing is the one used). While the linear
+    or the activation module (``act_module``, if the activation was one) has hooks, the forward
+    calls them one by one instead, so their hooks run as in the unfused model."""
+
+    def __init__(self, linear: nn.Linear, act: str, act_module: Optional[nn.Module] = None) -> None:
+        if act not in ACTIVATIONS:
+            raise ValueError(f"act must be one of {', '.join(ACTIVATIONS)}, not {act!r}")
+        super().__init__()
+        self._hal_borrowed = (linear, act_module)  # a tuple: not registered as children
+        self.act = act
+
+    @property
+    def linear(self) -> nn.Linear:
+        return self._hal_borrowed[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        linear, act_module = self._hal_borrowed
+        if has_hooks(linear) or (act_module is not None and has_hooks(act_module)):
+            return unfused_activation(act_module, self.act, linear(x))
+        return linear_act(linear, self.act, x)
+
+    def extra_repr(self) -> str:
+        return f"borrows linear={self.linear}, act={self.act}"
 
 
 def linear_act(linear: nn.Linear, act: str, x: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from torch import nn
 
 import hal
 import hal.nn
+from hal.nn.fuse import fuse_notes
 from tests.training.models import randomize_batch_norms
 
 
@@ -289,8 +290,8 @@ def test_fuse_resnet_style_model(seed: int) -> None:
     assert [n for n, k in kinds.items() if k == "FusedConvBNReLU2d"] == ["stem.0_fused", "layer1.conv1_fused", "layer2.conv1_fused"]
     assert [n for n, k in kinds.items() if k == "FusedConvBNAddReLU2d"] == ["layer1.conv2_fused", "layer2.conv2_fused"]
     assert [n for n, k in kinds.items() if k == "FusedConvBN2d"] == ["layer2.downsample.0_fused"]
-    assert kinds["fc1"] == "Linear" and isinstance(fused.fc1, hal.nn.Linear) and fused.fc1.act == "gelu"
-    assert type(fused.fc2) is nn.Linear
+    assert kinds["fc1_fused"] == "FusedLinearAct" and fused.fc1_fused.linear is fused.fc1 and fused.fc1_fused.act == "gelu"
+    assert type(fused.fc1) is nn.Linear and type(fused.fc2) is nn.Linear
     # the fused modules borrow the convolutions and batch norms, which keep their paths and keys
     assert fused.get_submodule("layer1.conv2_fused").bn is fused.get_submodule("layer1.bn2")
     assert set(fused.state_dict()) == set(reference.state_dict())
@@ -399,3 +400,152 @@ def test_fused_model_compiles_without_graph_breaks(seed: int) -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         explained = torch._dynamo.explain(model)(torch.randn(2, 3, 8, 8))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def _record_hooks(model: nn.Module, names: list[str], log: list[tuple[str, str, torch.Tensor]]) -> list[Any]:
+    """Forward-pre, forward and full backward hooks on the named modules, each appending (kind,
+    name, a copy of the tensor it saw) to ``log``; returns the handles. (No backward hook on a module
+    whose output an in-place ReLU overwrites, nor on that ReLU: torch refuses those.)"""
+    handles = []
+    for name in names:
+        m = model.get_submodule(name)
+        handles.append(m.register_forward_pre_hook(lambda _m, args, n=name: log.append(("pre", n, args[0].detach().clone()))))
+        handles.append(m.register_forward_hook(lambda _m, args, out, n=name: log.append(("forward", n, out.detach().clone()))))
+        if not name.endswith(("bn1", "relu")):
+            handles.append(m.register_full_backward_hook(lambda _m, gin, gout, n=name: log.append(("backward", n, gout[0].detach().clone()))))
+    return handles
+
+
+def _assert_same_log(got: list, want: list) -> None:
+    assert [(k, n) for k, n, _ in got] == [(k, n) for k, n, _ in want]
+    for (kind, name, g), (_, _, w) in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=lambda m, k=kind, n=name: f"{k} hook of {n}: {m}")
+
+
+#: a conv -> bn -> relu chain (the ReLU module shared), a residual tail, a downsample and a linear -> gelu
+_HOOKED = ["layer2.conv1", "layer2.bn1", "layer2.relu", "layer2.conv2", "layer2.bn2", "layer2.downsample.0", "fc1"]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_fuse_keeps_hooks(seed: int, when: str) -> None:
+    """Hooks on the modules of fused chains, registered before fusing or after it (on the model's
+    modules, which the fused model borrows), run with the values they see in the original model,
+    in the same order, forward and backward; without hooks the fused ops run again."""
+    model = randomize_batch_norms(ResNetish().double(), mean_std=1.0, bias_std=1.0)
+    reference = copy.deepcopy(model)
+    want: list = []
+    got: list = []
+    _record_hooks(reference, _HOOKED, want)
+    handles = _record_hooks(model, _HOOKED, got) if when == "before" else []
+    fused = hal.nn.fuse(model, inplace=True)
+    if when == "after":
+        handles = _record_hooks(model, _HOOKED, got)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    fused(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    _assert_same_log(got, want)
+    assert {n for _, n, _ in got} == set(_HOOKED)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-10)
+    if when == "before":
+        assert any("layer2.conv1_fused: layer2.conv1 -> layer2.bn1 fused, but runs its modules unfused" in n for n in fuse_notes(fused))
+
+    for h in handles:
+        h.remove()
+    hal.reset_stats()
+    got.clear()
+    fused(x)
+    calls = {op for (op, _, _) in hal.stats()}
+    assert not got and {"fused_conv_bn_relu", "fused_conv_bn_add_relu", "linear"} <= calls, calls
+
+
+def test_fuse_keeps_hooks_of_blocks_and_refuses_those_of_the_model(seed: int) -> None:
+    """A block with hooks is not traced into (its hooks run; the chains inside it stay unfused); hooks
+    on the model itself cannot be kept: ValueError saying what to do."""
+    model = ResNetish().double()
+    reference = copy.deepcopy(model)
+    want: list = []
+    got: list = []
+    _record_hooks(reference, ["layer1", "stem"], want)
+    _record_hooks(model, ["layer1", "stem"], got)
+    fused = hal.nn.fuse(model, inplace=True)
+    assert not [n for n, _ in fused.named_modules() if n.startswith(("layer1.", "stem.")) and n.endswith("_fused")]
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    fused(x).sum().backward()
+    reference(x).sum().backward()
+    _assert_same_log(got, want)
+
+    model.register_forward_hook(lambda *a: None)
+    with pytest.raises(ValueError, match="cannot keep the hooks registered on ResNetish itself.*fuse its submodules instead"):
+        hal.nn.fuse(model)
+
+
+def test_fuse_keeps_parameter_order_and_every_module() -> None:
+    """named_parameters(), named_buffers() and state_dict() of the fused model list the model's
+    names in the model's order (also where forward calls modules in another order and never calls
+    one), so optimizer state saved from the fused model loads into the original correctly."""
+
+    class Reordered(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Linear(6, 3)
+            self.unused = nn.Linear(2, 2)
+            self.body = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 6), nn.BatchNorm1d(6))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.body(x))
+
+    for model in (nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), Reordered()):
+        fused = hal.nn.fuse(model, inplace=True)
+        assert [(n, id(p)) for n, p in fused.named_parameters()] == [(n, id(p)) for n, p in model.named_parameters()]
+        assert [n for n, _ in fused.named_buffers()] == [n for n, _ in model.named_buffers()]
+        assert list(fused.state_dict()) == list(model.state_dict())
+
+    # optimizer state saved from the fused model resumes the original's parameters, not their neighbours'
+    model = Reordered()
+    twin = copy.deepcopy(model)
+    fused = hal.nn.fuse(model, inplace=True)
+    opt = torch.optim.AdamW(fused.parameters(), lr=1e-2)
+    fused(torch.randn(5, 4)).square().sum().backward()
+    opt.step()
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    twin_opt.load_state_dict(opt.state_dict())
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        if p in opt.state:
+            torch.testing.assert_close(twin_opt.state[q]["exp_avg"], opt.state[p]["exp_avg"], msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("style", ["hooks", "parametrize"])
+def test_fuse_spectral_norm_linear(seed: int, style: str) -> None:
+    """A spectral-normed Linear before an activation (torch.nn.utils.spectral_norm's pre-hook, or the
+    parametrization): fuse works, computes what the model computes in training (the power iteration
+    runs) and in eval, and says why the chain runs unfused."""
+    norm = torch.nn.utils.spectral_norm if style == "hooks" else torch.nn.utils.parametrizations.spectral_norm
+    model = nn.Sequential(norm(nn.Linear(5, 4)), nn.ReLU(), nn.Linear(4, 3)).double()
+    reference = copy.deepcopy(model)
+    fused = hal.nn.fuse(model)
+    x = torch.randn(6, 5, dtype=torch.float64)
+    for training in (True, False):
+        fused.train(training)
+        reference.train(training)
+        out, want = fused(x), reference(x)
+        torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-10)
+        out.square().sum().backward()
+        want.square().sum().backward()
+    for (name, p), q in zip(fused.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
+    notes = " ".join(fuse_notes(fused))
+    assert ("runs its modules unfused while they have hooks" if style == "hooks" else "left unfused, parametrized (weight)") in notes
+
+
+def test_fused_modules_read_parameters_replaced_after_fusing(seed: int) -> None:
+    """A Parameter replaced on the model after fusing (linear and conv) is the one the fused model
+    computes with and gives gradients to."""
+    model = ResNetish().double().eval()
+    fused = hal.nn.fuse(model, inplace=True).eval()
+    model.fc1.weight = nn.Parameter(torch.randn_like(model.fc1.weight))
+    model.stem[0].weight = nn.Parameter(torch.randn_like(model.stem[0].weight))
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    torch.testing.assert_close(fused(x), model(x), rtol=1e-9, atol=1e-10)
+    fused(x).sum().backward()
+    assert model.fc1.weight.grad is not None and model.stem[0].weight.grad is not None
