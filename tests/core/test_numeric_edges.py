@@ -63,3 +63,49 @@ def test_quantize_per_channel_of_nan_follows_the_per_tensor_rule(rng, backend, q
     with hal.use(backend=backend):
         got = hal.ops.quantize(x, scale, zero_point, 0, qtype)
     assert torch.equal(got, want), f"{backend}: {got[x.isnan()].tolist()} for NaN"
+
+
+# --- attention on a query whose rows share memory -------------------------------------------------
+
+#: (B, H, L, E) = (2, 2, 16, 8) strides whose batch or head step overlaps the features: torch's flash
+#: CPU kernel returned garbage (up to 1e37) for these where the same values made contiguous are right
+OVERLAPPING = [(0, 1, 1, 1), (1, 0, 1, 1), (1, 1, 8, 1), (0, 1, 8, 1), (1, 0, 16, 1)]
+
+
+def _overlapping_query(strides: tuple[int, ...], dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(base, q): a random leaf and the (2, 2, 16, 8) view of it with ``strides``."""
+    base = torch.randn(512, dtype=dtype, requires_grad=True)
+    return base, base.as_strided((2, 2, 16, 8), strides)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("strides", OVERLAPPING)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_attention_of_a_query_whose_rows_share_memory(seed, backend, strides, is_causal):
+    """Forward and gradients equal those of the same values made contiguous (float64 torch)."""
+    base, q = _overlapping_query(strides)
+    k, v, g = (torch.randn(2, 2, 16, 8) for _ in range(3))
+    want = F.scaled_dot_product_attention(q.detach().contiguous().double(), k.double(), v.double(), is_causal=is_causal)
+    with hal.use(backend=backend):
+        got = hal.ops.scaled_dot_product_attention(q, k, v, None, is_causal)
+        (grad,) = torch.autograd.grad(got, base, g)
+        with torch.no_grad():
+            got_np = hal.ops.scaled_dot_product_attention(q.detach().numpy(), k.numpy(), v.numpy(), None, is_causal)
+    base64 = base.detach().double().requires_grad_(True)
+    out64 = F.scaled_dot_product_attention(base64.as_strided(q.shape, strides).contiguous(), k.double(), v.double(), is_causal=is_causal)
+    (want_grad,) = torch.autograd.grad(out64, base64, g.double())
+    torch.testing.assert_close(got.detach().double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(got_np).double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad.double(), want_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_may_overlap_reads_strides_only():
+    from hal_backend_eager.overlap import dense, may_overlap
+
+    x = torch.randn(4, 6, 8)
+    apart = [x, x.transpose(0, 2), x[:, ::2], x.permute(1, 2, 0)[1:], x[..., :1].expand(4, 6, 1), torch.empty(0, 3).expand(5, 0, 3)]
+    assert not any(may_overlap(t) for t in apart)
+    shared = [x[:, :1].expand(4, 6, 8), x.reshape(-1).as_strided((5, 8), (4, 1)), x.reshape(-1).as_strided((2, 2, 3), (1, 1, 2))]
+    assert all(may_overlap(t) for t in shared)
+    copy = dense(shared[1])
+    assert copy.is_contiguous() and torch.equal(copy, shared[1]) and dense(x.transpose(0, 2)).data_ptr() == x.data_ptr()

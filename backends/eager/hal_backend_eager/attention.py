@@ -8,6 +8,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .overlap import dense
+
 
 def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return F.softmax(x, dim)
@@ -27,7 +29,8 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     if attn_mask is not None and attn_mask.ndim == 1:
         attn_mask = attn_mask[None]  # torch 2.13's fused CPU kernel rejects a 1-D (keys) mask
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal, scale=scale)
+    # a query whose rows share memory is copied: torch's flash CPU kernel misreads it (.overlap)
+    return F.scaled_dot_product_attention(dense(q), k, v, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal, scale=scale)
 
 
 def scaled_dot_product_attention_backward(
