@@ -51,9 +51,10 @@ class VendorLibs:
     ``conv(x, weight, bias, stride, padding, dilation, groups)`` takes canonical arguments (padding
     as (top, bottom, left, right)); ``conv_grads(grad_out, x, weight, stride, padding, dilation,
     groups)`` returns (grad_x, grad_weight, grad_bias); ``linear(x2, weight, bias)`` is a 2-D GEMM
-    with the bias; ``gemm_f32(a, b)`` is ``a @ b`` of 2-D operands accumulated and returned in
-    float32 (float64 for float64; half-precision operands read as they are). Each keeps the vendor's
-    float32 semantics (hal's float32 is IEEE float32).
+    with the bias; ``gemm_f32(a, b, acc=None)`` is ``a @ b`` of 2-D operands accumulated and
+    returned in float32 (float64 for float64; half-precision operands read as they are), or, given
+    ``acc`` (float32), added into ``acc`` and ``acc`` returned. Each keeps the vendor's float32
+    semantics (hal's float32 is IEEE float32).
     """
 
     conv_name: str  # "cudnn", "miopen"
@@ -61,7 +62,7 @@ class VendorLibs:
     conv_grads: Callable[..., tuple]
     blas_name: str  # "cublas", "hipblas"
     linear: Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
-    gemm_f32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    gemm_f32: Callable[..., torch.Tensor]
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -455,8 +456,11 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
     return registered
 
 
-#: logits linear_cross_entropy holds at once on a GPU (float32: 256 MiB)
-LCE_BLOCK_ELEMENTS = 1 << 26
+#: logits linear_cross_entropy holds at once on a GPU (float32: 1 GiB). Each block of rows adds its
+#: part of grad_weight (vocab x hidden, float32) into the accumulator, so fewer, larger blocks move
+#: less: at 2^26 a Llama-3 LM head (4096 tokens, vocab 128256, d 2048) took 8 blocks and 24.9 ms
+#: forward + backward on an H100 against torch.compile's 10.1 (benchmarks/levers40.py, 2026-12-07)
+LCE_BLOCK_ELEMENTS = 1 << 28
 
 
 def int32_dequant(tables: LaunchTables, acc: torch.Tensor, x_scale: Any, w_scale: Any, bias: Optional[torch.Tensor], out_dtype: str) -> torch.Tensor:

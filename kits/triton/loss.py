@@ -162,7 +162,7 @@ def cross_entropy_backward(grad_out: torch.Tensor, logits: torch.Tensor, target:
 
 # --- linear_cross_entropy -----------------------------------------------------------------------
 
-Gemm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Gemm = Callable[..., torch.Tensor]  # gemm_f32(a, b, acc=None): VendorLibs.gemm_f32
 
 
 def _rows_per_block(n: int, v: int, block_elements: int) -> int:
@@ -185,7 +185,8 @@ class _Grads:
     def __init__(self, x: torch.Tensor, weight: torch.Tensor) -> None:
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         self.x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        self.weight = torch.zeros(weight.shape, dtype=acc, device=x.device)
+        self.weight: Optional[torch.Tensor] = None  # the first block's product, then the blocks' sum
+        self._weight_zeros = lambda: torch.zeros(weight.shape, dtype=acc, device=x.device)  # no rows, no block
         self.bias = torch.zeros(int(weight.shape[0]), dtype=acc, device=x.device)
 
     def add_block(self, i: int, z: torch.Tensor, dz: torch.Tensor, xb: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
@@ -197,13 +198,16 @@ class _Grads:
         g = grad_out[i : i + rows] if reduction == "none" else grad_out
         d = logit_grads(z, target[i : i + rows], g, count, ignore_index, eps, reduction, dz[:rows], **cfg)
         torch.mm(d, weight, out=self.x[i : i + rows])
-        self.weight += gemm_f32(d.t(), xb)
+        if self.weight is None:
+            self.weight = gemm_f32(d.t(), xb)
+        else:  # added in place: no grad_weight-sized temporary per block
+            gemm_f32(d.t(), xb, acc=self.weight)
         self.bias += d.sum(0, dtype=self.bias.dtype)
 
     def result(self, x: torch.Tensor, grad_out: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The gradients in x's dtype, scaled by ``grad_out`` (one value) when they were computed
         for a grad_out of one."""
-        gx, gw, gb = self.x, self.weight, self.bias
+        gx, gw, gb = self.x, self.weight if self.weight is not None else self._weight_zeros(), self.bias
         if grad_out is not None:
             g = grad_out.reshape(())
             gx, gw, gb = gx.mul_(g), gw.mul_(g), gb.mul_(g)

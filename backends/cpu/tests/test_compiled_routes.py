@@ -87,8 +87,8 @@ def test_eager_lm_head_never_holds_more_logits_than_one_block() -> None:
     assert reasons(BLOCK_ELEMENTS // 1024 + 1, 1024, fake=False) == [
         f"would hold the whole logits ({BLOCK_ELEMENTS // 1024 + 1} x 1024), more than {BLOCK_ELEMENTS} elements (one block of the blocked kernel)"]
     assert reasons(4096, 32000, fake=True) == []
-    assert reasons(8192, 128256, fake=True) == [
-        f"the whole logits (8192 x 128256) exceed {GRAPH_LOGITS_LIMIT} elements (hal_backend_eager.loss.GRAPH_LOGITS_LIMIT)"]
+    assert reasons(16384, 128256, fake=True) == [
+        f"the whole logits (16384 x 128256) exceed {GRAPH_LOGITS_LIMIT} elements (hal_backend_eager.loss.GRAPH_LOGITS_LIMIT)"]
 
 
 def test_half_precision_attention_joins_compiled_graphs_and_stays_hals_node_eagerly(rng: np.random.Generator) -> None:

@@ -10,6 +10,7 @@ the accumulator before its only store, autotuned tiles). grouped_gemm: :mod:`.gr
 from __future__ import annotations
 
 import threading
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -43,10 +44,28 @@ def blas_linear(x2: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
         return F.linear(x2, weight, bias)
 
 
-def gemm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+#: whether torch's addmm with a float32 output accumulates half-precision products into a float32
+#: tensor in place on this build (asked once per device)
+_ADDMM_F32_IN_PLACE: dict[str, bool] = {}
+
+
+def gemm_f32(a: torch.Tensor, b: torch.Tensor, acc: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``a @ b`` returned in float32 (float64 for float64): half-precision operands go to cuBLAS as
     they are, with float32 accumulation and output (``torch.mm(..., out_dtype=)``); float32 in IEEE
-    float32. CPU tensors (the interpreter tests) upcast first."""
+    float32. CPU tensors (the interpreter tests) upcast first. Given ``acc``, the product is added
+    into it (cuBLAS's beta = 1 where torch's build takes a float32 ``out`` for half operands, else
+    through a temporary) and ``acc`` is returned."""
+    if acc is not None and a.dtype in (torch.float16, torch.bfloat16) and a.device.type == "cuda":
+        key = str(a.device)
+        if _ADDMM_F32_IN_PLACE.get(key, True):
+            try:
+                torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+                _ADDMM_F32_IN_PLACE[key] = True
+                return acc
+            except (RuntimeError, TypeError, NotImplementedError):
+                _ADDMM_F32_IN_PLACE[key] = False
+    if acc is not None:
+        return acc.add_(gemm_f32(a, b))
     if a.dtype in (torch.float16, torch.bfloat16):
         if a.device.type == "cuda":
             return torch.mm(a, b, out_dtype=torch.float32)

@@ -11,6 +11,8 @@ computes the same function. grouped_gemm is Triton's alone.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -31,10 +33,13 @@ def blas_linear(x2: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
 _MM_F32_OUT: dict[str, bool] = {}
 
 
-def gemm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def gemm_f32(a: torch.Tensor, b: torch.Tensor, acc: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``a @ b`` returned in float32 (float64 for float64): half-precision operands go to the
     library as they are with float32 output (``torch.mm(..., out_dtype=)``) where torch's build has
-    that kernel for the device (asked once), else upcast; float32 in IEEE float32."""
+    that kernel for the device (asked once), else upcast; float32 in IEEE float32. Given ``acc``,
+    the product is added into it and ``acc`` returned."""
+    if acc is not None:
+        return acc.add_(gemm_f32(a, b))
     if a.dtype in (torch.float16, torch.bfloat16):
         key = str(a.device)
         if a.device.type == "cuda" and _MM_F32_OUT.get(key, True):
