@@ -83,7 +83,9 @@ class _Entry:
     warm: int = 0  # eager calls made so far
     eager_reason: Optional[str] = None  # set: this signature always runs eagerly, and why
     graph: Optional["torch.cuda.CUDAGraph"] = None
-    inputs: tuple[torch.Tensor, ...] = ()  # static buffers, in the order of the flattened arguments
+    #: static buffers and the position of the flattened argument each is filled from (one buffer per
+    #: distinct argument tensor: a tensor passed twice has one buffer, as it had one storage)
+    inputs: tuple[tuple[int, torch.Tensor], ...] = ()
     output: Any = None  # the captured call's result (its tensors live in the graph's memory)
     replays: int = 0
 
@@ -138,7 +140,7 @@ class GraphedStep:
         return out
 
     def _capture(self, entry: _Entry, leaves: list, spec: Any) -> Any:
-        static = [_static_copy(x) if isinstance(x, torch.Tensor) else x for x in leaves]
+        static = _static_copies(leaves)
         args, kwargs = pytree.tree_unflatten(static, spec)
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
@@ -158,7 +160,8 @@ class GraphedStep:
             entry.eager_reason = "the step takes and returns no CUDA tensor (a CPU step: nothing to capture)"
             return output
         entry.graph, entry.output = graph, output
-        entry.inputs = tuple(s for s in static if isinstance(s, torch.Tensor))
+        firsts = {id(s): i for i, s in reversed(list(enumerate(static))) if isinstance(s, torch.Tensor)}
+        entry.inputs = tuple((i, static[i]) for i in sorted(firsts.values()))
         return self._replay(entry, leaves)  # the capture recorded the GPU work without running it
 
     def _ranking(self) -> contextlib.AbstractContextManager:
@@ -167,7 +170,8 @@ class GraphedStep:
 
     def _replay(self, entry: _Entry, leaves: list) -> Any:
         with torch.no_grad():
-            for buffer, x in zip(entry.inputs, (x for x in leaves if isinstance(x, torch.Tensor))):
+            for i, buffer in entry.inputs:
+                x = leaves[i]
                 if buffer.data_ptr() != x.data_ptr():
                     buffer.copy_(x, non_blocking=True)
         entry.graph.replay()
@@ -216,8 +220,13 @@ def _signature(leaves: list) -> tuple[Hashable, Optional[str]]:
     """The cache key of a call's flattened arguments, and a reason to stay eager (or None)."""
     parts: list[Hashable] = [torch.is_grad_enabled(), torch.is_inference_mode_enabled()]
     reason = None
-    for x in leaves:
+    seen: dict[int, int] = {}
+    for i, x in enumerate(leaves):
         if isinstance(x, torch.Tensor):
+            if id(x) in seen:  # the same tensor again (labels=input_ids): its own signature, one buffer
+                parts.append(("same as", seen[id(x)]))
+                continue
+            seen[id(x)] = i
             if x.device.type != "cuda" and reason is None:
                 reason = (f"a {x.device.type} tensor among the arguments (a graph would keep the values it had at "
                           "capture): move it to the GPU before the call")
@@ -257,6 +266,24 @@ def _capture_state() -> Callable[[], None]:
         torch.cuda.synchronize()
 
     return restore
+
+
+def _static_copies(leaves: list) -> list:
+    """The flattened arguments with each tensor replaced by a static copy, one copy per distinct
+    tensor: a tensor passed twice (``model(input_ids=t, labels=t)``) stays one tensor. Two copies
+    would change what a torch.compile'd step sees (Dynamo guards on arguments being the same
+    tensor): it compiled again inside the capture, which failed ("operation failed due to a
+    previous error during capture") for every Hugging Face causal LM step given its tokens as labels."""
+    copies: dict[int, torch.Tensor] = {}
+    out = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            if id(x) not in copies:
+                copies[id(x)] = _static_copy(x)
+            out.append(copies[id(x)])
+        else:
+            out.append(x)
+    return out
 
 
 def _static_copy(x: torch.Tensor) -> torch.Tensor:

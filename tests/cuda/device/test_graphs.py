@@ -191,3 +191,44 @@ def test_graphed_loss_scaler_skips_an_overflowed_step_as_eager_does() -> None:
     for p, q in zip(models[0].parameters(), models[1].parameters()):
         assert torch.isfinite(p).all()
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
+
+
+def test_a_tensor_passed_twice_stays_one_tensor_in_the_capture() -> None:
+    """A compiled step given one tensor for two arguments (a Hugging Face causal LM's
+    ``input_ids=t, labels=t``) is captured: the capture's static buffers keep the two arguments one
+    tensor, so torch.compile's guards hold and nothing compiles inside the capture (two copies made
+    it compile again there, and the capture failed). Replays with new data match the eager step."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    w = torch.randn(64, 64, generator=gen).to(DEV)
+    compiled = torch.compile(lambda a, b: torch.tanh(a @ w) + b * 0.5)
+
+    def step(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return compiled(a, b)
+
+    graphed = hal.graphs.graphed(step)
+    for _ in range(4):
+        x = torch.randn(8, 64, generator=gen).to(DEV)
+        got = graphed(x, x)
+        torch.testing.assert_close(got, torch.tanh(x @ w) + x * 0.5)
+    assert graphed.captured() == 1, graphed.explain()
+    y = torch.randn(8, 64, generator=gen).to(DEV)
+    torch.testing.assert_close(graphed(x, y), torch.tanh(x @ w) + y * 0.5)  # two tensors: a signature of its own
+    assert len(graphed._entries) == 2, graphed.explain()
+
+
+def test_optimize_captures_a_compiled_hugging_face_llama_step() -> None:
+    """hal.optimize's compile+graph candidate captures a Hugging Face Llama step (GQA, tied
+    embeddings, the tokens as labels), where it failed with "operation failed due to a previous
+    error during capture"."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(fresh_seed())
+    cfg = transformers.LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                                   num_key_value_heads=2, tie_word_embeddings=True, use_cache=False)
+    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").to(DEV).train()
+    tokens = torch.randint(0, 4096, (2, 128), device=DEV)
+    step = hal.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-4), amp=torch.bfloat16, compile=True, graph=True)
+    losses = [float(step(input_ids=tokens, labels=tokens)) for _ in range(3)]
+    report = step.explain()
+    assert "capture failed" not in report, report
+    assert step.report.chosen == "compile+graph", report
+    assert losses[-1] < losses[0], losses
