@@ -5,6 +5,12 @@ dispatch decision asks about a numba kernel; ``family(name)`` imports ``hal_back
 whose ``@njit`` functions compile on their first call and are cached on disk. The cache directory is
 ``HAL_CPU_NUMBA_CACHE_DIR`` when set (mapped to numba's ``NUMBA_CACHE_DIR``), else numba's default
 (``__pycache__`` beside the sources, or a user cache when that is not writable).
+
+numba starts its thread pool once per process; with its OpenMP layer (the one chosen where torch
+brings libgomp) the start calls ``omp_set_num_threads(NUMBA_NUM_THREADS)``, which is also torch's
+intra-op thread count: ``torch.set_num_threads(1)`` then a first numba kernel left torch on every
+core, and the CPU's tune cache, whose device slug holds torch's thread count, in a second file.
+``family`` starts the pool itself, before any kernel runs, and puts torch's count back.
 """
 
 from __future__ import annotations
@@ -44,4 +50,21 @@ def family(name: str) -> ModuleType:
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
+    _start_threads_keeping_torchs()
     return importlib.import_module(f"hal_backend_cpu._nb.{name}")
+
+
+@functools.lru_cache(maxsize=None)
+def _start_threads_keeping_torchs() -> None:
+    """Start numba's thread pool now (``numba.get_num_threads`` does, once per process) and give
+    torch back its intra-op thread count, which the OpenMP layer's start overwrites."""
+    import numba
+    import torch
+
+    with _lock:
+        threads = torch.get_num_threads()
+        try:
+            numba.get_num_threads()
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
