@@ -108,7 +108,8 @@ class Confirmation:
 @dataclasses.dataclass
 class ModelResult:
     """The outcome of one model: ``status`` pass, fail (a call past its budget, or the runs' calls
-    parted) or error (the model or a run raised)."""
+    parted), error (the model or a run raised) or skip (``--model all`` on a machine without a
+    package the model needs: ``skip_reason`` says which)."""
 
     name: str
     description: str
@@ -126,11 +127,14 @@ class ModelResult:
     confirmation: Optional[Confirmation] = None
     error: Optional[str] = None
     duration_s: float = 0.0
+    skip_reason: Optional[str] = None
 
     @property
     def summary_line(self) -> str:
         if self.status == "error":
             return f"{self.name}: ERROR {self.error}"
+        if self.status == "skip":
+            return f"{self.name}: skipped: {self.skip_reason}"
         if self.status == "pass":
             n = len(self.test.calls) if self.test else 0
             return f"{self.name}: pass ({n} calls, {len(self.comparison.checks) if self.comparison else 0} checks)"

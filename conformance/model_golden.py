@@ -117,7 +117,7 @@ def compare(doc: dict[str, Any], results: Sequence[ModelResult]) -> list[str]:
             problems.append(f"{r.name}: no golden curve (models in the file: {', '.join(doc['models'])})")
             continue
         if r.test is None or r.reference is None:
-            problems.append(f"{r.name}: did not run to the end ({r.error})")
+            problems.append(f"{r.name}: did not run to the end ({r.error or r.skip_reason})")
             continue
         mine, theirs = settings_of(r), doc.get("settings", {})
         differ = [f"{k} {mine[k]!r} (golden {theirs.get(k)!r})" for k in SETTINGS if theirs.get(k) != mine[k]]

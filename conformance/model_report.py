@@ -7,8 +7,8 @@ replacing them.
     {"hal_version", "commit", "commit_dirty", "mode": "model", "backend", "backend_version",
      "device": {"name", "vendor", "arch"}, "reference": {"backend", "dtype", "device"},
      "settings": {"steps", "lr", "optimizer", "size", "seed", "tune", "dtype"}, "torch_version", "platform",
-     "started", "duration_s", "summary": {"pass", "fail", "error"}, "exit_status",
-     "models": [{"model", "description", "status", "error", "duration_s", "device",
+     "started", "duration_s", "summary": {"pass", "fail", "error", "skip"}, "exit_status",
+     "models": [{"model", "description", "status", "error", "skip_reason", "duration_s", "device",
                  "loss", "reference_loss", "loss_max_rel_diff", "calls", "checks", "failing_checks",
                  "mismatch", "first_divergence", "culprit", "confirmation", "call_table"}]}
 
@@ -38,7 +38,7 @@ from hal.dispatch import DISPATCHER
 from .model import ModelResult, calls_table, loss_gap
 from .report import git_commit
 
-STATUSES = ("pass", "fail", "error")
+STATUSES = ("pass", "fail", "error", "skip")
 FILES = {"json": "model-report.json", "md": "model-report.md", "junit": "model-junit.xml"}
 #: calls listed per model in the Markdown report (all of them are in the JSON)
 MARKDOWN_CALLS = 120
@@ -72,6 +72,7 @@ def model_json(r: ModelResult) -> dict[str, Any]:
         "description": r.description,
         "status": r.status,
         "error": r.error,
+        "skip_reason": r.skip_reason,
         "duration_s": round(r.duration_s, 3),
         "device": r.device,
         "reference_device": r.reference_device,
@@ -107,12 +108,13 @@ def summary(results: Sequence[ModelResult]) -> dict[str, int]:
 
 
 def exit_status(results: Sequence[ModelResult]) -> int:
-    return 0 if results and all(r.status == "pass" for r in results) else 1
+    """0 when a model passed and every other passed or was skipped, else 1."""
+    return 0 if any(r.status == "pass" for r in results) and all(r.status in ("pass", "skip") for r in results) else 1
 
 
 def to_json(results: Sequence[ModelResult], started: datetime.datetime, duration_s: float) -> dict[str, Any]:
     commit, dirty = git_commit()
-    first = results[0] if results else None
+    first = next((r for r in results if r.status != "skip"), results[0] if results else None)
     backend = first.backend if first else None
     state = DISPATCHER.runtime().backends.get(backend) if backend else None
     info = None
@@ -163,6 +165,8 @@ def _model_markdown(m: dict[str, Any]) -> list[str]:
     lines = [f"## `{m['model']}` — {m['status'].upper()}", "", m["description"] or "", ""]
     if m["error"]:
         return lines + [f"Error: `{m['error']}`", ""]
+    if m["skip_reason"]:
+        return lines + [f"Skipped: {m['skip_reason']}", ""]
     f = m["first_divergence"]
     if m["mismatch"]:
         lines += [f"**The runs' calls part**: {m['mismatch']}", ""]
@@ -236,7 +240,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
     ]
     for m in doc["models"]:
         c, f = m["culprit"], m["first_divergence"]
-        what = f"`{c['op']}` {c['backend']}/{c['kernel']}" if c else (m["mismatch"] or m["error"] or "—")
+        what = f"`{c['op']}` {c['backend']}/{c['kernel']}" if c else (m["mismatch"] or m["error"] or m["skip_reason"] or "—")
         loss = f"{_g(m['loss'][-1], 6)} / {_g(m['reference_loss'][-1], 6)}" if m["loss"] and m["reference_loss"] else "—"
         lines.append(f"| `{m['model']}` | {m['status']} | {m['calls']} | {m['failing_checks']} of {m['checks']} | {what} "
                      f"| {_where(f['site']) if f else '—'} | {loss} |")
@@ -252,7 +256,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
 def to_junit(results: Sequence[ModelResult], doc: dict[str, Any]) -> str:
     sm = doc["summary"]
     suite = ET.Element("testsuite", name=f"hal.conformance.model.{doc['backend']}", tests=str(len(results)), failures=str(sm["fail"]),
-                       errors=str(sm["error"]), skipped="0", time=f"{doc['duration_s']:.3f}", timestamp=doc["started"])
+                       errors=str(sm["error"]), skipped=str(sm["skip"]), time=f"{doc['duration_s']:.3f}", timestamp=doc["started"])
     props = ET.SubElement(suite, "properties")
     for key in ("backend", "backend_version", "commit"):
         ET.SubElement(props, "property", name=key, value=str(doc[key]))
@@ -267,10 +271,12 @@ def to_junit(results: Sequence[ModelResult], doc: dict[str, Any]) -> str:
             ET.SubElement(tc, "failure", message=r.summary_line[:500], type="divergence").text = detail
         elif r.status == "error":
             ET.SubElement(tc, "error", message=(r.error or "error")[:500], type="error").text = r.error
+        elif r.status == "skip":
+            ET.SubElement(tc, "skipped", message=(r.skip_reason or "skipped")[:500])
         losses = ", ".join(f"{_g(a, 8)}/{_g(b, 8)}" for a, b in zip(m["loss"] or [], m["reference_loss"] or []))
         ET.SubElement(tc, "system-out").text = f"loss per step (test/reference): {losses}"
     root = ET.Element("testsuites", name="hal-conformance-model", tests=str(len(results)), failures=str(sm["fail"]), errors=str(sm["error"]),
-                      skipped="0", time=f"{doc['duration_s']:.3f}")
+                      skipped=str(sm["skip"]), time=f"{doc['duration_s']:.3f}")
     root.append(suite)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -98,6 +98,21 @@ def _hf_llama(size: str, seed: int) -> ModelCase:
 
 #: built-in model name -> builder (size, seed)
 BUILTIN: dict[str, Callable[[str, int], ModelCase]] = {"cnn": _cnn, "llama": _llama, "hf_llama": _hf_llama}
+#: built-in model name -> the package it needs beyond hal's own dependencies
+REQUIRES = {"hf_llama": "transformers"}
+
+
+def unavailable(name: str) -> Optional[str]:
+    """Why built-in model ``name`` cannot run here (a package it needs does not import), else None:
+    ``--model all`` skips such a model with this reason."""
+    package = REQUIRES.get(name)
+    if package is None:
+        return None
+    try:
+        importlib.import_module(package)
+    except Exception as exc:  # noqa: BLE001 - missing, or failing to import
+        return f"needs {package}, which does not import here ({type(exc).__name__}: {exc}); pip install {package} to run it"
+    return None
 
 
 def names(text: str) -> list[str]:
