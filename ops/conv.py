@@ -3,7 +3,7 @@ conv -> batch-norm -> add residual -> ReLU (a ResNet block's head and tail)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from hal.arrays import FLOAT_DTYPES, dtype_name
 from hal.registry import Autocast, declare
@@ -109,14 +109,25 @@ def conv_out_shape(chw: tuple[int, ...], weight_shape: tuple[int, ...], stride, 
     return (int(weight_shape[0]) if cin else 0, ho, wo)
 
 
-def check_per_channel(op: str, name: str, a: Any, channels: int, x_name: str, x: Any) -> None:
-    """A (C,) parameter of a normalisation: x's dtype, or float32 beside half-precision x."""
+def check_per_channel(op: str, name: str, a: Any, channels: Optional[int], x_name: str, x: Any) -> None:
+    """A (C,) parameter of a normalisation: x's dtype, or float32 beside half-precision x. With
+    ``channels`` None (an empty 1-D x: :func:`bn_channels`) of any length, as torch."""
     if a is None:
         return
-    c.rank(op, name, a, (1,), f"of length {channels}")
-    c.shape_is(op, name, a, (channels,), "(one value per channel)")
+    c.rank(op, name, a, (1,), "of one dimension" if channels is None else f"of length {channels}")
+    if channels is not None:
+        c.shape_is(op, name, a, (channels,), "(one value per channel)")
     allowed = {dtype_name(x)} | ({"float32"} if dtype_name(x) in ("float16", "bfloat16") else set())
     c.dtype_in(op, name, a, sorted(allowed), f"the dtype of '{x_name}', or float32 beside half precision")
+
+
+def bn_channels(op: str, x: Any) -> Optional[int]:
+    """The channel count of a batch norm's x (N, C, ...); None for an empty 1-D x, which
+    ``F.batch_norm`` takes too (it normalises nothing and reads no parameter, whatever their length)."""
+    if x.ndim == 1 and int(x.shape[0]) == 0:
+        return None
+    c.min_rank(op, "x", x, 2, "(N, C, ...), or an empty 1-D array")
+    return int(x.shape[1])
 
 
 def check_bn_options(
@@ -127,7 +138,9 @@ def check_bn_options(
     (the forward ops; backward ops only read them)."""
     c.boolean(op, "training", training)
     c.number(op, "momentum", momentum, low=0.0, high=1.0)
-    c.number(op, "eps", eps, low=0.0)
+    # eps >= 0 in eval, where a zero running variance then divides by zero (batch_norm's docstring)
+    if c.number(op, "eps", eps, low=0.0) == 0 and training:
+        raise c.fail(op, "eps", "a number > 0 when training (as F.batch_norm: a channel of equal values has a batch variance of 0)", repr(eps))
     if (running_mean is None) != (running_var is None):
         raise c.fail(op, "running_var" if running_var is None else "running_mean", "given together with its twin (both or neither)", "only one of the two")
     if running_mean is None and not training:
@@ -260,16 +273,23 @@ def batch_norm(
 
     In training, normalises with the batch statistics (biased variance) and, when running stats are
     given, updates them in place: ``r = (1 - momentum) * r + momentum * stat`` with the unbiased
-    variance for ``running_var``. In eval, normalises with the running statistics.
+    variance for ``running_var``. In eval, normalises with the running statistics as torch's CPU
+    kernel computes it, ``x * a + (bias - running_mean * a)`` with ``a = (1 / sqrt(running_var +
+    eps)) * weight`` per channel: for a finite ``a`` the textbook formula up to rounding; where eps =
+    0 meets a zero running variance, ``a`` is infinite (NaN for a zero weight) and each element is
+    what IEEE arithmetic gives for that expression (+-inf or NaN; NaN wherever x and the mean have
+    the same sign). torch's CUDA kernels compute ``(x - mean) * (1 / sqrt(var + eps)) * weight +
+    bias`` instead, whose infinities differ there; hal's kernels on every device give the CPU's.
+    eps must be positive in training (as F.batch_norm). An empty 1-D x is taken, as torch takes it:
+    the result is empty and the parameters, of any length, are not read.
     """
 
 
 @batch_norm.checker
 def _check_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):
     op = "batch_norm"
-    c.min_rank(op, "x", x, 2, "(N, C, ...)")
+    ch = bn_channels(op, x)
     c.float_dtype(op, "x", x)
-    ch = int(x.shape[1])
     for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
         check_per_channel(op, name, a, ch, "x", x)
     check_bn_options(op, _spatial_count(x), running_mean, running_var, training, momentum, eps)
@@ -307,11 +327,10 @@ def batch_norm_backward(
 @batch_norm_backward.checker
 def _check_batch_norm_backward(grad_out, x, running_mean, running_var, weight, training, eps):
     op = "batch_norm_backward"
-    c.min_rank(op, "x", x, 2, "(N, C, ...)")
+    ch = bn_channels(op, x)
     c.float_dtype(op, "x", x)
     c.same_dtype(op, "grad_out", grad_out, "x", x)
     c.shape_is(op, "grad_out", grad_out, c.shape_of(x), "(the shape of x)")
-    ch = int(x.shape[1])
     for name, a in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight)):
         check_per_channel(op, name, a, ch, "x", x)
     check_bn_options(op, _spatial_count(x), running_mean, running_var, training, 0.1, eps, write=False)
@@ -321,13 +340,22 @@ def _check_batch_norm_backward(grad_out, x, running_mean, running_var, weight, t
 @batch_norm_backward.fake
 def _fake_batch_norm_backward(a):
     x, w = a["x"], a["weight"]
-    ch = (x.shape[1],)
+    ch = (_param_count(x, w),)
     return like(x), param_like(w, x, ch), param_like(None, x, ch, fallback=w)
+
+
+def _param_count(x: Any, weight: Any) -> int:
+    """The length of batch norm's parameter gradients: x's channels; an empty 1-D x has none, and
+    its gradients take the weight's length (0 without one)."""
+    if x.ndim > 1:
+        return int(x.shape[1])
+    return 0 if weight is None else int(weight.shape[0])
 
 
 def _empty_batch_norm_backward(a: Mapping[str, Any]) -> tuple:
     """Zero gradients; those of weight and bias in the weight's dtype (x's when there is none)."""
-    x, ch = a["x"], (int(a["x"].shape[1]),)
+    x = a["x"]
+    ch = (_param_count(x, a["weight"]),)
     p = e.dtype_of(a["weight"], x)
     return e.zeros_like(x), e.zeros(x, ch, p), e.zeros(x, ch, p)
 
@@ -389,6 +417,12 @@ def fused_conv_bn_relu(
     In eval the batch norm folds into the convolution (``w * gamma / sqrt(var + eps)``); in
     training it uses the batch statistics of the convolution output and updates the running stats
     in place, as :func:`batch_norm` does.
+
+    Where eps = 0 meets a zero running variance (eval; training refuses eps = 0, as F.batch_norm),
+    the result is that of torch's composite on the CPU, ``relu(F.batch_norm(F.conv2d(...)))``:
+    :func:`batch_norm`'s eval formula applied to the convolution output (bias included), whose
+    +-inf and NaN the ReLU passes as torch's does (NaN stays NaN, -inf gives 0). Folded weights
+    would be infinite there, so kernels that fold do not take eps = 0.
     """
 
 

@@ -142,8 +142,10 @@ def _register_fused(kernel: Callable[..., Callable], kit: Kit, available: Callab
     @kernel("fused_conv_bn_relu", check, name=name)
     def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups,
                            eps, momentum, training):
-        y = conv(x, conv_weight, None, stride, padding, dilation, groups)
-        return bn.batch_norm_forward(kit, y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, True, conv_bias=conv_bias)
+        inside = conv_bias if not training and eps == 0 else None  # as hal_triton.kernels' fused_conv_bn_relu
+        y = conv(x, conv_weight, inside, stride, padding, dilation, groups)
+        return bn.batch_norm_forward(kit, y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, True,
+                                     conv_bias=None if inside is not None else conv_bias)
 
     @kernel("fused_conv_bn_relu_backward", check, name=name)
     def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,

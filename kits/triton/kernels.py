@@ -148,9 +148,12 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
         """The library convolution without its bias (it cancels in the normalisation and goes into
         the running mean), then the Triton statistics and normalise + ReLU passes."""
         bn = family("batchnorm")
-        y = bn.dense(conv(x, conv_weight, None, stride, padding, dilation, groups))
+        # eval at eps = 0: the bias stays in the convolution, since with an infinite scale a (a zero
+        # running variance) conv * a + bias * a gives other infinities than the op's (conv + bias) * a
+        inside = conv_bias if not training and eps == 0 else None
+        y = bn.dense(conv(x, conv_weight, inside, stride, padding, dilation, groups))
         return bn.batch_norm_forward(y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, True,
-                                     tables.batch_norm(y), conv_bias=conv_bias)
+                                     tables.batch_norm(y), conv_bias=None if inside is not None else conv_bias)
 
     @kernel("fused_conv_bn_relu_backward", f"{vendor.conv_name}_triton", 20, checks=(fused_vectors,))
     def fused_conv_bn_relu_backward(grad_out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, training):

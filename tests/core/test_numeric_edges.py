@@ -109,3 +109,95 @@ def test_may_overlap_reads_strides_only():
     assert all(may_overlap(t) for t in shared)
     copy = dense(shared[1])
     assert copy.is_contiguous() and torch.equal(copy, shared[1]) and dense(x.transpose(0, 2)).data_ptr() == x.data_ptr()
+
+
+# --- batch norm at eps = 0 -------------------------------------------------------------------------
+
+
+def assert_same_nonfinite(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """NaN, +inf and -inf at the same places, the finite values close."""
+    got, want = got.detach().double(), want.detach().double()
+    for name, mask in (("NaN", torch.isnan), ("+inf", lambda t: t == np.inf), ("-inf", lambda t: t == -np.inf)):
+        assert torch.equal(mask(got), mask(want)), f"{what}: {name} at {int(mask(got).sum())} places, torch's at {int(mask(want).sum())}"
+    fin = torch.isfinite(want)
+    torch.testing.assert_close(got[fin], want[fin], atol=1e-4, rtol=1e-4)
+
+
+def _conv_bn_args(zero_var_channel: int) -> tuple:
+    """Random conv -> batch norm arguments, one channel's running variance 0, all else drawn; that
+    channel's weight positive and mean negative, so its scale is +inf and its shift bias - mean *
+    scale is +inf: +inf where the convolution output is positive, NaN where it is negative."""
+    x, w, cb = torch.randn(2, 3, 7, 7), torch.randn(4, 3, 3, 3), torch.randn(4)
+    bw, bb, rm, rv = torch.randn(4), torch.randn(4), torch.randn(4), torch.rand(4) + 0.5
+    rv[zero_var_channel], bw[zero_var_channel], rm[zero_var_channel] = 0.0, bw[zero_var_channel].abs(), -rm[zero_var_channel].abs()
+    return x, w, cb, bw, bb, rm, rv
+
+
+FUSED_KERNELS = [("cpu_ref", None), ("eager", None), ("cpu", None), ("cpu", "torch"), ("cpu", "unfused")]
+
+
+@pytest.mark.parametrize("backend,kernel", FUSED_KERNELS)
+@pytest.mark.parametrize("residual", [False, True])
+def test_conv_bn_relu_at_eps_zero_and_zero_variance_is_torchs_composite(seed, backend, kernel, residual):
+    """eval, eps = 0, a zero running variance: as relu(F.batch_norm(F.conv2d(...)) (+ residual)) on
+    the CPU, NaN and infinities alike (cpu_ref gave +inf where torch gives NaN, the folded oneDNN
+    kernel NaN over the whole channel)."""
+    x, w, cb, bw, bb, rm, rv = _conv_bn_args(int(torch.randint(0, 4, ())))
+    res = torch.randn(2, 4, 7, 7)
+    z = F.batch_norm(F.conv2d(x, w, cb, 1, 1), rm, rv, bw, bb, False, 0.1, 0.0)
+    want = F.relu(z + res if residual else z)
+    op = "fused_conv_bn_add_relu" if residual else "fused_conv_bn_relu"
+    args = (x, w, cb, bw, bb, rm, rv) + ((res,) if residual else ()) + (1, 1, 1, 1, 0.0, 0.1, False)
+    with hal.use(backend=backend, kernel={op: kernel} if kernel else None):
+        got = getattr(hal.ops, op)(*args)
+    assert want.isnan().any() and (want == np.inf).any(), "the case must reach the division by zero"
+    assert_same_nonfinite(got, want, f"{op} on {backend}/{kernel or hal.explain(op, *args).kernel}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_norm_at_eps_zero_and_zero_variance_is_torchs(seed, backend):
+    x, _, _, bw, bb, rm, rv = _conv_bn_args(1)
+    rm, rv, bw, bb = rm[:3], rv[:3], bw[:3], bb[:3]
+    want = F.batch_norm(x, rm, rv, bw, bb, False, 0.1, 0.0)
+    with hal.use(backend=backend):
+        got = hal.ops.batch_norm(x, rm, rv, bw, bb, False, 0.1, 0.0)
+        got_np = hal.ops.batch_norm(x.numpy(), rm.numpy(), rv.numpy(), bw.numpy(), bb.numpy(), False, 0.1, 0.0)
+    assert_same_nonfinite(got, want, f"batch_norm on {backend}")
+    assert_same_nonfinite(torch.from_numpy(got_np), want, f"batch_norm of NumPy arrays on {backend}")
+
+
+@pytest.mark.parametrize("op", ["batch_norm", "fused_conv_bn_relu"])
+def test_eps_zero_in_training_is_refused_as_torch_refuses_it(op):
+    x, w, cb, bw, bb, rm, rv = _conv_bn_args(0)
+    args = (x, rm[:3], rv[:3], None, None, True, 0.1, 0.0) if op == "batch_norm" else (x, w, cb, bw, bb, rm, rv, 1, 1, 1, 1, 0.0, 0.1, True)
+    with pytest.raises(ValueError, match="eps must be positive during training"):
+        F.batch_norm(x, rm[:3], rv[:3], training=True, eps=0.0)
+    with pytest.raises(hal.InvalidArgumentError, match=f"{op}: argument 'eps' must be a number > 0 when training"):
+        getattr(hal.ops, op)(*args)
+
+
+# --- batch norm of an empty 1-D input --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("stats", [0, 3])
+def test_batch_norm_of_an_empty_1d_input_is_torchs(seed, backend, training, stats):
+    """torch's OpInfo samples for F.batch_norm include x of shape (0,) with running statistics of
+    length 0, training or not (hal refused them: "at least 2 dimensions"): an empty result, the
+    statistics untouched, an empty gradient."""
+    rm, rv = torch.randn(stats), torch.rand(stats) + 0.5
+    x = torch.randn(0, requires_grad=True)
+    want = F.batch_norm(x, rm.clone(), rv.clone(), None, None, training)
+    with hal.use(backend=backend):
+        got = hal.ops.batch_norm(x, rm_h := rm.clone(), rv_h := rv.clone(), None, None, training)
+        (grad,) = torch.autograd.grad(got.sum(), x)
+        got_np = hal.ops.batch_norm(x.detach().numpy(), rm.numpy().copy(), rv.numpy().copy(), None, None, training)
+    assert got.shape == want.shape == grad.shape == (0,) and got.dtype == want.dtype
+    assert got_np.shape == (0,) and isinstance(got_np, np.ndarray)
+    assert torch.equal(rm_h, rm) and torch.equal(rv_h, rv)
+
+
+def test_batch_norm_refuses_a_non_empty_1d_input_as_torch():
+    with pytest.raises(hal.InvalidArgumentError, match=r"batch_norm: argument 'x' must be an array of at least 2 dimensions \(N, C, \.\.\.\), or an empty 1-D array"):
+        hal.ops.batch_norm(torch.randn(3), torch.zeros(3), torch.ones(3))

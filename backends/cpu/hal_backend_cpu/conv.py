@@ -10,7 +10,8 @@ fused_conv_bn_relu:
   oneDNN's ReLU post-op turns NaN into 0, where torch's ReLU keeps NaN (torch 2.13's oneDNN);
 - ``torch``: the same folded convolution then an in-place ReLU in eval, and in training the
   convolution, ``F.batch_norm`` with the batch statistics (running statistics updated in place) and
-  an in-place ReLU;
+  an in-place ReLU; eval at eps = 0 runs unfolded, as training does, with the running statistics
+  (folded weights would be infinite where the variance is 0; ``onednn`` declines it);
 - ``unfused``: torch's convolution, batch norm and ReLU as three ops, for torch.compile graphs
   (never chosen by eager calls).
 
@@ -37,7 +38,7 @@ from hal.plugin import Inputs
 from hal_backend_eager import conv as eager
 from hal_backend_eager.conv import (add_relu_backward_in_float32, add_relu_in_float32, compute_dtype, grad_dtypes, half_in_float32, padding_in_proportion,
                                     recorded_in_float64_only, torch_bn_eps)
-from hal_backend_eager.fold import ParamCache, fold
+from hal_backend_eager.fold import ParamCache, fold, folds_finitely
 
 from ._common import FLOATS, kernel, onednn_dtype
 
@@ -186,7 +187,7 @@ def _eval_only(inputs: Inputs) -> list[str]:
     return ["training mode (batch statistics cannot be folded into the weights)"] if inputs["training"] else []
 
 
-@kernel("fused_conv_bn_relu", name="onednn", priority=30, dtypes=ONEDNN_DTYPES, checks=[onednn_dtype, _eval_only, padding_in_proportion])
+@kernel("fused_conv_bn_relu", name="onednn", priority=30, dtypes=ONEDNN_DTYPES, checks=[onednn_dtype, _eval_only, folds_finitely, padding_in_proportion])
 def fused_conv_bn_relu_onednn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
     xp, pad = _padded(x, padding)
@@ -205,11 +206,11 @@ def _recorded_in_training(inputs: Inputs) -> list[str]:
 @kernel("fused_conv_bn_relu", name="torch", priority=20, dtypes=FLOATS, checks=[torch_bn_eps, padding_in_proportion],
         differentiable=_recorded_in_training)
 def fused_conv_bn_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
-    if not training:
+    if not training and eps != 0:  # eps = 0: not folded (folds_finitely)
         w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
         return eager.conv2d(x, w, b, stride, padding, dilation, groups).relu_()
     y = eager.conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
-    return bn_forward(y, running_mean, running_var, bn_weight, bn_bias, True, momentum, eps).relu_()
+    return bn_forward(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps).relu_()
 
 
 # torch's convolution, batch norm (bn_forward: half precision as batch_norm/torch) and ReLU, below
@@ -274,7 +275,7 @@ def _bf16_channels_last(inputs: Inputs) -> list[str]:
 
 
 @kernel("fused_conv_bn_add_relu", name="onednn", priority=30, dtypes=("float32", "bfloat16"),
-        checks=[onednn_dtype, _eval_only, padding_in_proportion, _bf16_channels_last])
+        checks=[onednn_dtype, _eval_only, folds_finitely, padding_in_proportion, _bf16_channels_last])
 def fused_conv_bn_add_relu_onednn(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
                                   momentum, training):
     w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps)
@@ -288,21 +289,21 @@ def fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, runnin
                            momentum, training):
     """Eval: the folded convolution, then the add and the ReLU in place on its result; half
     precision convolves in float32 with weights folded in float32 and rounds once (see
-    :func:`hal_backend_eager.conv.add_relu_in_float32`). Training: :func:`_trained`."""
-    if training:
-        return _trained(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
-                        momentum, training)
+    :func:`hal_backend_eager.conv.add_relu_in_float32`). Training, and eval at eps = 0: :func:`_unfolded`."""
+    if training or eps == 0:  # eps = 0: not folded (folds_finitely)
+        return _unfolded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
+                         momentum, training)
     acc = compute_dtype(x)
     w, b = folded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, eps, acc)
     return eager.conv2d(x.to(acc), w, b, stride, padding, dilation, groups).add_(residual).relu_().to(x.dtype)
 
 
 @add_relu_in_float32
-def _trained(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps, momentum,
-             training):
-    """Convolution, batch norm with the batch statistics, then the add and the ReLU in place."""
+def _unfolded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps, momentum,
+              training):
+    """Convolution, torch's batch norm (the batch statistics in training), then the add and the ReLU in place."""
     y = eager.conv2d(x, conv_weight, conv_bias, stride, padding, dilation, groups)
-    return bn_forward(y, running_mean, running_var, bn_weight, bn_bias, True, momentum, eps).add_(residual).relu_()
+    return bn_forward(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps).add_(residual).relu_()
 
 
 # torch's ops for torch.compile graphs, as fused_conv_bn_relu's ``unfused`` (never chosen by eager calls)

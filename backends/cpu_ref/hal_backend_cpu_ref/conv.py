@@ -184,6 +184,10 @@ def _bn(x: np.ndarray, running_mean, running_var, weight, bias, training: bool, 
     count = elements(x.shape) // x.shape[1] if x.shape[1] else 0
     if training and count:  # an empty batch has no statistics: the running ones stay (as torch)
         _update_running(running_mean, running_var, mean, var, count, momentum)
+    if not training:  # x * a + (bias - mean * a): the op's eval formula, whose infinities at var + eps = 0 are defined
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = (1.0 / np.sqrt(var + eps)) * (1.0 if weight is None else _per_channel(weight, x.ndim))
+            return x * a + ((0.0 if bias is None else _per_channel(bias, x.ndim)) - mean * a)
     y = (x - mean) / np.sqrt(var + eps)
     if weight is not None:
         y = y * _per_channel(weight, x.ndim)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from hal.plugin import Inputs
 from hal_backend_eager import conv as eager
-from hal_backend_eager.fold import FoldCache
+from hal_backend_eager.fold import FoldCache, folds_finitely
 
 from ._common import FLOATS, HALF, NOT_F64, ieee_fp32, kernel, not_float32
 
@@ -80,7 +80,7 @@ def conv2d_backward(grad_out, x, weight, stride, padding, dilation, groups, outp
 # --- batch_norm ---------------------------------------------------------------------------------
 
 
-@kernel("batch_norm", name="cudnn", priority=10, dtypes=FLOATS, differentiable=True)
+@kernel("batch_norm", name="cudnn", priority=10, dtypes=FLOATS, checks=[eager.torch_bn_eps], differentiable=True)
 def batch_norm_cudnn(x, running_mean, running_var, weight, bias, training, momentum, eps):
     return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 
@@ -116,7 +116,7 @@ _FUSED_CALLS = {"fused_conv_bn_relu": "cudnn_convolution_relu", "fused_conv_bn_a
 def _eval_only(inputs: Inputs) -> list[str]:
     """Where cuDNN's fused calls (``cudnn_convolution_relu``, ``cudnn_convolution_add_relu``) run a
     folded batch norm: eval mode, one padding per side pair."""
-    reasons = []
+    reasons = folds_finitely(inputs)
     if inputs["training"]:
         reasons.append("training mode (batch statistics cannot be folded into the weights)")
     if not _symmetric(inputs["padding"]):

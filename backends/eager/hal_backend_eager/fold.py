@@ -106,6 +106,13 @@ class FoldCache:
         return len(self._cache)
 
 
+def folds_finitely(inputs: Any) -> list[str]:
+    """A check of kernels that fold: eps = 0 declines, since a zero running variance would give
+    infinite folded weights, whose convolution is NaN where the op's formula gives +-inf
+    (ops/conv.py: fused_conv_bn_relu)."""
+    return ["eps = 0 (a zero running variance would make the folded weights infinite)"] if inputs["eps"] == 0 else []
+
+
 def _same(ref: Optional[weakref.ref], p: Param) -> bool:
     """Whether a cached weak reference still points at ``p`` (an id can be reused after a free)."""
     return p is None if ref is None else ref() is p

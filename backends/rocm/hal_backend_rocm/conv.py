@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from hal.plugin import Inputs
-from hal_backend_eager.conv import add_relu_backward_in_float32, add_relu_in_float32
-from hal_backend_eager.fold import FoldCache
+from hal_backend_eager.conv import add_relu_backward_in_float32, add_relu_in_float32, torch_bn_eps
+from hal_backend_eager.fold import FoldCache, folds_finitely
 
 from ._common import FLOATS, NOT_F64, eager_kernel, ieee_fp32, kernel
 
@@ -26,7 +26,7 @@ from ._common import FLOATS, NOT_F64, eager_kernel, ieee_fp32, kernel
 #: the kit's ``miopen_triton`` kernels build on them (hal_triton.kernels.VendorLibs)
 conv = eager_kernel("conv2d", name="miopen", priority=10, dtypes=FLOATS)
 conv_grads = eager_kernel("conv2d_backward", name="miopen", priority=10, dtypes=FLOATS)
-eager_kernel("batch_norm", name="miopen", priority=10, dtypes=FLOATS)
+eager_kernel("batch_norm", name="miopen", priority=10, dtypes=FLOATS, checks=[torch_bn_eps])
 
 FOLDED = FoldCache()
 
@@ -35,7 +35,7 @@ def _folded_eval(inputs: Inputs) -> list[str]:
     """Where a folded batch norm can run: eval mode, one padding per side pair (torch's MIOpen
     calls take no other)."""
     top, bottom, left, right = inputs["padding"]
-    reasons = []
+    reasons = folds_finitely(inputs)
     if inputs["training"]:
         reasons.append("training mode (batch statistics cannot be folded into the weights)")
     if top != bottom or left != right:

@@ -233,6 +233,29 @@ def test_fused_conv_bn_relu(gen, training, padding):
     check("fused_conv_bn_relu_backward", kern("fused_conv_bn_relu_backward", "cudnn_triton"), bargs, outputs=5)
 
 
+@pytest.mark.parametrize("op,name", [("fused_conv_bn_relu", "cudnn_triton"), ("batch_norm", "triton")])
+def test_eval_at_eps_zero_and_zero_variance_is_the_ops_formula(gen, op, name):
+    """eval, eps = 0, a zero running variance: the scale is +inf and the shift bias - mean * scale
+    +inf, so the op's formula (torch's CPU composite) gives +inf where the convolution output (its
+    bias included) is positive and NaN where it is negative; adding the conv bias after the scaling
+    gave other values. NaN, +inf and -inf at cpu_ref's places, the rest close."""
+    x = randn(gen, 2, 3, 7, 6)
+    cw, cb = randn(gen, 4, 3, 3, 3, scale=0.3), randn(gen, 4)
+    bw, bb = randn(gen, 4).abs(), randn(gen, 4)
+    rm, rv = -randn(gen, 4).abs(), torch.rand(4, generator=gen) + 0.5
+    rv[2] = 0.0
+    if op == "batch_norm":
+        args = (torch.nn.functional.conv2d(x, cw, cb), rm, rv, bw, bb, False, 0.1, 0.0)
+    else:
+        args = (x, cw, cb, bw, bb, rm, rv, (1, 1), (1, 1, 1, 1), (1, 1), 1, 0.0, 0.1, False)
+    want = torch.as_tensor(reference(op, *args)[0])
+    got = kern(op, name)(*args).double()
+    assert want.isnan().any() and (want == float("inf")).any()
+    for mask in (torch.isnan, lambda t: t == float("inf"), lambda t: t == -float("inf")):
+        assert torch.equal(mask(got), mask(want))
+    torch.testing.assert_close(got[want.isfinite()], want[want.isfinite()], atol=1e-4, rtol=1e-4)
+
+
 def test_conv2d_asymmetric_padding_and_backward(gen):
     x, w, b = randn(gen, 2, 4, 6, 5), randn(gen, 6, 2, 2, 3), randn(gen, 6)
     args = ((2, 1), (0, 1, 1, 1), (1, 2), 2)
