@@ -11,6 +11,9 @@ optimizer and the loss scaling stay eager) and measures every variant the same w
 - **step time**: the median over batches of back-to-back steps timed with CUDA events (the host clock
   on the CPU), after the 20 steps of the loss trajectory, which absorb compilation and autotuning;
 - **throughput**: the workload's items (images, tokens) per step over the step time;
+- **model TFLOP/s and MFU** (the rows that count their flops, :mod:`hal_bench.flops`): the training
+  flops of a step over the step time, and that as a fraction of the device's peak (its datasheet's
+  dense bfloat16 figure, or ``--peak-tflops``);
 - **peak memory**: ``torch.cuda.max_memory_allocated`` over the timed steps less what was allocated
   before the variant was built (the timer's L2-flush buffer): parameters, optimizer state and
   activations, everything of the variant alive during a step; for a CUDA-graph variant over the
@@ -32,7 +35,9 @@ optimizer and the loss scaling stay eager) and measures every variant the same w
   and the best hal step's peak memory over eager's (``row["best"]``);
 - **side by side** (``row["paired"]``): the judged pairs, (compile, hal+compile) and (best peer, best
   hal), built again after the sweep and timed in alternating rounds (:mod:`hal_bench.models_paired`):
-  the targets take these ratios, which the host's drift between variants does not bias.
+  the targets take these ratios, which the host's drift between variants does not bias;
+- **largest batch** (``--max-batch``, the rows that can be rebuilt at another batch): for the variants
+  named, the largest batch whose steps fit in device memory (:mod:`hal_bench.batch_search`).
 
 Sizes come from a preset (:data:`hal_bench.workload.SIZES`): ``full`` (the issue's sizes, for a GPU), ``cpu`` (small
 models that take milliseconds per step on a CPU) and ``tiny`` (the CI tests).
@@ -49,6 +54,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from . import models_big
+from .batch_search import largest_batch
+from .flops import mfu
+from .flops import peak_tflops as peak_tflops_of
 from .models_hf import HFLlamaTrain
 from .models_llama import LlamaPrefill, LlamaTrain
 from .models_moe import MoEForwardBackward
@@ -56,6 +65,11 @@ from .models_paired import ROUNDS, judged_pairs, time_side_by_side
 from .models_resnet import ResNetInference, ResNetTrain
 from .timing import Timer
 from .workload import HAL_VARIANTS, TRAJECTORY_STEPS, NotApplicable, Step, Variant, Workload
+
+#: the steps of each try of the largest-batch search (the first creates the optimizer's state)
+MAX_BATCH_STEPS = 3
+#: the batch the search stops at without running out of memory
+MAX_BATCH_LIMIT = 1024
 
 # --- measurement ---------------------------------------------------------------------------------
 
@@ -115,8 +129,10 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def measure_variant(workload: Workload, variant: Variant, device: torch.device, timer: Timer, seed: int,
-                    reference: Optional[torch.Tensor], steps: int = TRAJECTORY_STEPS) -> dict[str, Any]:
-    """One record: times in microseconds, peak memory in bytes, the check value after ``steps``."""
+                    reference: Optional[torch.Tensor], steps: int = TRAJECTORY_STEPS, peak: Optional[float] = None) -> dict[str, Any]:
+    """One record: times in microseconds, peak memory in bytes, the check value after ``steps``; where
+    the workload counts its flops, the model TFLOP/s achieved and, given the device's ``peak``
+    TFLOP/s, the MFU."""
     rec: dict[str, Any] = {"variant": variant.name, "impl": variant.impl, "compile_mode": variant.compile_mode}
     if variant.compile_mode:
         torch._dynamo.reset()  # each compiled variant compiles afresh (no recompile limit across variants)
@@ -158,6 +174,10 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
         rec["host_us"] = host_time_us(step, device)
         rec["syncs"] = count_syncs(step, device)
         rec["throughput"] = workload.items_per_step() / (rec["step_us"] * 1e-6)
+        flops = workload.flops_per_step()
+        if flops is not None:
+            rec["tflops"] = flops.total / (rec["step_us"] * 1e-6) / 1e12
+            rec["mfu"] = mfu(flops.total, rec["step_us"], peak) if peak else None
         if variant.graph:
             rec["graph"] = step.run.explain()
     except Exception as exc:  # noqa: BLE001
@@ -255,11 +275,17 @@ def best_of(row: dict[str, Any]) -> dict[str, Any]:
 def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: int, use_compile: bool, max_autotune: bool,
                  wanted: Optional[set[str]] = None, progress: Callable[[str], None] = lambda s: None,
                  on_variant: Callable[[dict[str, Any]], None] = lambda row: None, steps: int = TRAJECTORY_STEPS,
-                 graphs: bool = False, paired_rounds: int = ROUNDS) -> dict[str, Any]:
+                 graphs: bool = False, paired_rounds: int = ROUNDS, peak: Optional[float] = None, max_batch: Sequence[str] = (),
+                 max_batch_limit: int = MAX_BATCH_LIMIT) -> dict[str, Any]:
     """The row of one workload: every variant measured in turn (``on_variant`` after each), then the
-    judged pairs timed again side by side in ``paired_rounds`` rounds (:mod:`hal_bench.models_paired`)."""
+    judged pairs timed again side by side in ``paired_rounds`` rounds (:mod:`hal_bench.models_paired`),
+    then the largest batch of each variant named in ``max_batch`` (:func:`max_batch_of`). ``peak``:
+    the device's TFLOP/s for MFU."""
     row: dict[str, Any] = {"model": workload.name, "kind": workload.kind, "describe": workload.describe(), "unit": workload.unit,
                            "items_per_step": workload.items_per_step(), "variants": []}
+    flops = workload.flops_per_step()
+    if flops is not None:
+        row["flops"] = {"per_step": flops.total, "matmul": flops.matmul, "attention": flops.attention, "counted": flops.formula()}
     reference = None
     if workload.kind == "infer":
         try:
@@ -274,7 +300,7 @@ def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: i
         built[variant.name] = variant
         t0 = time.perf_counter()
         progress(f"{workload.name}: {variant.name} ...")
-        rec = measure_variant(workload, variant, device, timer, seed, reference, steps)
+        rec = measure_variant(workload, variant, device, timer, seed, reference, steps, peak)
         row["variants"].append(rec)
         add_ratios(row)
         state = rec.get("skipped") or rec.get("error") or f"{rec['step_us'] / 1000:.2f} ms/step"
@@ -293,25 +319,69 @@ def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: i
         progress(f"{workload.name}: side by side: " + (row["paired"].get("error") or ", ".join(
             f"{p['peer']} / {p['hal']} {p['ratio']:.2f}x" for p in row["paired"]["pairs"])) + f" ({time.perf_counter() - t0:.0f} s)")
         on_variant(row)
+    offered = {v.name: v for v in workload.variants(use_compile, max_autotune, graphs)}
+    for name in max_batch:
+        t0 = time.perf_counter()
+        progress(f"{workload.name}: {name}: the largest batch ...")
+        found = (max_batch_of(workload, offered[name], device, seed, limit=max_batch_limit) if name in offered
+                 else {"skipped": f"{workload.name} has no variant {name!r}"})
+        row.setdefault("max_batch", {})[name] = found
+        progress(f"{workload.name}: {name}: largest batch {found.get('largest', found.get('skipped') or found.get('error'))} "
+                 f"({time.perf_counter() - t0:.0f} s)")
+        on_variant(row)
     return row
+
+
+def max_batch_of(workload: Workload, variant: Variant, device: torch.device, seed: int, steps: int = MAX_BATCH_STEPS,
+                 limit: int = MAX_BATCH_LIMIT) -> dict[str, Any]:
+    """The largest batch at which ``variant`` of ``workload`` runs ``steps`` steps without running out
+    of device memory (:mod:`hal_bench.batch_search`: batch 1, 2, 4, ... then bisection; each try
+    built afresh, everything freed between tries): ``{"largest", "smallest_oom", "tries"}``, or
+    ``{"skipped"}`` / ``{"error"}``."""
+
+    def run(batch: int) -> None:
+        if variant.compile_mode:
+            torch._dynamo.reset()
+        step = build_step(workload.with_batch(batch), variant, device, seed)
+        for _ in range(steps):
+            step()
+        _sync(device)
+
+    try:
+        return largest_batch(run, 1, limit, free=lambda: _free(device)).as_dict()
+    except NotApplicable as exc:
+        return {"skipped": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a failure that is not running out of memory is recorded
+        traceback.print_exc()
+        return {"error": _error(exc)}
+    finally:
+        if variant.compile_mode:
+            torch._dynamo.reset()
+        _free(device)
 
 
 def all_workloads(size: str) -> list[Workload]:
     """Every workload at ``size``, in the order of the table."""
     return [ResNetTrain(size), ResNetInference(size, torch.float16), ResNetInference(size, torch.bfloat16),
-            LlamaTrain(size), HFLlamaTrain(size), LlamaPrefill(size), MoEForwardBackward(size)]
+            LlamaTrain(size), HFLlamaTrain(size), LlamaPrefill(size), MoEForwardBackward(size)] + [cls(size) for cls in models_big.WORKLOADS]
 
 
 def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Optional[str] = None, use_compile: Optional[bool] = None,
         max_autotune: bool = True, variants: Optional[Sequence[str]] = None, seed: int = 0,
         progress: Callable[[str], None] = lambda s: None, on_result: Callable[[dict[str, Any]], None] = lambda doc: None,
         steps: int = TRAJECTORY_STEPS, budget_s: Optional[float] = None, graphs: Optional[bool] = None,
-        paired_rounds: int = ROUNDS) -> dict[str, Any]:
+        paired_rounds: int = ROUNDS, peak_tflops: Optional[float] = None, max_batch: Sequence[str] = (),
+        max_batch_limit: Optional[int] = None) -> dict[str, Any]:
     """Measure the workloads (all, or those named in ``models``) on ``device``; returns the result
     document (``on_result`` sees it after every variant, to save partial results). ``steps``: the
     length of the loss trajectory; ``budget_s``: the timing budget per variant (default 1 s on a
     GPU, 0.3 s on the CPU); ``graphs``: the CUDA-graph variants too (default: on a GPU);
-    ``paired_rounds``: the rounds of each row's side-by-side timing (0: none)."""
+    ``paired_rounds``: the rounds of each row's side-by-side timing (0: none); ``peak_tflops``: the
+    device's peak for MFU (default: its datasheet's dense bfloat16 figure where
+    :data:`hal_bench.flops.PEAK_BF16_TFLOPS` knows it); ``max_batch``: the variants whose largest
+    batch each row searches, up to ``max_batch_limit`` (default :data:`MAX_BATCH_LIMIT` on a GPU, 4 on
+    the CPU, where nothing runs out of device memory; no search by default: it costs a build and a
+    few steps per try)."""
     from .models_report import judge
     from .runner import environment
 
@@ -327,7 +397,9 @@ def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Opti
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     timer = Timer(device, budget_s=budget_s or (1.0 if gpu else 0.3), min_reps=3)
     doc: dict[str, Any] = environment(device)
-    doc.update(size=size, seed=seed, steps=steps, compile={"enabled": use_compile, "max_autotune": max_autotune}, graphs=graphs, liger=_liger_version(), models=[])
+    peak = peak_tflops or peak_tflops_of(device)
+    doc.update(size=size, seed=seed, steps=steps, compile={"enabled": use_compile, "max_autotune": max_autotune}, graphs=graphs, liger=_liger_version(),
+               peak_tflops=peak, models=[])
     for workload in workloads:
         if models and workload.name not in models:
             continue
@@ -338,7 +410,7 @@ def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Opti
             on_result(doc)
 
         run_workload(workload, device, timer, seed, use_compile, max_autotune, set(variants) if variants else None, progress, save, steps, graphs,
-                     paired_rounds)
+                     paired_rounds, peak, max_batch, max_batch_limit or (MAX_BATCH_LIMIT if gpu else 4))
     return doc
 
 

@@ -16,7 +16,11 @@ head compute the loss without the full logits. The implementations:
   its measurements on the first call decide (the measuring is inside the variant's warm-up);
 - ``liger``: Liger-Kernel's Llama patch applied to this model instance
   (``apply_liger_kernel_to_llama(model=...)``: its RMSNorm, SwiGLU MLP, RoPE and the fused linear
-  cross-entropy forward), ``torch.optim.AdamW(fused=True)``.
+  cross-entropy forward), ``torch.optim.AdamW(fused=True)``; ``liger+compile`` is the same patched
+  model under torch.compile (default mode; the loss is in the forward, so it is compiled too).
+
+The step is :class:`HFCausalLMTrain`'s, which the larger rows of :mod:`hal_bench.models_big`
+(Llama-3.2-1B's and Llama-3-8B's shapes, a Mixtral) share with this one.
 
 Liger's patch also rebinds names of the ``modeling_llama`` module, process-wide (the rotary function
 the attention calls, the RMSNorm and MLP classes models are built from, in some versions the class's
@@ -27,7 +31,9 @@ module's names the patch changed are set only while the Liger step's forward run
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import sys
 import types
 from typing import Any, Callable, Iterator, Optional
 
@@ -36,7 +42,7 @@ from torch import nn
 
 from . import liger
 from .models_llama import CONFIGS, LlamaConfig
-from .workload import HAL_OPTIMIZE, NotApplicable, Step, Variant, Workload, compiled, data_generator
+from .workload import HAL_OPTIMIZE, LIGER_COMPILE, NotApplicable, Step, Variant, Workload, compiled, data_generator
 
 IMPLS = ("torch", "hal", "liger", "hal.optimize")
 
@@ -85,83 +91,89 @@ def _module_names(module: types.ModuleType, names: dict[str, Any]) -> Iterator[N
                 setattr(module, n, v)
 
 
-def apply_liger(model: nn.Module, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
-    """Liger-Kernel's Llama patch applied to ``model`` alone (module docstring); returns the context
-    the Liger step's forward runs in (the module-level names the patch set). NotApplicable where
-    Liger-Kernel does not import or there is no GPU for its Triton kernels."""
+def apply_liger(model: nn.Module, device: torch.device, patch: str = "apply_liger_kernel_to_llama"
+                ) -> Callable[[], contextlib.AbstractContextManager]:
+    """Liger-Kernel's patch for the model's family (``liger_kernel.transformers.<patch>``, given the
+    instance) applied to ``model`` alone (module docstring); returns the context the Liger step's
+    forward runs in (the module-level names the patch set). NotApplicable where Liger-Kernel does
+    not import, lacks the patch, or there is no GPU for its Triton kernels."""
     if device.type != "cuda":
         raise NotApplicable(f"Liger-Kernel's Triton kernels need a GPU (this run is on {device.type})")
     reason = liger.import_reason("liger_kernel.transformers")
     if reason is not None:
         raise NotApplicable(reason)
-    from liger_kernel.transformers import apply_liger_kernel_to_llama
+    import liger_kernel.transformers as liger_transformers
 
-    return isolated_patch(lambda m: apply_liger_kernel_to_llama(model=m), model)
+    apply = getattr(liger_transformers, patch, None)
+    if apply is None:
+        raise NotApplicable(f"Liger-Kernel {liger.version()} has no {patch}")
+    return isolated_patch(lambda m: apply(model=m), model)
 
 
 def isolated_patch(apply: Callable[[nn.Module], Any], model: nn.Module) -> Callable[[], contextlib.AbstractContextManager]:
-    """``apply(model)``, a patch of ``transformers``' Llama that may rebind names of the
-    ``modeling_llama`` module and the model class's ``forward``, confined to ``model``: the module's
-    names are put back at once (returned: a context that sets them again, for the model's forward to
-    run in), a patched class forward is put back and bound to this instance instead."""
-    from transformers.models.llama import modeling_llama
-
+    """``apply(model)``, a patch of a ``transformers`` model family that may rebind names of the
+    family's modeling module (``modeling_llama``, ``modeling_mixtral``: the module of the model's
+    class) and the model class's ``forward``, confined to ``model``: the module's names are put back
+    at once (returned: a context that sets them again, for the model's forward to run in), a patched
+    class forward is put back and bound to this instance instead."""
     cls = type(model)
-    before, class_forward = dict(vars(modeling_llama)), cls.__dict__.get("forward")
+    modeling = sys.modules[cls.__module__]
+    before, class_forward = dict(vars(modeling)), cls.__dict__.get("forward")
     absent = object()
     try:
         apply(model)
     finally:
-        changed = {n: v for n, v in vars(modeling_llama).items() if before.get(n, absent) is not v}
+        changed = {n: v for n, v in vars(modeling).items() if before.get(n, absent) is not v}
         for n in changed:  # back as they were for every other model
             if n in before:
-                setattr(modeling_llama, n, before[n])
+                setattr(modeling, n, before[n])
             else:
-                delattr(modeling_llama, n)
+                delattr(modeling, n)
         patched_forward = cls.__dict__.get("forward")
         if patched_forward is not class_forward:  # a version that patches the class: this instance only
             setattr(cls, "forward", class_forward)
             if "forward" not in vars(model):
                 model.forward = types.MethodType(patched_forward, model)
-    return lambda: _module_names(modeling_llama, changed)
+    return lambda: _module_names(modeling, changed)
 
 
-class HFLlamaTrain(Workload):
-    """Training step of ``transformers.LlamaForCausalLM``: the loss from the model's forward (labels
-    given) under autocast (bfloat16; float32 at size tiny), backward, AdamW (hal's for hal, torch's
-    fused one for the others), gradients set to None."""
+class HFCausalLMTrain(Workload):
+    """Training step of a ``transformers`` causal LM built from a configuration: the loss from the
+    model's forward (labels given) under autocast (bfloat16; float32 at size tiny), backward, AdamW
+    (hal's for hal, torch's fused one for the others), gradients set to None. A family's workload
+    gives :meth:`build_model`, ``batch``, ``seq`` and ``vocab``, and names its Liger-Kernel patch."""
 
-    name = "hf_llama_train"
     kind = "train"
     unit = "tokens"
+    #: the function of ``liger_kernel.transformers`` that patches this family
+    liger_patch = "apply_liger_kernel_to_llama"
+    batch: int
+    seq: int
+    vocab: int
 
     def __init__(self, size: str = "full", lr: float = 1e-3, eps: float = 1e-8) -> None:
         super().__init__(size)
-        self.cfg = CONFIGS[size]
         self.amp_dtype: Optional[torch.dtype] = None if size == "tiny" else torch.bfloat16
         self.lr, self.eps = lr, eps
 
-    def items_per_step(self) -> int:
-        return self.cfg.batch * self.cfg.seq
+    @abc.abstractmethod
+    def build_model(self, seed: int, device: torch.device) -> nn.Module:
+        """The model on ``device``, its weights drawn from ``seed``, in training mode."""
 
-    def describe(self) -> str:
-        c = self.cfg
-        amp = "bf16 autocast" if self.amp_dtype else "float32"
-        return (f"Hugging Face LlamaForCausalLM training step ({c.layers} layers, d={c.dim}, {c.heads} heads, SwiGLU {c.ffn}, "
-                f"T={c.seq}, batch {c.batch}, vocab {c.vocab}), loss in the model's forward, {amp}, AdamW; hal: hal.nn.patch")
+    def items_per_step(self) -> int:
+        return self.batch * self.seq
 
     def extra_variants(self) -> list[Variant]:
-        return [HAL_OPTIMIZE]
+        return [LIGER_COMPILE, HAL_OPTIMIZE]
 
     def tokens(self, seed: int, device: torch.device) -> torch.Tensor:
         """The batch of token ids (inputs and labels: the model shifts the labels itself)."""
-        c = self.cfg
-        return torch.randint(0, c.vocab, (c.batch, c.seq), generator=data_generator(seed)).to(device)
+        return torch.randint(0, self.vocab, (self.batch, self.seq), generator=data_generator(seed)).to(device)
 
     def make(self, impl: str, compile_mode: Optional[str], device: torch.device, seed: int) -> Step:
         if impl not in IMPLS:
             raise NotApplicable(f"no {impl} variant")
-        model = build_model(self.cfg, seed).to(device)
+        model = self.build_model(seed, device)
         forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         if impl == "hal":
             import hal
@@ -170,7 +182,7 @@ class HFLlamaTrain(Workload):
             opt: torch.optim.Optimizer = hal.optim.AdamW(model.parameters(), lr=self.lr, eps=self.eps)
         else:
             if impl == "liger":
-                forward_context = apply_liger(model, device)
+                forward_context = apply_liger(model, device, self.liger_patch)
             opt = torch.optim.AdamW(model.parameters(), lr=self.lr, eps=self.eps, fused=True)
         tokens = self.tokens(seed, device)
         amp = self.amp_dtype
@@ -190,3 +202,24 @@ class HFLlamaTrain(Workload):
             return loss.detach()
 
         return Step(step, model, opt)
+
+
+class HFLlamaTrain(HFCausalLMTrain):
+    """The Hugging Face Llama at the hand-written decoder's sizes (module docstring), built on the CPU
+    (the same weights on every device), then moved."""
+
+    name = "hf_llama_train"
+
+    def __init__(self, size: str = "full", lr: float = 1e-3, eps: float = 1e-8) -> None:
+        super().__init__(size, lr, eps)
+        self.cfg = CONFIGS[size]
+        self.batch, self.seq, self.vocab = self.cfg.batch, self.cfg.seq, self.cfg.vocab
+
+    def build_model(self, seed: int, device: torch.device) -> nn.Module:
+        return build_model(self.cfg, seed).to(device)
+
+    def describe(self) -> str:
+        c = self.cfg
+        amp = "bf16 autocast" if self.amp_dtype else "float32"
+        return (f"Hugging Face LlamaForCausalLM training step ({c.layers} layers, d={c.dim}, {c.heads} heads, SwiGLU {c.ffn}, "
+                f"T={c.seq}, batch {c.batch}, vocab {c.vocab}), loss in the model's forward, {amp}, AdamW; hal: hal.nn.patch")

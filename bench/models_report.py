@@ -28,7 +28,7 @@ BEST_MEMORY_GOALS = {"llama_train": 0.6, "hf_llama_train": 0.6}
 BEST_SPEED_TARGET = "best hal vs best peer (issue 28)"
 BEST_MEMORY_TARGET = "best hal's peak memory / eager's (issue 28)"
 
-COLUMNS = ("eager", "compile", "compile max-autotune", "hal", "hal+compile", "liger", "eager+graph", "compile reduce-overhead",
+COLUMNS = ("eager", "compile", "compile max-autotune", "hal", "hal+compile", "liger", "liger+compile", "eager+graph", "compile reduce-overhead",
            "compile+graph", "hal+graph", "hal+compile+graph")
 #: the peers of the speed goals: eager PyTorch and torch.compile without CUDA graphs (the issue's)
 UNGRAPHED_PEERS = ("eager", "compile", "compile max-autotune")
@@ -151,19 +151,21 @@ def to_markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {row['describe']} | " + " | ".join(_cell(v.get(c)) for c in COLUMNS) + f" | {others} |")
     lines += best_lines(doc)
     lines += paired_lines(doc)
+    lines += flops_lines(doc)
+    lines += max_batch_lines(doc)
     cpu = dev.get("type") == "cpu"
     lines += ["", "## Every variant", "",
-              "| model | variant | step | throughput | peak memory | peak / eager's | host time / step | syncs / step | first step | check |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| model | variant | step | throughput | model TFLOP/s (MFU) | peak memory | peak / eager's | host time / step | syncs / step | first step | check |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in doc.get("models", []):
         eager_peak = next((r.get("peak_bytes") for r in row["variants"] if r["variant"] == "eager"), None)
         for r in row["variants"]:
             if "step_us" not in r:
-                lines.append(f"| {row['model']} | {r['variant']} | {_cell(r)} | | | | | | | |")
+                lines.append(f"| {row['model']} | {r['variant']} | {_cell(r)} | | | | | | | | |")
                 continue
             host = _us(r.get("host_us")) + (" (≥ 90% of the step: host-bound, or waiting on a full launch queue)" if _host_bound(r) else "")
             lines.append(
-                f"| {row['model']} | {r['variant']} | {_us(r['step_us'])} | {r['throughput']:,.0f} {row['unit']}/s | "
+                f"| {row['model']} | {r['variant']} | {_us(r['step_us'])} | {r['throughput']:,.0f} {row['unit']}/s | {_tflops(r)} | "
                 f"{_bytes(r.get('peak_bytes'), cpu)} | {_x(_div(r.get('peak_bytes'), eager_peak))} | {host} | {'-' if r.get('syncs') is None else r['syncs']} | "
                 f"{r['first_step_s']:.1f} s | {_check(r, row['kind'])} |")
     graphs = [(row["model"], r) for row in doc.get("models", []) for r in row["variants"] if r.get("graph")]
@@ -230,6 +232,50 @@ def paired_lines(doc: dict[str, Any]) -> list[str]:
             lo, hi = p["ratio_range"]
             lines.append(f"| {row['model']} | {p['peer']} | {p['hal']} | {_us(p['peer_us'])} | {_us(p['hal_us'])} | {_x(p['ratio'])} | "
                          f"{_x(lo)}-{_x(hi)} over {paired['rounds']} | {_x(_div(swept.get(p['peer']), swept.get(p['hal'])))} |")
+    return lines
+
+
+def _tflops(rec: dict[str, Any]) -> str:
+    """A variant's model TFLOP/s and its MFU ("-" where the row counts no flops)."""
+    if rec.get("tflops") is None:
+        return "-"
+    return f"{rec['tflops']:.1f}" + (f" ({100 * rec['mfu']:.1f}%)" if rec.get("mfu") is not None else "")
+
+
+def flops_lines(doc: dict[str, Any]) -> list[str]:
+    """What each row counts as its training flops (:mod:`hal_bench.flops`) and the peak MFU is taken against."""
+    rows = [row for row in doc.get("models", []) if row.get("flops")]
+    if not rows:
+        return []
+    peak = doc.get("peak_tflops")
+    lines = ["", "## Model flops and MFU", "",
+             "Model TFLOP/s: the row's training flops per step over the step time; MFU: that over the device's peak, "
+             + (f"{peak:g} TFLOP/s (dense bfloat16; `--peak-tflops` to change it)." if peak else
+                "not computed: no peak known for this device (`--peak-tflops` gives one)."),
+             "", "| model | flops per step | weight products | attention (causal) | counted as |", "| --- | --- | --- | --- | --- |"]
+    for row in rows:
+        f = row["flops"]
+        lines.append(f"| {row['model']} | {f['per_step'] / 1e12:.3f} T | {f['matmul'] / 1e12:.3f} T | {f['attention'] / 1e12:.3f} T | {f['counted']} |")
+    return lines
+
+
+def max_batch_lines(doc: dict[str, Any]) -> list[str]:
+    """The largest batch each searched variant fits (``--max-batch``), with the tries that found it."""
+    rows = [row for row in doc.get("models", []) if row.get("max_batch")]
+    if not rows:
+        return []
+    lines = ["", "## Largest batch", "",
+             "Batch 1, 2, 4, ... until a try of a few whole steps runs out of device memory, then bisection (each try built afresh, "
+             "everything freed between tries).", "",
+             "| model | variant | largest batch | smallest out of memory | tries (batch: fitted) |", "| --- | --- | --- | --- | --- |"]
+    for row in rows:
+        for name, found in row["max_batch"].items():
+            if "largest" not in found:
+                lines.append(f"| {row['model']} | {name} | n/a ({found.get('skipped') or found.get('error')}) | | |")
+                continue
+            oom = found["smallest_oom"]
+            tries = ", ".join(f"{b}: {'yes' if ok else 'no'}" for b, ok in found["tries"])
+            lines.append(f"| {row['model']} | {name} | {found['largest']} | {'none up to the limit' if oom is None else oom} | {tries} |")
     return lines
 
 

@@ -1,13 +1,14 @@
 """The protocol of the whole-model benchmark (:mod:`hal_bench.models`): a :class:`Workload` builds a
 model's step for one implementation; a :class:`Variant` is one column of the table. The workloads
-(``models_resnet``, ``models_llama``, ``models_hf``, ``models_moe``) build on this module, the harness
-runs them.
+(``models_resnet``, ``models_llama``, ``models_hf``, ``models_moe``, ``models_big``) build on this
+module, the harness runs them.
 
 The columns (issue 28): the peers eager, ``compile`` (torch.compile's default mode), ``compile
 reduce-overhead`` (torch.compile's CUDA-graph mode: Inductor's cudagraph trees over the model, the
 optimizer step eager), ``compile+graph`` (the default-mode compiled model's whole training step, the
 optimizer included, captured once with ``hal.graphs.graphed`` and replayed), ``eager+graph`` and
-Liger-Kernel where it applies; hal's steps ``hal``, ``hal+compile``, ``hal+graph`` and
+Liger-Kernel where it applies (and ``liger+compile``, its patched model under torch.compile, on the
+Hugging Face rows); hal's steps ``hal``, ``hal+compile``, ``hal+graph`` and
 ``hal+compile+graph``. The ``+graph`` variants run only on a CUDA device."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
+
+from .flops import FlopCount
 
 #: the size presets of every workload
 SIZES = ("full", "cpu", "tiny")
@@ -60,6 +63,8 @@ COMPILE_MAX_AUTOTUNE = Variant("compile max-autotune", "torch", "max-autotune-no
 HAL = Variant("hal", "hal")
 HAL_COMPILE = Variant("hal+compile", "hal", "default")
 LIGER = Variant("liger", "liger")
+#: Liger-Kernel's patched model under torch.compile (default mode), the model and its loss together
+LIGER_COMPILE = Variant("liger+compile", "liger", "default")
 #: the whole step as one CUDA graph (``hal.graphs.graphed``): torch's own step, hal's, and each of
 #: them over the model compiled by torch.compile in its default mode (the optimizer step inside the
 #: graph too)
@@ -109,6 +114,14 @@ class Workload(abc.ABC):
         """Peers of this workload only (for example torch's grouped GEMM for the MoE layer)."""
         return []
 
+    def flops_per_step(self) -> Optional[FlopCount]:
+        """The model flops of one step (:mod:`hal_bench.flops`), for MFU; None where not counted."""
+        return None
+
+    def with_batch(self, batch: int) -> "Workload":
+        """This workload at another batch size (the largest-batch search); NotApplicable by default."""
+        raise NotApplicable(f"{self.name} has no batch size to vary")
+
     def reference(self, device: torch.device, seed: int) -> Optional[torch.Tensor]:
         """Inference: the output of the eager model in float32 on the same input (None otherwise)."""
         return None
@@ -132,7 +145,7 @@ class Workload(abc.ABC):
             out.append(HAL_GRAPH)
             if use_compile:
                 out.append(HAL_COMPILE_GRAPH)
-        return out + [v for v in self.extra_variants() if graphs or not v.graph]
+        return out + [v for v in self.extra_variants() if (graphs or not v.graph) and (use_compile or v.compile_mode is None)]
 
 
 def compiled(module: nn.Module, mode: Optional[str]) -> Callable[..., Any]:

@@ -129,7 +129,7 @@ def test_graph_variants_are_offered_and_skipped_without_cuda(seed: int) -> None:
     w = HFLlamaTrain("tiny")
     names = [v.name for v in w.variants(use_compile=True, max_autotune=True, graphs=True)]
     assert names == ["eager", "compile", "hal", "hal+compile", "liger", "eager+graph", "compile reduce-overhead", "compile+graph",
-                     "hal+graph", "hal+compile+graph", "hal.optimize"]
+                     "hal+graph", "hal+compile+graph", "liger+compile", "hal.optimize"]
     assert (COMPILE_GRAPH.impl, COMPILE_GRAPH.compile_mode, COMPILE_GRAPH.graph) == ("torch", "default", True)
     assert (HAL_COMPILE_GRAPH.impl, HAL_COMPILE_GRAPH.compile_mode, HAL_COMPILE_GRAPH.graph) == ("hal", "default", True)
     assert [v.name for v in w.variants(use_compile=False, max_autotune=True, graphs=True)] == ["eager", "hal", "liger", "eager+graph", "hal+graph",
