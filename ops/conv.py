@@ -277,8 +277,8 @@ def batch_norm(
     kernel computes it, ``x * a + (bias - running_mean * a)`` with ``a = (1 / sqrt(running_var +
     eps)) * weight`` per channel: for a finite ``a`` the textbook formula up to rounding; where eps =
     0 meets a zero running variance, ``a`` is infinite (NaN for a zero weight) and each element is
-    what IEEE arithmetic gives for that expression (+-inf or NaN; NaN wherever x and the mean have
-    the same sign). torch's CUDA kernels compute ``(x - mean) * (1 / sqrt(var + eps)) * weight +
+    what IEEE arithmetic gives for that expression (+-inf, or NaN where ``x * a`` and the shift are
+    infinities of opposite signs or x is 0). torch's CUDA kernels compute ``(x - mean) * (1 / sqrt(var + eps)) * weight +
     bias`` instead, whose infinities differ there; hal's kernels on every device give the CPU's.
     eps must be positive in training (as F.batch_norm). An empty 1-D x is taken, as torch takes it:
     the result is empty and the parameters, of any length, are not read.
