@@ -76,7 +76,7 @@ def _describe(row: list[int], collective: str) -> str:
     return f"{_dtype_name(row[3])} ({', '.join(dims)}{',' if len(dims) == 1 else ''})"
 
 
-def _group_by(values: list[str]) -> str:
+def group_by(values: list[str]) -> str:
     """'ranks 0-2: a; rank 3: b' for a per-rank list of descriptions."""
     parts: dict[str, list[int]] = {}
     for rank, v in enumerate(values):
@@ -101,14 +101,14 @@ def compare(call: Call, rows: list[list[int]]) -> Optional[InvalidArgumentError]
     ]
     for index, arg, expected, show in fields:
         if len({r[index] for r in rows}) > 1:
-            return InvalidArgumentError(name, arg, expected, _group_by([show(r) for r in rows]))
+            return InvalidArgumentError(name, arg, expected, group_by([show(r) for r in rows]))
     same_shape = [r[3:_HEAD] for r in rows]
     if name == "all_to_all":
         same_shape = [[r[3], r[5], r[6], *r[8:_HEAD]] for r in rows]  # dim 0 may differ
     if any(s != same_shape[0] for s in same_shape):
         what = "the same dtype and trailing dims" if name == "all_to_all" else "the same dtype and shape"
         return InvalidArgumentError(
-            name, "t", f"{what} on every rank of the group", _group_by([_describe(r, name) for r in rows])
+            name, "t", f"{what} on every rank of the group", group_by([_describe(r, name) for r in rows])
         )
     if name == "all_to_all":
         return _compare_splits(rows, call.gi.size)

@@ -4,7 +4,9 @@ Tensor and sequence parallelism, vocabulary parallelism, expert parallelism and 
 built on ``DeviceMesh`` / ``DTensor`` and ``torch.distributed.pipelining``. hal adds its fused
 kernels inside each rank's share of the work, and every collective these layers issue goes through
 :mod:`hal.dist` (algorithm choice, ``hal.explain``, :class:`hal.dist.CommError` on a dead or
-stalled peer).
+stalled peer). Before its collectives each layer checks, with one small collective, that the
+ranks agree on shapes, dtypes, settings and valid ids (:mod:`hal.parallel.checks`,
+:func:`set_checks`), so a mismatch is the same error on every rank, never a crashed collective.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 # data parallelism around them; memory accounting. (hal.parallel.checkpoint keeps its module name:
 # its function checkpoint() is not re-exported here.)
 from hal.parallel.blocks import ParallelAttention, ParallelMLP
+from hal.parallel.checks import IndexOutOfRangeError, set_checks
 from hal.parallel.checkpoint import checkpoint_blocks, is_recomputing, remove_checkpointing, selective_policy
 from hal.parallel.data import data_parallel, fully_shard_model
 from hal.parallel.expert import ExpertParallelMoE, moe_aux_loss
@@ -42,5 +45,5 @@ __all__ = [
     "VocabParallelEmbedding", "VocabParallelLMHead", "vocab_parallel_linear_cross_entropy",
     "ExpertParallelMoE", "moe_aux_loss", "PipelineParallel", "LlamaStage", "split_model", "split_sequential", "split_llama",
     "checkpoint_blocks", "remove_checkpointing", "selective_policy", "is_recomputing", "data_parallel", "fully_shard_model",
-    "PeakMemory",
+    "PeakMemory", "set_checks", "IndexOutOfRangeError",
 ]

@@ -9,6 +9,11 @@ split and these functions say *how* they travel (hal's algorithm choice, ``hal.e
 ``group`` is a ``torch.distributed`` process group (``mesh.get_group(dim)`` of a ``DeviceMesh``) or
 None for the default group. ``dim`` is the tensor dimension that is split across the group's ranks,
 in group-rank order.
+
+Each function checks first, with one small collective, that every rank passes a tensor of the same
+dtype and shape (:mod:`hal.parallel.checks`; ``check=False`` when the caller has checked already),
+so that a mismatch is an error on every rank instead of a crashed or wrong collective. The backward
+moves tensors of the forward's shapes and is not checked again.
 """
 
 from __future__ import annotations
@@ -20,16 +25,50 @@ import torch.distributed as dist
 
 import hal.dist as hd
 from hal.errors import InvalidArgumentError
+from hal.parallel import checks
+
+
+def _not_member(group: Any, op: str) -> InvalidArgumentError:
+    me = dist.get_rank()
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        got = (f"GroupMember.NON_GROUP_MEMBER, what torch.distributed.new_group returns on the ranks it leaves out "
+               f"(global rank {me} is not in that group)")
+    else:
+        try:
+            got = f"a group of global ranks {dist.get_process_group_ranks(group)}, without global rank {me}"
+        except Exception:  # a group torch cannot describe on this rank
+            got = f"{group!r}, which does not contain global rank {me}"
+    return InvalidArgumentError(op, "group", f"a process group that contains this rank (global rank {me}): build the "
+                                "layer only on the group's ranks, or pass the group this rank belongs to "
+                                "(mesh['tp'] of a DeviceMesh gives every rank its own)", got)
+
+
+def member(group: Any = None, op: str = "hal.parallel") -> tuple[int, int]:
+    """(ranks in ``group``, this rank's index in it); :class:`hal.InvalidArgumentError` naming the
+    group and this rank when this rank is not in it (torch answers -1 there)."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if size < 1 or rank < 0:
+        raise _not_member(group, op)
+    return size, rank
 
 
 def group_size(group: Any = None) -> int:
-    """Ranks in ``group`` (the default group for None)."""
-    return dist.get_world_size(group)
+    """Ranks in ``group`` (the default group for None); an error if this rank is not in it."""
+    return member(group)[0]
 
 
 def group_rank(group: Any = None) -> int:
-    """This rank's index in ``group``."""
-    return dist.get_rank(group)
+    """This rank's index in ``group``; an error if this rank is not in it."""
+    return member(group)[1]
+
+
+def _agree(call: str, x: torch.Tensor, group: Any, check: bool, dim: Optional[int] = None) -> None:
+    """The cross-rank check of a function below: x's dtype and shape (and the split dimension)."""
+    if check:
+        fields: list[checks.Field] = [("x", x)]
+        if dim is not None:
+            fields.append(("dim", dim % max(1, x.dim())))
+        checks.agree(call, group, x.device, fields)
 
 
 def _gather(x: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
@@ -148,38 +187,44 @@ class _AllToAll(torch.autograd.Function):
         return out, None, None, None
 
 
-def copy_to_parallel(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+def copy_to_parallel(x: torch.Tensor, group: Any = None, *, check: bool = True) -> torch.Tensor:
     """Forward: ``x`` as is (every rank holds all of it). Backward: the gradients summed over ranks.
 
     The entry of a column-parallel region: each rank's partial gradient of the replicated input
     becomes the full one."""
+    _agree("copy_to_parallel", x, group, check)
     return _CopyToParallel.apply(x, group)
 
 
-def reduce_from_parallel(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+def reduce_from_parallel(x: torch.Tensor, group: Any = None, *, check: bool = True) -> torch.Tensor:
     """Forward: ``x`` summed over ranks. Backward: the gradient as is.
 
     The exit of a row-parallel region: each rank holds a partial sum of the output."""
+    _agree("reduce_from_parallel", x, group, check)
     return _ReduceFromParallel.apply(x, group)
 
 
-def gather_from_parallel(x: torch.Tensor, dim: int, group: Any = None, *, grad_reduce: bool = True) -> torch.Tensor:
+def gather_from_parallel(x: torch.Tensor, dim: int, group: Any = None, *, grad_reduce: bool = True,
+                         check: bool = True) -> torch.Tensor:
     """Forward: every rank's ``x`` concatenated along ``dim``. Backward: the gradient summed over ranks
     and split along ``dim`` (``grad_reduce=True``: the gathered value fed computations on every rank,
     as sequence parallelism's entry to a tensor-parallel region does), or only split
     (``grad_reduce=False``: each rank used the gathered value alike, as gathering a column-parallel
     output does)."""
+    _agree("gather_from_parallel", x, group, check, dim)
     return _Gather.apply(x, dim, group, grad_reduce)
 
 
-def reduce_scatter_to_parallel(x: torch.Tensor, dim: int, group: Any = None) -> torch.Tensor:
+def reduce_scatter_to_parallel(x: torch.Tensor, dim: int, group: Any = None, *, check: bool = True) -> torch.Tensor:
     """Forward: ``x`` summed over ranks, this rank's slice of ``dim`` kept. Backward: the gradient
     gathered along ``dim``. The exit of a row-parallel region under sequence parallelism."""
+    _agree("reduce_scatter_to_parallel", x, group, check, dim)
     return _ReduceScatter.apply(x, dim, group)
 
 
-def scatter_to_parallel(x: torch.Tensor, dim: int, group: Any = None) -> torch.Tensor:
+def scatter_to_parallel(x: torch.Tensor, dim: int, group: Any = None, *, check: bool = True) -> torch.Tensor:
     """Forward: this rank's slice of ``dim`` of a replicated ``x``. Backward: the gradient gathered."""
+    _agree("scatter_to_parallel", x, group, check, dim)
     return _Split.apply(x, dim, group)
 
 
@@ -188,10 +233,15 @@ def all_to_all(
     group: Any = None,
     send_sizes: Optional[Sequence[int]] = None,
     receive_sizes: Optional[Sequence[int]] = None,
+    *,
+    check: bool = True,
 ) -> torch.Tensor:
     """Forward: block ``j`` of ``x``'s dim 0 (``send_sizes[j]`` rows) to group rank ``j``; the blocks
     received, in rank order. Backward: the same exchange reversed (the gradient rows go back where
-    they came from). Without ``receive_sizes`` the ranks first exchange their counts."""
+    they came from). Without ``receive_sizes`` the ranks first exchange their counts. The check
+    compares x's dtype and dimensions after the first (the rows may differ between ranks)."""
+    if check:
+        checks.agree("all_to_all", group, x.device, [("x.dtype", x.dtype), ("x.shape[1:]", tuple(x.shape[1:]))])
     if receive_sizes is None and send_sizes is not None and group_size(group) > 1:
         counts = torch.tensor(list(send_sizes), dtype=torch.int64)
         if x.is_cuda:

@@ -37,7 +37,7 @@ from torch import nn
 import hal
 import hal.dist as hd
 from hal.errors import InvalidArgumentError
-from hal.parallel import comm
+from hal.parallel import checks, comm
 
 GroupLike = Union[None, dist.ProcessGroup, Any]  # a ProcessGroup, a 1-D DeviceMesh, or None (no parallelism)
 _SEED_STRIDE = 1_000_003
@@ -317,6 +317,12 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.dim:
             raise InvalidArgumentError("ExpertParallelMoE", "x", f"a tensor whose last dimension is dim={self.dim}", f"shape {tuple(x.shape)}")
+        if self.group is not None:  # every exchange below follows from these: one check covers them, forward and backward
+            checks.agree("ExpertParallelMoE", self.group, x.device, [
+                ("x.dtype", x.dtype), ("x.shape[-1]", x.shape[-1]),
+                ("settings", checks.config_code(self.num_experts, self.top_k, self.capacity_factor, self.overlap_chunks,
+                                                self.normalize_weights, self.placement),
+                 "the same num_experts, top_k, capacity_factor, overlap_chunks, normalize_weights and placement on every rank")])
         shape, k, n = x.shape, self.top_k, self.group_size
         x2 = x.reshape(-1, self.dim)
         rdt = torch.float64 if x.dtype == torch.float64 else torch.float32  # the router runs in float32 at least
@@ -361,9 +367,9 @@ class ExpertParallelMoE(nn.Module):
         plan = _Exchange(kept, self.group_rank, self.owner_of_slot, self.my_slots, 0, 1, dev)
         if self.group_size == 1:
             return _experts(rows, self.w_gate_up, self.w_down, plan.group_sizes)
-        received = comm.all_to_all(rows, self.group, plan.send_sizes, plan.recv_sizes)
+        received = comm.all_to_all(rows, self.group, plan.send_sizes, plan.recv_sizes, check=False)
         h = _experts(received[plan.perm], self.w_gate_up, self.w_down, plan.group_sizes)
-        return comm.all_to_all(h[plan.inverse], self.group, plan.recv_sizes, plan.send_sizes)
+        return comm.all_to_all(h[plan.inverse], self.group, plan.recv_sizes, plan.send_sizes, check=False)
 
 
 def moe_aux_loss(model: nn.Module) -> torch.Tensor:

@@ -37,11 +37,12 @@ import hal
 import hal.dist as hd
 from hal.errors import InvalidArgumentError
 from hal.nn.modules import _cast, autocast_dtype
+from hal.parallel import checks
 from hal.parallel.comm import (
     copy_to_parallel,
     gather_from_parallel,
-    group_rank,
     group_size,
+    member,
     reduce_from_parallel,
     reduce_scatter_to_parallel,
     scatter_to_parallel,
@@ -94,7 +95,7 @@ class _Sharded(nn.Module):
             raise InvalidArgumentError(type(self).__name__, "mesh", "a DeviceMesh when dtensor=True", type(mesh).__name__)
         self.group = group
         self.device_mesh = device_mesh if dtensor else None
-        self.tp_size, self.tp_rank = group_size(group), group_rank(group)
+        self.tp_size, self.tp_rank = member(group, type(self).__name__)
         self.shard_dims: dict[str, Optional[int]] = {}
 
     def _divisible(self, arg: str, value: int) -> int:
@@ -123,6 +124,10 @@ class _Sharded(nn.Module):
     def local(self, name: str) -> Optional[torch.Tensor]:
         """This rank's part of parameter ``name`` as a plain tensor (differentiable)."""
         return local_tensor(getattr(self, name))
+
+
+_SAME_LAYERS = ("the same layer settings on every rank of the group (in_features, out_features, bias, act, gather_output, "
+                "input_is_parallel, sequence_parallel, sequence_dim, overlap, chunks)")
 
 
 def _uniform(shape: tuple[int, ...], fan_in: int, device: Any, dtype: Any) -> torch.Tensor:
@@ -168,10 +173,15 @@ class ColumnParallelLinear(_Sharded):
             layer._param("bias", layer._shard_of(linear.bias, 0), 0, linear.bias.requires_grad)
         return layer
 
+    def config(self) -> tuple:
+        """The settings every rank's copy of this layer must share (compared by the agreement check)."""
+        return ("column", self.in_features, self.out_features, self.bias is not None, self.act, self.gather_output,
+                self.sequence_parallel, self.sequence_dim, self.overlap, self.chunks)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         (y,) = column_parallel_linears(x, [self])
-        if self.gather_output:
-            y = gather_from_parallel(y, -1, self.group, grad_reduce=False)
+        if self.gather_output:  # (y's shape agrees: x and the layers were checked)
+            y = gather_from_parallel(y, -1, self.group, grad_reduce=False, check=False)
         return y
 
     def extra_repr(self) -> str:
@@ -194,6 +204,8 @@ def column_parallel_linears(x: torch.Tensor, layers: Sequence[ColumnParallelLine
                                        "parallelism, sequence_dim and overlap", f"{first!r} and {layer!r}")
     dtype = autocast_dtype(x)
     x = _cast(x, dtype)
+    settings = checks.config_code(*(layer.config() for layer in layers))
+    checks.agree("ColumnParallelLinear", first.group, x.device, [("x", x), ("layers", settings, _SAME_LAYERS)])
     weights = [_cast(layer.local("weight"), dtype) for layer in layers]
     biases = [_cast(layer.local("bias"), dtype) for layer in layers]
     acts = tuple(layer.act for layer in layers)
@@ -201,9 +213,9 @@ def column_parallel_linears(x: torch.Tensor, layers: Sequence[ColumnParallelLine
         if first.overlap and first.tp_size > 1:
             dim = first.sequence_dim % x.dim()
             return list(_GatherLinear.apply(x, dim, first.group, first.chunks, acts, *weights, *biases))
-        x = gather_from_parallel(x, first.sequence_dim, first.group, grad_reduce=True)
+        x = gather_from_parallel(x, first.sequence_dim, first.group, grad_reduce=True, check=False)
     else:
-        x = copy_to_parallel(x, first.group)
+        x = copy_to_parallel(x, first.group, check=False)
     return [hal.ops.linear(x, w, b, a) for w, b, a in zip(weights, biases, acts)]
 
 
@@ -345,19 +357,26 @@ class RowParallelLinear(_Sharded):
             layer._param("bias", layer._shard_of(linear.bias, None), None, linear.bias.requires_grad)
         return layer
 
+    def config(self) -> tuple:
+        """The settings every rank's copy of this layer must share (compared by the agreement check)."""
+        return ("row", self.in_features, self.out_features, self.bias is not None, self.input_is_parallel,
+                self.sequence_parallel, self.sequence_dim)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = autocast_dtype(x)
         x, weight, bias = _cast(x, dtype), _cast(self.local("weight"), dtype), _cast(self.local("bias"), dtype)
+        # one check covers every collective below, forward and backward: their shapes follow from x's and the settings
+        checks.agree("RowParallelLinear", self.group, x.device, [("x", x), ("layers", checks.config_code(self.config()), _SAME_LAYERS)])
         if not self.input_is_parallel:
-            x = scatter_to_parallel(x, -1, self.group)
+            x = scatter_to_parallel(x, -1, self.group, check=False)
         if self.tp_size == 1:
             return hal.ops.linear(x, weight, bias)
         y = hal.ops.linear(x, weight, None)
         if self.sequence_parallel:
-            y = reduce_scatter_to_parallel(y, self.sequence_dim, self.group)
+            y = reduce_scatter_to_parallel(y, self.sequence_dim, self.group, check=False)
             # each rank adds the bias to its part of the sequence: its gradient is summed over the group
-            return y if bias is None else y + copy_to_parallel(bias, self.group)
-        y = reduce_from_parallel(y, self.group)
+            return y if bias is None else y + copy_to_parallel(bias, self.group, check=False)
+        y = reduce_from_parallel(y, self.group, check=False)
         return y if bias is None else y + bias
 
     def extra_repr(self) -> str:
@@ -394,8 +413,8 @@ def norm_inputs(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[
     up = torch.float32 if autocast_dtype(x) is not None else None
     params = []
     for p in (weight, bias):
-        if p is not None and sequence_parallel:
-            p = copy_to_parallel(p, group)
+        if p is not None and sequence_parallel:  # unchecked: the parameters' shape is x's last dim, checked downstream
+            p = copy_to_parallel(p, group, check=False)
         params.append(_cast(p, up))
     return _cast(x, up), params[0], params[1]
 

@@ -6,7 +6,9 @@ Each rank of the tensor-parallel group holds a contiguous slice of the vocabular
 
 * :class:`VocabParallelEmbedding`: ids outside this rank's slice look up zeros here; the ranks'
   outputs are summed (:func:`hal.parallel.comm.reduce_from_parallel`), or summed and split along the
-  sequence for sequence parallelism.
+  sequence for sequence parallelism. Ids outside the vocabulary (and, for the loss, targets that are
+  neither a class nor ``ignore_index``) raise :class:`hal.parallel.IndexOutOfRangeError`, an
+  ``IndexError`` as torch's; :mod:`hal.parallel.checks` says where they are found and on which ranks.
 * :func:`vocab_parallel_linear_cross_entropy` / :class:`VocabParallelLMHead`: the LM head and its
   cross-entropy without any rank ever holding the whole logits, nor even its own slice of them
   for all rows at once. Rows go in chunks: each rank computes a chunk's local logits with
@@ -34,7 +36,7 @@ import hal
 import hal.dist as hd
 from hal.errors import InvalidArgumentError
 from hal.nn.modules import _cast, autocast_dtype
-from hal.parallel import comm
+from hal.parallel import checks, comm
 
 #: the most logits a chunk holds (per rank): 16 MiB in float32, as hal's fused loss kernels
 BLOCK_ELEMENTS = 1 << 22
@@ -44,11 +46,12 @@ MIN_CHUNKS = 8
 REDUCTIONS = ("none", "mean", "sum")
 
 
-def vocab_slice(vocab_size: int, group: Any = None) -> tuple[int, int, int]:
+def vocab_slice(vocab_size: int, group: Any = None, op: str = "vocab_slice") -> tuple[int, int, int]:
     """(first id, rows held, rows that are real ids) of this rank's slice of a vocabulary of
     ``vocab_size`` ids split over ``group``: every rank holds ``ceil(vocab_size / ranks)`` rows; the
-    last ranks' tails (ids >= vocab_size) are padding."""
-    n, r = comm.group_size(group), comm.group_rank(group)
+    last ranks' tails (ids >= vocab_size) are padding. ``op`` names the caller in the error raised
+    when this rank is not in ``group``."""
+    n, r = comm.member(group, op)
     per_rank = -(-vocab_size // n)
     start = r * per_rank
     return start, per_rank, max(0, min(per_rank, vocab_size - start))
@@ -86,7 +89,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size, self.embedding_dim, self.group = vocab_size, embedding_dim, group
         self.padding_idx = None if padding_idx is None else padding_idx % vocab_size
         self.sequence_dim = sequence_dim
-        self.vocab_start, per_rank, self.vocab_real = vocab_slice(vocab_size, group)
+        self.vocab_start, per_rank, self.vocab_real = vocab_slice(vocab_size, group, "VocabParallelEmbedding")
         self.weight = nn.Parameter(torch.empty(per_rank, embedding_dim, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -118,13 +121,29 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.is_floating_point() or ids.is_complex():
             raise InvalidArgumentError("VocabParallelEmbedding", "ids", "an integer tensor of token ids", f"a {ids.dtype} tensor")
+        self._check(ids)
         inside = (ids >= self.vocab_start) & (ids < self.vocab_start + self.vocab_real)
         local = torch.where(inside, ids - self.vocab_start, 0)
         out = F.embedding(local, self.weight, self._local_padding())
         out = out * inside.unsqueeze(-1).to(out.dtype)
-        if self.sequence_dim is None:
-            return comm.reduce_from_parallel(out, self.group)
-        return comm.reduce_scatter_to_parallel(out, self.sequence_dim, self.group)
+        if self.sequence_dim is None:  # (out's shape and dtype agree: ids, the table and the settings were checked)
+            return comm.reduce_from_parallel(out, self.group, check=False)
+        return comm.reduce_scatter_to_parallel(out, self.sequence_dim, self.group, check=False)
+
+    def _check(self, ids: torch.Tensor) -> None:
+        """Every id in [0, vocab_size), as ``nn.Embedding`` requires (an :class:`IndexError`), and, with
+        the agreement check, the same ids, table dtype and settings on every rank."""
+        bounds = checks.Bounds("ids", f"token ids in [0, {self.vocab_size}) (index out of range in self)",
+                               checks.out_of_range(ids, self.vocab_size))
+        same_ids = checks.content_code(ids) if checks.exchanged(self.group, ids.device) else 0
+        checks.agree("VocabParallelEmbedding", self.group, ids.device, [
+            ("ids", ids),
+            ("ids", same_ids, "the same token ids on every rank of the group (each rank looks up its slice of the "
+             "vocabulary for all of them: feed the tensor-parallel ranks the same batch)"),
+            ("weight", self.weight.dtype),
+            ("settings", checks.config_code(self.vocab_size, self.embedding_dim, self.padding_idx, self.sequence_dim),
+             "the same vocab_size, embedding_dim, padding_idx and sequence_dim on every rank of the group"),
+        ], bounds)
 
     def extra_repr(self) -> str:
         return (f"vocab_size={self.vocab_size}, embedding_dim={self.embedding_dim}, ids [{self.vocab_start}, "
@@ -326,8 +345,9 @@ def vocab_parallel_linear_cross_entropy(
     x, w, b = _cast(x, dtype), _cast(weight_shard, dtype), _cast(bias_shard, dtype)
     if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         raise InvalidArgumentError(op, "weight_shard", f"x's dtype {x.dtype} (outside autocast)", str(w.dtype))
-    if sequence_parallel:
-        x = comm.gather_from_parallel(x, 0, group, grad_reduce=True)
+    _check_loss(x, w, b, target, group, vocab, int(ignore_index), float(label_smoothing), reduction, sequence_parallel)
+    if sequence_parallel:  # (unchecked: the call was checked as a whole above)
+        x = comm.gather_from_parallel(x, 0, group, grad_reduce=True, check=False)
         target = hd.all_gather(target.contiguous(), group=group) if ranks > 1 else target
     start = comm.group_rank(group) * per_rank
     real = max(0, min(per_rank, vocab - start))
@@ -335,8 +355,26 @@ def vocab_parallel_linear_cross_entropy(
     s = _Setup(group, vocab, start, real, int(ignore_index), float(label_smoothing), reduction, chunk, not sequence_parallel)
     loss = _VocabParallelLCE.apply(x, w, b, target, s)
     if sequence_parallel and reduction == "none":
-        return comm.scatter_to_parallel(loss, 0, group)  # the backward gathers every rank's row gradients
+        return comm.scatter_to_parallel(loss, 0, group, check=False)  # the backward gathers every rank's row gradients
     return loss
+
+
+def _check_loss(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], target: torch.Tensor, group: Any, vocab: int,
+                ignore_index: int, label_smoothing: float, reduction: str, sequence_parallel: bool) -> None:
+    """Every target in [0, vocab) or ``ignore_index``, as ``F.cross_entropy`` requires (an
+    :class:`IndexError`), and, with the agreement check, the same shapes, dtypes, settings and (unless
+    the rows are split along the sequence) targets on every rank."""
+    op = "vocab_parallel_linear_cross_entropy"
+    bounds = checks.Bounds("target", f"class ids in [0, {vocab}) or ignore_index={ignore_index} (target out of bounds)",
+                           checks.out_of_range(target, vocab, ignore_index))
+    same_targets = checks.content_code(target) if checks.exchanged(group, x.device) and not sequence_parallel else 0
+    checks.agree(op, group, x.device, [
+        ("x", x), ("target", target), ("weight_shard", w), ("bias_shard", b is not None, "a bias_shard on every rank of the group, or on none"),
+        ("target", same_targets, "the same targets on every rank of the group (the rows are whole on every rank "
+         "without sequence_parallel: feed the tensor-parallel ranks the same batch)"),
+        ("settings", checks.config_code(vocab, ignore_index, label_smoothing, reduction, sequence_parallel),
+         "the same vocab_size, ignore_index, label_smoothing, reduction and sequence_parallel on every rank of the group"),
+    ], bounds)
 
 
 class VocabParallelLMHead(nn.Module):
@@ -355,7 +393,7 @@ class VocabParallelLMHead(nn.Module):
         self.in_features, self.vocab_size, self.group = in_features, vocab_size, group
         self.ignore_index, self.label_smoothing, self.reduction = ignore_index, label_smoothing, reduction
         self.sequence_parallel, self.chunk_rows = sequence_parallel, chunk_rows
-        self.vocab_start, per_rank, self.vocab_real = vocab_slice(vocab_size, group)
+        self.vocab_start, per_rank, self.vocab_real = vocab_slice(vocab_size, group, "VocabParallelLMHead")
         self.weight = nn.Parameter(torch.empty(per_rank, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(per_rank, device=device, dtype=dtype)) if bias else None
         bound = 1.0 / math.sqrt(in_features) if in_features else 0.0

@@ -310,7 +310,8 @@ def _checks(rank: int, n: int, seed: int) -> dict[str, str]:
         return check
 
     def overlap_goes_through_hal_dist() -> None:
-        """The overlapped layer issues its chunked all-gathers and the reduce-scatter through hal.dist."""
+        """The overlapped layer issues its chunked all-gathers and the reduce-scatter through hal.dist
+        (asynchronously), after its agreement check (also through hal.dist)."""
         up = linear(D, FF, False, torch.float64)
         layer = ColumnParallelLinear.from_linear(up, mesh=mesh, sequence_parallel=True, overlap=True, chunks=4)
         calls: list[str] = []
@@ -332,7 +333,8 @@ def _checks(rank: int, n: int, seed: int) -> dict[str, str]:
         finally:
             for name, fn in originals.items():
                 setattr(hd, name, fn)
-        assert calls == ["all_gather:True"] * 4 + ["reduce_scatter:True"], calls
+        # first the agreement check's one small synchronous all-gather (hal.parallel.checks), then the pieces
+        assert calls == ["all_gather:False"] + ["all_gather:True"] * 4 + ["reduce_scatter:True"], calls
 
     def bad_arguments() -> None:
         from hal.errors import InvalidArgumentError

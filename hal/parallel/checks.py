@@ -1,0 +1,247 @@
+"""Cross-rank agreement checks of hal.parallel: a mismatch between ranks is an error on every rank.
+
+A collective whose ranks pass tensors of different shapes or dtypes does not fail cleanly: gloo
+aborts the process whose buffer is too small (``SIGABRT``, "Received data size doesn't match
+expected size") while a peer may return a wrongly shaped result, and NCCL may hang or read past
+the data. So before a layer's collectives each rank describes its call in a fixed-size row of
+integers (which call, the dtype and shape of its tensors, its settings, whether its input is
+valid) and the ranks all-gather those rows through :mod:`hal.dist`: one small collective, after
+which every rank holds the same table and raises the same error when the rows differ, naming what
+each rank passed. The backward's collectives move tensors of the forward's shapes, so the forward's
+check covers them too.
+
+When the checks run (:func:`set_checks`, else ``HAL_PARALLEL_CHECK``, else the default):
+
+* on CPU tensors (gloo) by default: one 2 x 320-byte all-gather per checked call, measured at
+  0.6 % of a tensor-parallel training step (docs/parallel.md, "Agreement checks");
+* on GPU tensors only when turned on: reading the table back is a host-device synchronisation per
+  call, which stalls the host's run-ahead of the GPU;
+* never on a group of one rank.
+
+Ids and targets out of range (:func:`out_of_range`) are found on the host for CPU tensors and,
+with the checks on, for GPU tensors (the same synchronisation); with the checks off a GPU tensor
+gets a device-side assert instead (``torch._assert_async``: no synchronisation, and what torch's
+own ``F.embedding`` and ``F.cross_entropy`` do on CUDA). With the checks on, a rank's bad input is
+part of its row, so every rank raises :class:`IndexOutOfRangeError` together; with them off, the
+rank that found it raises alone (its peers then wait in their next collective until the timeout:
+:class:`hal.dist.CommError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import zlib
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+import hal.dist as hd
+from hal.dist.checks import group_by
+from hal.errors import InvalidArgumentError
+
+
+class IndexOutOfRangeError(InvalidArgumentError, IndexError):
+    """An id or a target outside the vocabulary: an :class:`IndexError` as torch's ``F.embedding``
+    and ``F.cross_entropy`` raise, and a :class:`hal.InvalidArgumentError` naming the ranks that
+    passed it (with the agreement checks on, every rank raises it)."""
+
+
+#: the calls that check, by their index in a row (the first field: ranks in different calls differ there)
+CALLS = (
+    "copy_to_parallel",
+    "reduce_from_parallel",
+    "gather_from_parallel",
+    "reduce_scatter_to_parallel",
+    "scatter_to_parallel",
+    "all_to_all",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "vocab_parallel_linear_cross_entropy",
+    "ExpertParallelMoE",
+)
+SLOTS = 40  # integers per row: the same for every call, so that the ranks' rows always gather
+_DIMS = 4  # leading dims shown in full; the rest are covered by a hash of the whole shape
+_NONE = -(1 << 62)  # an absent value (None), a padding slot
+
+Value = Union[torch.Tensor, torch.dtype, tuple, int, float, bool, None]
+Field = Union[tuple[str, Value], tuple[str, Value, str]]  # (name, value) or (name, value, what must agree)
+#: every dtype torch has, by its code in a row (crc32 of its name: the same in every process)
+_DTYPE_OF = {zlib.crc32(str(d).encode()): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+_enabled: Optional[bool] = None
+_env: Optional[bool] = None
+
+
+def set_checks(enabled: Optional[bool]) -> None:
+    """Turn the cross-rank agreement checks on (True: also on GPU tensors, with a synchronisation
+    per checked call) or off (False), or back to the default (None: ``HAL_PARALLEL_CHECK`` if set,
+    else on for CPU tensors and off for GPU ones). Every rank of a group must use the same setting:
+    a rank that checks waits for its peers' rows."""
+    global _enabled
+    if enabled is not None and not isinstance(enabled, bool):
+        raise InvalidArgumentError("hal.parallel.set_checks", "enabled", "True, False or None", repr(enabled))
+    _enabled = enabled
+
+
+def refresh() -> None:
+    """Re-read ``HAL_PARALLEL_CHECK`` (the environment is read once, on the first checked call)."""
+    global _env
+    _env = None
+
+
+def _from_env() -> Optional[bool]:
+    global _env
+    if _env is None:
+        text = os.environ.get("HAL_PARALLEL_CHECK", "").strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            _env = True
+        elif text in ("0", "false", "no", "off"):
+            _env = False
+        elif text:
+            raise InvalidArgumentError("hal.parallel", "HAL_PARALLEL_CHECK", "1 or 0 (or unset: on for CPU tensors)", repr(text))
+    return _env
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether calls on ``device`` run the agreement check (see :func:`set_checks`)."""
+    if _enabled is not None:
+        return _enabled
+    env = _from_env()
+    return device.type == "cpu" if env is None else env
+
+
+def exchanged(group: Any, device: torch.device) -> bool:
+    """Whether :func:`agree` exchanges rows on ``group`` for tensors on ``device`` (the checks are
+    on and the group has peers): what values computed only for the check need."""
+    from hal.parallel import comm
+
+    return enabled(device) and comm.group_size(group) > 1
+
+
+@dataclasses.dataclass
+class Bounds:
+    """What an argument of ids must be, and the first value of this rank's that is not (or None)."""
+
+    arg: str
+    expected: str
+    bad: Optional[int]
+
+
+def out_of_range(values: torch.Tensor, size: int, ignore: Optional[int] = None) -> Optional[int]:
+    """The first of ``values`` outside ``[0, size)`` (``ignore`` allowed too), or None.
+
+    On the host for CPU tensors and when the checks are on; otherwise a device-side assert that
+    fails the next synchronising call as torch's CUDA kernels do, and None."""
+    bad = (values < 0) | (values >= size)
+    if ignore is not None:
+        bad &= values != ignore
+    if values.device.type != "cpu" and not enabled(values.device):
+        torch._assert_async(~bad.any(), f"hal.parallel: an id or target outside [0, {size}) (index out of range in self)")
+        return None
+    if not bool(bad.any()):
+        return None
+    return int(values[bad][0])
+
+
+def content_code(values: torch.Tensor) -> int:
+    """A checksum of an integer tensor's values (crc32 of its bytes): equal ids give equal codes."""
+    return zlib.crc32(values.detach().to("cpu").contiguous().numpy().tobytes())
+
+
+def config_code(*items: Any) -> int:
+    """A checksum of settings (ints, strings, bools, tuples): the same on every process, unlike hash()."""
+    return zlib.crc32(repr(items).encode())
+
+
+def _shape_hash(shape: Sequence[int]) -> int:
+    return zlib.crc32(struct.pack(f"<{len(shape)}q", *shape))
+
+
+def _encode(value: Value) -> list[int]:
+    """A field's integers: a tensor is (dtype, ndim, shape hash, leading dims), a shape (ndim, shape
+    hash, leading dims), a dtype its code, a float its bits, an int or bool itself, None a marker."""
+    if isinstance(value, torch.Tensor):
+        return [*_encode(value.dtype), *_encode(tuple(value.shape))]
+    if isinstance(value, tuple):
+        dims = [int(d) for d in value]
+        return [len(dims), _shape_hash(dims), *dims[:_DIMS], *[_NONE] * (_DIMS - min(len(dims), _DIMS))]
+    if isinstance(value, torch.dtype):
+        return [zlib.crc32(str(value).encode())]
+    if isinstance(value, float):
+        return list(struct.unpack("<q", struct.pack("<d", value)))
+    return [_NONE if value is None else int(value)]
+
+
+def _dtype_name(code: int) -> str:
+    found = _DTYPE_OF.get(code)
+    return "an unknown dtype" if found is None else str(found).removeprefix("torch.")
+
+
+def _show(value: Value, ints: list[int]) -> str:
+    """A field as a rank passed it, from its integers (``value``: this rank's, for the kind)."""
+    if isinstance(value, (torch.Tensor, tuple)):
+        shape = ints[1:] if isinstance(value, torch.Tensor) else ints
+        ndim = shape[0]
+        dims = [str(d) for d in shape[2 : 2 + min(ndim, _DIMS)]] + (["..."] if ndim > _DIMS else [])
+        text = f"({', '.join(dims)}{',' if ndim == 1 else ''})"
+        return f"{_dtype_name(ints[0])} {text}" if isinstance(value, torch.Tensor) else text
+    if isinstance(value, torch.dtype):
+        return _dtype_name(ints[0])
+    if isinstance(value, float):
+        return f"{struct.unpack('<d', struct.pack('<q', ints[0]))[0]:g}"
+    return "None" if ints[0] == _NONE else str(ints[0])
+
+
+def agree(call: str, group: Any, device: torch.device, fields: Sequence[Field], bounds: Optional[Bounds] = None) -> None:
+    """Check that every rank of ``group`` makes the same ``call`` with the same ``fields`` (name,
+    value, and optionally what the error says must agree) and valid input; raise the same error on
+    every rank when not (see the module doc).
+
+    ``bounds``: an argument of ids checked by :func:`out_of_range`; a bad value on any rank raises
+    :class:`IndexOutOfRangeError` on every rank (on this rank alone when the check does not run).
+    Costs one small all-gather when it runs."""
+    from hal.parallel import comm  # (comm checks its own calls with this module)
+
+    bad = None if bounds is None else bounds.bad
+    if not exchanged(group, device):
+        if bounds is not None and bad is not None:
+            raise IndexOutOfRangeError(call, bounds.arg, bounds.expected, f"{bad} (group rank {comm.group_rank(group)})")
+        return
+    ranks = comm.group_size(group)
+    encoded = [_encode(f[1]) for f in fields]
+    row = [CALLS.index(call), 0 if bad is None else 1, 0 if bad is None else bad, *(i for e in encoded for i in e)]
+    if len(row) > SLOTS:
+        raise AssertionError(f"hal.parallel.checks: {call}'s row has {len(row)} integers, more than SLOTS={SLOTS}")
+    mine = torch.tensor(row + [_NONE] * (SLOTS - len(row)), dtype=torch.int64, device=device)
+    rows = hd.all_gather(mine, group=group).view(ranks, SLOTS).tolist()
+    error = _compare(call, rows, fields, encoded, bounds)
+    if error is not None:
+        raise error
+
+
+def _compare(call: str, rows: list[list[int]], fields: Sequence[Field], encoded: list[list[int]],
+             bounds: Optional[Bounds]) -> Optional[InvalidArgumentError]:
+    """The error every rank raises for this table (the same on every rank), or None."""
+    if len({r[0] for r in rows}) > 1:
+        return InvalidArgumentError(
+            "hal.parallel", "call", "the same call on every rank of the group, in the same order (each rank's model "
+            "must run the same parallel layers on the same inputs)", group_by([CALLS[r[0]] for r in rows]))
+    if any(r[1] for r in rows) and bounds is not None:
+        return IndexOutOfRangeError(call, bounds.arg, bounds.expected, group_by([str(r[2]) if r[1] else "valid" for r in rows]))
+    start = 3
+    for field, ints in zip(fields, encoded):
+        name, value = field[0], field[1]
+        got = [r[start : start + len(ints)] for r in rows]
+        if any(g != got[0] for g in got):
+            what = "dtype and shape" if isinstance(value, torch.Tensor) else "shape" if isinstance(value, tuple) else "value"
+            expected = field[2] if len(field) > 2 else f"the same {what} on every rank of the group"
+            return InvalidArgumentError(call, name, expected, group_by([_show(value, g) for g in got]))
+        start += len(ints)
+    return None
+
+
+__all__ = ["IndexOutOfRangeError", "Bounds", "set_checks", "refresh", "enabled", "exchanged", "agree", "out_of_range",
+           "content_code", "config_code"]
