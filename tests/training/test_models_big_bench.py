@@ -19,7 +19,7 @@ from hal_bench import models, models_report  # noqa: E402
 from hal_bench.batch_search import largest_batch  # noqa: E402
 from hal_bench.flops import DecoderShape, mfu, train_flops  # noqa: E402
 from hal_bench.models_big import WORKLOADS, HFLlama1BTrain, HFLlama8BLayersTrain, HFMixtralTrain  # noqa: E402
-from hal_bench.models_hf import HFLlamaTrain  # noqa: E402
+from hal_bench.models_hf import HFLlamaTrain, isolated_patch  # noqa: E402
 from hal_bench.timing import Timer  # noqa: E402
 from hal_bench.workload import EAGER, LIGER_COMPILE  # noqa: E402
 
@@ -164,6 +164,35 @@ def test_liger_compiled_peer_is_listed_and_says_why_not_on_the_cpu(cls: type, se
     assert "liger+compile" not in [v.name for v in w.variants(use_compile=False, max_autotune=False)]
     rec = models.measure_variant(w, LIGER_COMPILE, CPU, Timer(CPU), seed, None)
     assert rec["skipped"] == "Liger-Kernel's Triton kernels need a GPU (this run is on cpu)"
+
+
+def test_mixtral_patch_stays_with_its_model(seed: int) -> None:
+    """A patch of ``modeling_mixtral`` as Liger-Kernel's Mixtral patch makes (the rotary function and
+    the RMSNorm class rebound module-wide) is confined to the model it was applied to, as the Llama
+    one is: the names are back at once, set again only while that model's forward runs."""
+    from transformers.models.mixtral import modeling_mixtral
+
+    original_rope, original_norm = modeling_mixtral.apply_rotary_pos_emb, modeling_mixtral.MixtralRMSNorm
+    calls = []
+
+    def rope(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return original_rope(*args, **kwargs)
+
+    def apply(model: torch.nn.Module) -> None:
+        modeling_mixtral.apply_rotary_pos_emb = rope
+        modeling_mixtral.MixtralRMSNorm = type("OtherNorm", (original_norm,), {})
+
+    w = HFMixtralTrain("tiny")
+    patched = w.build_model(seed, CPU)
+    context = isolated_patch(apply, patched)
+    assert modeling_mixtral.apply_rotary_pos_emb is original_rope and modeling_mixtral.MixtralRMSNorm is original_norm
+    tokens = w.tokens(seed, CPU)
+    w.build_model(seed, CPU)(input_ids=tokens, labels=tokens)
+    assert calls == []
+    with context():
+        patched(input_ids=tokens, labels=tokens)
+    assert len(calls) == w.shape.layers and modeling_mixtral.apply_rotary_pos_emb is original_rope
 
 
 def test_cli_reports_mfu_and_the_largest_batch(tmp_path: Path) -> None:
