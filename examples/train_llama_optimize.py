@@ -14,11 +14,12 @@ backward, step, zero_grad) replaced by ``loss = step(tokens, targets)``:
         loss = step(tokens, targets)
     print(step.explain())
 
-``hal.optimize`` rewrites the model with hal's modules (``hal.nn.fuse``, or ``hal.nn.patch`` where
-torch.fx cannot trace it), replaces the AdamW by ``hal.optim.AdamW`` (the same update, one fused op),
-and on the first batch measures the ways to run the step (eager, ``torch.compile``, and on a GPU
-the whole step as a CUDA graph, alone or with compile), keeping the fastest; ``explain()`` prints
-each decision with its reason and the measured times. The data are sequences that follow a fixed
+``hal.optimize`` builds two variants of the step: your model and AdamW untouched, and hal's
+rewrite (``hal.nn.fuse``, or ``hal.nn.patch`` where torch.fx cannot trace the model, with
+``hal.optim.AdamW``: the same update, one fused op). On the first batch it measures each variant
+in each way to run it (eager, ``torch.compile``, and on a GPU the whole step as a CUDA graph, alone
+or with compile) and keeps the fastest, so the step is never slower than your own; ``explain()``
+prints each decision with its reason and every candidate's measured time. The data are sequences that follow a fixed
 rule (each token determines the next), so the loss falls quickly.
 """
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> float:
         if i % args.log_every == 0 or i == args.steps:
             loss_value = float(loss)  # reading the loss synchronises: only when printing
             print(f"step {i:4d}  loss {loss_value:.4f}  ({time.perf_counter() - start:.1f} s)")
-    # checkpoint from step.optimizer (hal's AdamW, which replaced yours) and the model passed in
+    # checkpoint from step.optimizer (the one that steps: yours, or hal's AdamW where it won) and the model passed in
     state = {"model": model.state_dict(), "optimizer": step.optimizer.state_dict()}
     print(f"\ncheckpoint: {len(state['model'])} model tensors, optimizer state of {len(state['optimizer']['state'])} parameters")
     print(f"the step ran as: {step.report.chosen}")

@@ -15,6 +15,6 @@
 function ``hal.optimize`` on the package.)
 """
 
-from hal.fast.step import CANDIDATES, OptimizedStep, OptimizeReport, Trial, optimize
+from hal.fast.step import CANDIDATES, OptimizedStep, OptimizeReport, Trial, Variant, optimize
 
-__all__ = ["optimize", "OptimizedStep", "OptimizeReport", "Trial", "CANDIDATES"]
+__all__ = ["optimize", "OptimizedStep", "OptimizeReport", "Trial", "Variant", "CANDIDATES"]

@@ -1,11 +1,13 @@
 """The decisions :func:`hal.optimize` makes before any step runs: how the model is rewritten
 (``hal.nn.fuse``, else ``hal.nn.patch``) and whether the optimizer is replaced by
-``hal.optim.AdamW`` (only where that computes the same update). Each returns what it did and why,
-in words that :meth:`hal.OptimizedStep.explain` prints."""
+``hal.optim.AdamW`` (only where that computes the same update). These make the *rewritten* variant
+of the step; the user's model and optimizer, untouched, are the other one, and the measurement
+decides. Each returns what it did and why, in words that :meth:`hal.OptimizedStep.explain` prints."""
 
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import time
 from typing import Any, Optional
@@ -35,16 +37,33 @@ def _counted(counts: collections.Counter) -> str:
     return ", ".join(f"{n} x{c}" for n, c in sorted(counts.items()))
 
 
+def twin(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s module tree that shares everything but the tree: each module is copied
+    shallowly (its parameters, buffers and hook dictionaries are the model's own objects, so steps on
+    either train both, and hooks registered on either run in both), its children are twins.
+    :func:`rewrite` patches a twin, so that the model itself stays as the user gave it."""
+    twins: dict[int, nn.Module] = {}
+
+    def copy_tree(m: nn.Module) -> nn.Module:
+        if id(m) not in twins:
+            new = twins[id(m)] = copy.copy(m)
+            new.__dict__["_modules"] = {name: None if c is None else copy_tree(c) for name, c in m._modules.items()}
+        return twins[id(m)]
+
+    return copy_tree(model)
+
+
 def rewrite(model: nn.Module, how: str) -> tuple[nn.Module, Decision]:
-    """The model to run and the decision: ``hal.nn.fuse(model, inplace=True)`` (a GraphModule
-    sharing the model's modules and parameters; the user's model object is not changed) when it
-    traces and fuses something, else ``hal.nn.patch(model)`` (the model itself, modules swapped in
-    place; the same function, the same state_dict keys)."""
+    """The rewritten model and the decision; ``model`` itself is not changed. ``hal.nn.fuse(model,
+    inplace=True)`` (a GraphModule sharing the model's modules and parameters) when it traces and
+    fuses something, else ``hal.nn.patch`` of a :func:`twin` of the model (the same function, the
+    same parameters); ``model`` itself where neither changes anything."""
     if how not in REWRITES:
         raise ValueError(f"hal.optimize: rewrite must be one of {', '.join(map(repr, REWRITES))}, not {how!r}")
     if how == "none":
         return model, Decision("none", "rewrite='none': the model runs as it is")
     import hal.nn
+    from hal.nn.fuse import fuse_notes
 
     started = time.perf_counter()
     before = _hal_modules(model)
@@ -52,20 +71,24 @@ def rewrite(model: nn.Module, how: str) -> tuple[nn.Module, Decision]:
     if how in ("auto", "fuse"):
         try:
             fused = hal.nn.fuse(model, inplace=True)
-        except ValueError as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever fuse raises, patch is the fallback ("auto")
             why_not_fuse = str(exc).split("; fuse the traceable")[0]
+            if not isinstance(exc, ValueError):
+                why_not_fuse = f"hal.nn.fuse failed ({type(exc).__name__}: {why_not_fuse})"
             if how == "fuse":
                 raise ValueError(f"hal.optimize(rewrite='fuse'): {exc}; pass rewrite='auto' to fall back to hal.nn.patch") from exc
         else:
             added = _hal_modules(fused) - before
             if added or how == "fuse":
                 what = _counted(added) or "nothing to fuse"
-                return fused, Decision("fuse", f"hal.nn.fuse traced the model (torch.fx): {what}", time.perf_counter() - started)
+                notes = "".join(f"; {n}" for n in fuse_notes(fused))
+                return fused, Decision("fuse", f"hal.nn.fuse traced the model (torch.fx): {what}{notes}", time.perf_counter() - started)
             why_not_fuse = "hal.nn.fuse traced the model but found no chain to fuse"
-    hal.nn.patch(model)
-    added = _hal_modules(model) - before
-    what = _counted(added) or "no module it knows"
-    return model, Decision("patch", f"{why_not_fuse}; hal.nn.patch swapped {what}", time.perf_counter() - started)
+    patched = hal.nn.patch(twin(model))
+    added = _hal_modules(patched) - before
+    if not added:
+        return model, Decision("patch", f"{why_not_fuse}; hal.nn.patch found no module it knows", time.perf_counter() - started)
+    return patched, Decision("patch", f"{why_not_fuse}; hal.nn.patch swapped {_counted(added)}", time.perf_counter() - started)
 
 
 # --- the optimizer ---------------------------------------------------------------------------------
@@ -80,17 +103,25 @@ def _why_not_adamw(opt: torch.optim.Optimizer) -> Optional[str]:
     if kind not in (torch.optim.AdamW, torch.optim.Adam):
         return f"{kind.__module__}.{kind.__qualname__} is not torch.optim.AdamW or torch.optim.Adam (hal has a fused AdamW only)"
     for i, group in enumerate(opt.param_groups):
-        for flag in ("amsgrad", "maximize", "differentiable"):
-            if group.get(flag, False):
-                return f"param group {i} sets {flag}=True, which hal.optim.AdamW does not implement"
-        if isinstance(group["lr"], torch.Tensor) or isinstance(group["betas"][0], torch.Tensor):
-            return f"param group {i} has a tensor learning rate or betas (hal.optim.AdamW takes numbers)"
-        decoupled = kind is torch.optim.AdamW or group.get("decoupled_weight_decay", False)
-        if not decoupled and group["weight_decay"] != 0:
-            return (f"torch.optim.Adam with weight_decay={group['weight_decay']} adds L2 to the gradient, while "
-                    "AdamW decays the weights (decoupled): not the same update")
-        if any(p.is_sparse for p in group["params"]):
-            return f"param group {i} has sparse parameters"
+        why = _why_not_adamw_group(kind, i, group)
+        if why is not None:
+            return why
+    return None
+
+
+def _why_not_adamw_group(kind: type, i: int, group: dict[str, Any]) -> Optional[str]:
+    """Why param group ``i`` of a torch.optim.AdamW or Adam is not hal.optim.AdamW's update (None: it is)."""
+    for flag in ("amsgrad", "maximize", "differentiable"):
+        if group.get(flag, False):
+            return f"param group {i} sets {flag}=True, which hal.optim.AdamW does not implement"
+    if isinstance(group["lr"], torch.Tensor) or isinstance(group["betas"][0], torch.Tensor):
+        return f"param group {i} has a tensor learning rate or betas (hal.optim.AdamW takes numbers)"
+    decoupled = kind is torch.optim.AdamW or group.get("decoupled_weight_decay", False)
+    if not decoupled and group["weight_decay"] != 0:
+        return (f"torch.optim.Adam with weight_decay={group['weight_decay']} adds L2 to the gradient, while "
+                "AdamW decays the weights (decoupled): not the same update")
+    if any(p.is_sparse for p in group["params"]):
+        return f"param group {i} has sparse parameters"
     return None
 
 
@@ -135,8 +166,9 @@ def choose_optimizer(model: nn.Module, optimizer: Optional[torch.optim.Optimizer
 
 
 def hyperparameters(optimizer: torch.optim.Optimizer) -> tuple:
-    """The groups' hyperparameters that the step reads, as one comparable value."""
-    return tuple(tuple(_plain(g.get(k)) for k in HYPER) for g in optimizer.param_groups)
+    """The groups' hyperparameters that the step reads, and how many parameters each group has, as
+    one comparable value (a group added, or parameters added to one, change it)."""
+    return tuple((len(g["params"]), *(_plain(g.get(k)) for k in HYPER)) for g in optimizer.param_groups)
 
 
 def _plain(v: Any) -> Any:
@@ -147,8 +179,33 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def copy_hyperparameters(source: torch.optim.Optimizer, target: torch.optim.Optimizer) -> None:
-    """Set ``target``'s group hyperparameters to ``source``'s (same groups, in order)."""
+def sync_optimizer(source: torch.optim.Optimizer, target: torch.optim.Optimizer) -> list[str]:
+    """Make ``target`` (hal's AdamW standing in for ``source``) follow ``source``: its groups'
+    hyperparameters copied, and groups added to ``source`` since (``add_param_group``) added to
+    ``target``, so that they are trained (their gradients, accumulated while no optimizer zeroed
+    them, cleared as a plain loop's ``zero_grad()`` would). Returns what was added, in words. Raises RuntimeError where
+    ``target`` cannot follow (a group's parameters changed, a new group with another update)."""
+    def params_of(group: dict[str, Any]) -> list[int]:
+        return [id(p) for p in group["params"]]
+
+    if len(source.param_groups) < len(target.param_groups) or any(
+            params_of(s) != params_of(t) for s, t in zip(source.param_groups, target.param_groups)):
+        raise RuntimeError(
+            f"hal.optimize: the parameters of your {type(source).__name__}'s param groups changed after hal.optimize replaced "
+            "it by hal.optim.AdamW, which steps the groups it was given; add parameters with optimizer.add_param_group, "
+            "or call hal.optimize again (pass replace_optimizer=False to keep your optimizer)")
+    added = []
+    for i in range(len(target.param_groups), len(source.param_groups)):
+        group = source.param_groups[i]
+        why = _why_not_adamw_group(type(source), i, group)
+        if why is not None:
+            raise RuntimeError(f"hal.optimize: a param group was added to your {type(source).__name__} after hal.optimize replaced it "
+                               f"by hal.optim.AdamW, and {why}; call hal.optimize again, or pass replace_optimizer=False")
+        target.add_param_group({**{k: group[k] for k in HYPER}, "params": list(group["params"])})
+        for p in group["params"]:  # gradients accumulated while no optimizer held them: a plain loop's zero_grad() clears them
+            p.grad = None
+        added.append(f"param group {i} ({len(group['params'])} parameter(s))")
     for s, t in zip(source.param_groups, target.param_groups):
         for k in HYPER:
             t[k] = s[k]
+    return added

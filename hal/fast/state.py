@@ -13,7 +13,7 @@ step creates it afresh, exactly as a plain loop's first step would.
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -31,16 +31,22 @@ class Snapshot:
     """Copies of the tensors and state a training step mutates (module docstring).
 
     ``modules``: the model (and a loss module, if any): parameters, buffers and gradients.
-    ``optimizer``: its ``state`` per parameter (tensors copied, other values kept) and the
-    parameters it steps. ``others``: objects (a loss scaler) whose attributes are saved: tensors
-    copied, everything else deep-copied."""
+    ``optimizers``: one or several (the user's and hal's, over the same parameters): each one's
+    ``state`` per parameter (tensors copied, other values kept) and the parameters it steps.
+    ``others``: objects (a loss scaler) whose attributes are saved: tensors copied, everything else
+    deep-copied."""
 
-    def __init__(self, modules: list[nn.Module], optimizer: Optional[torch.optim.Optimizer], others: list[Any]) -> None:
+    def __init__(self, modules: list[nn.Module], optimizers: Union[None, torch.optim.Optimizer, Sequence[torch.optim.Optimizer]],
+                 others: list[Any]) -> None:
+        if optimizers is None:
+            optimizers = []
+        elif isinstance(optimizers, torch.optim.Optimizer):
+            optimizers = [optimizers]
         tensors: dict[int, torch.Tensor] = {}
         for m in modules:
             for t in (*m.parameters(), *m.buffers()):
                 tensors.setdefault(id(t), t)
-        if optimizer is not None:
+        for optimizer in optimizers:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     tensors.setdefault(id(p), p)
@@ -48,11 +54,7 @@ class Snapshot:
         self.where = self._choose_place()
         self._saved = [self._copy(t.detach()) for t in self._tensors]
         self._grads = [None if getattr(t, "grad", None) is None else self._copy(t.grad) for t in self._tensors]
-        self._optimizer = optimizer
-        self._opt_state: dict[Any, dict[str, Any]] = {}
-        if optimizer is not None:
-            for p, state in optimizer.state.items():
-                self._opt_state[p] = {k: (v, self._copy(v)) if isinstance(v, torch.Tensor) else (v, copy.deepcopy(v)) for k, v in state.items()}
+        self._opt_states = [(optimizer, self._copy_state(optimizer)) for optimizer in optimizers]
         self._others = [(obj, _save_attributes(obj, self._copy)) for obj in others]
         self._rng_cpu = torch.get_rng_state()
         self._rng_cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -76,6 +78,11 @@ class Snapshot:
                 return t.detach().to("cpu", copy=True)
             return t.detach().clone()
 
+    def _copy_state(self, optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
+        """``optimizer.state``: per parameter, each value as (the object, a copy)."""
+        return {p: {k: (v, self._copy(v)) if isinstance(v, torch.Tensor) else (v, copy.deepcopy(v)) for k, v in state.items()}
+                for p, state in optimizer.state.items()}
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the copies of parameters, buffers and gradients."""
@@ -95,11 +102,10 @@ class Snapshot:
                     t.grad.copy_(grad)
                 else:
                     t.grad = grad.to(t.device, copy=True)
-        opt = self._optimizer
-        if opt is not None:
-            for p in [p for p in opt.state if p not in self._opt_state]:
+        for opt, opt_state in self._opt_states:
+            for p in [p for p in opt.state if p not in opt_state]:
                 del opt.state[p]
-            for p, saved in self._opt_state.items():
+            for p, saved in opt_state.items():
                 state = opt.state[p]
                 for k in [k for k in state if k not in saved]:
                     del state[k]

@@ -1,14 +1,22 @@
 """``hal.optimize(model, optimizer)``: the fastest training step hal can build, chosen by measurement.
 
 The step (:class:`OptimizedStep`) runs forward, loss, backward, optimizer step and ``zero_grad``
-in one call. Before the first call, the model is rewritten (``hal.nn.fuse``, else ``hal.nn.patch``)
-and the optimizer replaced by ``hal.optim.AdamW`` where that is the same update (:mod:`.plan`). On
-the first call, the candidate ways to run the step (eager; ``torch.compile`` of forward and loss;
-on CUDA the whole step as a CUDA graph, eager or compiled) each run a few steps on that batch and
-the fastest is kept. Measuring must not train: the parameters, buffers, gradients, optimizer and
-scaler state and random generators are saved before and written back after (:mod:`.state`), so that
-after N calls the model is what N steps of a plain loop make of it (to float rounding; the compiled
-and captured steps round differently from eager).
+in one call. It has two *variants*: ``torch``, your model and optimizer untouched (``None``: a
+``torch.optim.AdamW`` with torch's defaults), and ``hal``, the model rewritten (``hal.nn.fuse``,
+else ``hal.nn.patch``) with the optimizer replaced by ``hal.optim.AdamW`` where that is the same
+update (:mod:`.plan`). Each runs in the modes eager, ``torch.compile`` of forward and loss together,
+and on CUDA the whole step as a CUDA graph, eager or compiled. On the first call every candidate
+runs a few steps on that batch and the fastest is kept, the simpler one (untouched before
+rewritten, eager before compiled) where they are within ``margin``: the step is never slower, as
+measured on that batch, than your own model and optimizer run eagerly, compiled or graphed.
+
+Measuring must not train: the parameters, buffers, gradients, optimizer and scaler state and random
+generators are saved before and written back after (:mod:`.state`), so that after N calls the model
+is what N steps of a plain loop make of it: to float rounding for the candidates that run your
+model's own ops eagerly (the rewritten ones round differently, as do compiled and captured ones);
+random ops such as dropout draw the same numbers as a plain loop in the eager candidates, and other
+numbers of the same distribution under ``torch.compile`` (Inductor generates its own random
+numbers), so a compiled step with dropout is a different, equally valid, training run.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import dataclasses
 import logging
 import statistics
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -28,8 +36,12 @@ from hal.fast.state import Snapshot
 
 log = logging.getLogger("hal")
 
-#: the ways a step can run, simplest first (a tie goes to the simpler one)
-CANDIDATES = ("eager", "compile", "graph", "compile+graph")
+#: how a variant's step can run, simplest first
+MODES = ("eager", "compile", "graph", "compile+graph")
+#: whose model and optimizer run: yours untouched, or hal's rewrite (a tie goes to yours)
+VARIANTS = ("torch", "hal")
+#: every candidate, simplest first (a tie goes to the simpler one)
+CANDIDATES = tuple(f"{v} {m}" for v in VARIANTS for m in MODES)
 #: torch.compile modes that capture CUDA graphs of their own (hal's whole-step graph is then left out)
 _CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -37,18 +49,23 @@ _CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 @dataclasses.dataclass
 class Trial:
     """One candidate measured on the first batch: per-step wall times (ms, after its warm-up calls),
-    what the warm-up cost (compilation, capture), or why it could not run."""
+    what the warm-up cost (compilation, capture), why it could not run, or why it was skipped."""
 
     name: str
     times_ms: list[float] = dataclasses.field(default_factory=list)
     warmup_s: float = 0.0
     error: Optional[str] = None
+    skipped: Optional[str] = None
+    #: the exception of a failed candidate, kept only while the choice is made
+    exception: Optional[BaseException] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def median_ms(self) -> Optional[float]:
-        return statistics.median(self.times_ms) if self.times_ms and self.error is None else None
+        return statistics.median(self.times_ms) if self.times_ms and self.error is None and self.skipped is None else None
 
     def __str__(self) -> str:
+        if self.skipped is not None:
+            return f"{self.name}: skipped ({self.skipped})"
         if self.error is not None:
             return f"{self.name}: failed ({self.error})"
         times = ", ".join(f"{t:.2f}" for t in self.times_ms)
@@ -57,7 +74,8 @@ class Trial:
 
 @dataclasses.dataclass
 class OptimizeReport:
-    """What :func:`optimize` did and why, as data (``explain()`` prints it)."""
+    """What :func:`optimize` did and why, as data (``explain()`` prints it). ``rewrite`` and
+    ``optimizer`` describe the ``hal`` variant; ``untouched`` the ``torch`` one."""
 
     model: str
     device: str
@@ -66,7 +84,9 @@ class OptimizeReport:
     precision: str
     compile: Decision
     graph: Decision
+    untouched: str = ""
     chosen: Optional[str] = None  # None until the first call
+    why: str = ""  # why the chosen candidate
     trials: list[Trial] = dataclasses.field(default_factory=list)
     measuring_s: float = 0.0
     extra_steps: int = 0  # steps run while measuring (undone)
@@ -75,21 +95,32 @@ class OptimizeReport:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass
+class Variant:
+    """A model and the optimizer that steps it: ``torch`` (yours, untouched) or ``hal`` (rewritten)."""
+
+    name: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+
+
 class OptimizedStep:
     """A training step: ``loss = step(*batch)`` runs forward, loss, backward, optimizer step and
     ``optimizer.zero_grad(set_to_none=True)``, and returns the loss (detached). Build it with
     :func:`hal.optimize`; ``explain()`` says what it does and why.
 
-    ``model``: the model it runs (the fused GraphModule or the patched model; its parameters are
-    the ones passed in). ``optimizer``: the optimizer it steps (hal's AdamW where it replaced yours:
-    checkpoint this one). ``scaler``: the loss scaler (float16) or None. ``report``: the decisions
-    as data. ``train()`` / ``eval()`` set the mode of both the model passed in and ``model``."""
+    ``model`` and ``optimizer``: those of the chosen candidate (before the first call, the rewritten
+    ones): your model and optimizer when an untouched candidate won; else the fused GraphModule (your
+    modules and parameters) or your model patched in place, and hal's AdamW where it replaced yours
+    (checkpoint ``step.optimizer``, the one that steps). ``scaler``: the loss scaler (float16) or
+    None. ``report``: the decisions as data. ``train()`` / ``eval()`` set the mode of every model."""
 
     def __init__(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *,
                  loss_fn: Optional[Callable[..., torch.Tensor]] = None, inputs: int = 1,
                  amp: Optional[torch.dtype] = None, scaler: Any = None, rewrite: str = "auto",
                  replace_optimizer: bool = True, compile: Optional[bool] = None, compile_mode: Optional[str] = None,
-                 graph: Optional[bool] = None, measure_steps: int = 5, margin: float = 0.03) -> None:
+                 graph: Optional[bool] = None, measure_steps: int = 5, margin: float = 0.03,
+                 candidates: Optional[Sequence[str]] = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"hal.optimize: model must be a torch.nn.Module, not {type(model).__name__}")
         if amp not in (None, torch.bfloat16, torch.float16):
@@ -103,10 +134,22 @@ class OptimizedStep:
         self._user_model, self._user_optimizer = model, optimizer
         self.loss_fn, self.inputs, self.amp = loss_fn, inputs, amp
         self.measure_steps, self.margin, self.compile_mode = measure_steps, margin, compile_mode
-        self.model, rewrite_decision = plan.rewrite(model, rewrite)
-        self.optimizer, opt_decision = plan.choose_optimizer(model, optimizer, replace_optimizer)
-        self._copy_hyper = optimizer is not None and self.optimizer is not optimizer
-        self._hyper = plan.hyperparameters(optimizer if self._copy_hyper else self.optimizer)
+        rewritten, rewrite_decision = plan.rewrite(model, rewrite)
+        hal_optimizer, opt_decision = plan.choose_optimizer(model, optimizer, replace_optimizer)
+        if optimizer is None:
+            yours = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+            untouched = "your model with torch.optim.AdamW (torch's defaults; no optimizer given)"
+        else:
+            yours, untouched = optimizer, f"your model and your {type(optimizer).__name__}, as given"
+        self._variants = {"torch": Variant("torch", model, yours)}
+        if rewritten is not model or hal_optimizer is not yours:
+            self._variants["hal"] = Variant("hal", rewritten, hal_optimizer)
+        else:
+            untouched += " (the rewrite changed nothing: no 'hal' variant)"
+        chosen_first = self._variants.get("hal", self._variants["torch"])
+        self.model, self.optimizer = chosen_first.model, chosen_first.optimizer
+        self._copy_hyper = False
+        self._hyper: tuple = ()
         precision = "float32 (no autocast)" if amp is None else f"torch.autocast({self.device.type}, {str(amp).removeprefix('torch.')})"
         if amp is torch.float16 and scaler is None:
             import hal.amp
@@ -116,59 +159,85 @@ class OptimizedStep:
         elif scaler is not None:
             precision += f" with {type(scaler).__name__}"
         self.scaler = scaler
-        self._names, compile_d, graph_d = self._candidates(compile, graph)
-        self.report = OptimizeReport(type(model).__name__, str(self.device), rewrite_decision, opt_decision, precision, compile_d, graph_d)
-        self._compiled: Optional[Callable[..., torch.Tensor]] = None
+        self._names, self._skipped, compile_d, graph_d = self._candidates(compile, graph, candidates)
+        self.report = OptimizeReport(type(model).__name__, str(self.device), rewrite_decision, opt_decision, precision, compile_d, graph_d,
+                                     untouched)
+        self._compiled: dict[str, Callable[..., torch.Tensor]] = {}
         self._runs: dict[str, Callable[..., torch.Tensor]] = {}
         self._run: Optional[Callable[..., torch.Tensor]] = None
         self._graph: Any = None  # the GraphedStep in use, if any
 
     # --- the candidates ------------------------------------------------------------------------
 
-    def _candidates(self, compile: Optional[bool], graph: Optional[bool]) -> tuple[list[str], Decision, Decision]:
-        """The candidate names, and the compile and graph decisions as far as they are known now."""
+    def _candidates(self, compile: Optional[bool], graph: Optional[bool],
+                    only: Optional[Sequence[str]]) -> tuple[list[str], dict[str, str], Decision, Decision]:
+        """The candidates to measure, those skipped (with the reason), and the compile and graph
+        decisions as far as they are known now. ``only``: the ``candidates`` argument."""
         compiles = [False, True] if compile is None else [bool(compile)]
         compile_d = Decision("measure" if compile is None else ("yes" if compile else "no"),
                              "to be measured on the first call" if compile is None else f"compile={compile}")
         cuda_reason = None if self.device.type == "cuda" and torch.cuda.is_available() else f"the model is on {self.device}, not a CUDA device"
+        skip_graphs = None
         if graph is False:
             graphs, graph_d = [False], Decision("no", "graph=False")
         elif cuda_reason is not None:
             graphs, graph_d = [False], Decision("no", cuda_reason)
+            skip_graphs = f"CUDA graphs need a CUDA device; {cuda_reason}"
             if graph:
                 log.warning("hal.optimize: graph=True ignored: %s", cuda_reason)
         else:
             graphs = [False, True] if graph is None else [True]
             graph_d = Decision("measure" if graph is None else "yes", "to be measured on the first call" if graph is None else "graph=True")
-        names = []
+        modes = []
         for g in graphs:
             for c in compiles:
                 if g and c and self.compile_mode in _CUDAGRAPH_MODES:
                     continue  # torch.compile captures its own graphs in these modes
-                names.append({(False, False): "eager", (True, False): "compile", (False, True): "graph", (True, True): "compile+graph"}[(c, g)])
-        if not names:  # compile=True, graph=True with a cudagraph compile mode
-            names = ["compile"]
-        return sorted(names, key=CANDIDATES.index), compile_d, graph_d
+                modes.append({(False, False): "eager", (True, False): "compile", (False, True): "graph", (True, True): "compile+graph"}[(c, g)])
+        if not modes:  # compile=True, graph=True with a cudagraph compile mode
+            modes = ["compile"]
+        names = [f"{v} {m}" for v in self._variants for m in modes]
+        skipped = {}
+        if skip_graphs is not None:  # listed, so that explain() shows what this device leaves out
+            for v in self._variants:
+                for c in compiles:
+                    if not (c and self.compile_mode in _CUDAGRAPH_MODES):
+                        skipped[f"{v} {'compile+graph' if c else 'graph'}"] = skip_graphs
+        if only is not None:
+            unknown = [n for n in only if n not in CANDIDATES]
+            if unknown or isinstance(only, str):
+                raise ValueError(f"hal.optimize: candidates must be a list of names among {', '.join(CANDIDATES)}, not {only!r}")
+            possible = sorted(names, key=CANDIDATES.index)
+            names, skipped = [n for n in names if n in only], {n: why for n, why in skipped.items() if n in only}
+            if not names:
+                raise ValueError(f"hal.optimize: none of candidates={list(only)} can run with these options here (possible: "
+                                 f"{', '.join(possible)}); leave candidates=None to measure them all")
+        return sorted(names, key=CANDIDATES.index), skipped, compile_d, graph_d
 
-    def _forward_loss(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """The model's forward and the loss, under autocast when ``amp`` is set."""
-        with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
-            if self.loss_fn is None:
-                return _loss_of(self.model(*args, **kwargs))
-            out = self.model(*args[: self.inputs], **kwargs)
-            return _check_loss(self.loss_fn(out, *args[self.inputs:]))
+    def _forward_loss(self, model: nn.Module) -> Callable[..., torch.Tensor]:
+        """The forward and the loss of ``model``, under autocast when ``amp`` is set."""
+        def forward_loss(*args: Any, **kwargs: Any) -> torch.Tensor:
+            with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
+                if self.loss_fn is None:
+                    return _loss_of(model(*args, **kwargs))
+                out = model(*args[: self.inputs], **kwargs)
+                return _check_loss(self.loss_fn(out, *args[self.inputs:]))
+
+        return forward_loss
 
     def _make(self, name: str) -> Callable[..., torch.Tensor]:
         """The step callable of candidate ``name`` (built once)."""
         if name in self._runs:
             return self._runs[name]
-        if "compile" in name:
-            if self._compiled is None:
-                self._compiled = torch.compile(self._forward_loss, mode=self.compile_mode)
-            forward = self._compiled
+        which, mode = name.split(" ", 1)
+        variant = self._variants[which]
+        if "compile" in mode:
+            if which not in self._compiled:
+                self._compiled[which] = torch.compile(self._forward_loss(variant.model), mode=self.compile_mode)
+            forward = self._compiled[which]
         else:
-            forward = self._forward_loss
-        opt, scaler = self.optimizer, self.scaler
+            forward = self._forward_loss(variant.model)
+        opt, scaler = variant.optimizer, self.scaler
 
         def step(*args: Any, **kwargs: Any) -> torch.Tensor:
             loss = forward(*args, **kwargs)
@@ -184,7 +253,7 @@ class OptimizedStep:
 
         step.__qualname__ = f"hal.optimize step ({name})"
         run: Callable[..., torch.Tensor] = step
-        if "graph" in name:
+        if "graph" in mode:
             import hal.graphs
 
             run = hal.graphs.graphed(step)
@@ -195,10 +264,14 @@ class OptimizedStep:
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """One training step on this batch; returns the loss (detached, not read to the host)."""
-        if self._copy_hyper or self._graph is not None:
-            self._watch_hyperparameters()
         if self._run is None:
+            hal_variant = self._variants.get("hal")
+            if self._user_optimizer is not None and hal_variant is not None and hal_variant.optimizer is not self._user_optimizer:
+                plan.sync_optimizer(self._user_optimizer, hal_variant.optimizer)  # a schedule set before the first step
             self._choose(args, kwargs)
+        elif self._copy_hyper or self._graph is not None:
+            self._watch_optimizer()
+        assert self._run is not None
         loss = self._run(*args, **kwargs)
         if self._copy_hyper:
             # your optimizer no longer steps: tell a learning-rate scheduler on it that a step was
@@ -206,20 +279,25 @@ class OptimizedStep:
             self._user_optimizer._opt_called = True  # type: ignore[union-attr]
         return loss
 
-    def _watch_hyperparameters(self) -> None:
-        """Copy learning rates (a scheduler's) from your optimizer into hal's; leave the CUDA graph
-        when they change (a graph replays the values it captured)."""
+    def _watch_optimizer(self) -> None:
+        """Follow changes of your optimizer: learning rates (a scheduler's) and param groups added
+        since are copied into hal's optimizer where it replaced yours; a CUDA graph is left when
+        either changes (a graph replays the values and parameters it captured)."""
         source = self._user_optimizer if self._copy_hyper else self.optimizer
+        assert source is not None
         now = plan.hyperparameters(source)
         if now == self._hyper:
             return
+        groups_changed = [n for n, *_ in now] != [n for n, *_ in self._hyper]
         self._hyper = now
         if self._copy_hyper:
-            plan.copy_hyperparameters(source, self.optimizer)
+            for what in plan.sync_optimizer(source, self.optimizer):
+                self.report.notes.append(f"{what} added to your optimizer after hal.optimize: added to hal.optim.AdamW, trained from then on")
         if self._graph is not None and self.report.chosen is not None:
-            without = "compile" if "compile" in self.report.chosen else "eager"
-            note = (f"the optimizer's hyperparameters changed after the graph was chosen (a learning-rate schedule?): a CUDA "
-                    f"graph replays the values it captured, so the step runs as '{without}' from now on")
+            without = self.report.chosen.replace("compile+graph", "compile").replace("graph", "eager")
+            what = "param groups" if groups_changed else "hyperparameters (a learning-rate schedule?)"
+            note = (f"the optimizer's {what} changed after the graph was chosen: a CUDA graph replays the values and parameters "
+                    f"it captured, so the step runs as '{without}' from now on")
             log.warning("hal.optimize: %s", note)
             self.report.notes.append(note)
             self.report.graph = Decision("no", note)
@@ -228,15 +306,17 @@ class OptimizedStep:
 
     def _choose(self, args: tuple, kwargs: dict) -> None:
         """Measure the candidates on this batch (state restored after each), keep the fastest."""
-        names = self._names
+        names, r = self._names, self.report
+        skipped = [Trial(n, skipped=why) for n, why in self._skipped.items()]
         if len(names) == 1:
+            r.trials = skipped
             self._settle(names[0], "the only candidate left by the options: nothing measured")
             return
         from hal.dispatch.measure import LOG
 
         first_log, started = len(LOG), time.perf_counter()
-        modules = [self.model] + ([self.loss_fn] if isinstance(self.loss_fn, nn.Module) else [])
-        snap = Snapshot(modules, self.optimizer, [self.scaler] if self.scaler is not None else [])
+        modules = _unique([v.model for v in self._variants.values()] + ([self.loss_fn] if isinstance(self.loss_fn, nn.Module) else []))
+        snap = Snapshot(modules, _unique([v.optimizer for v in self._variants.values()]), [self.scaler] if self.scaler is not None else [])
         trials = []
         for name in names:
             trials.append(self._trial(name, args, kwargs))
@@ -244,24 +324,24 @@ class OptimizedStep:
             if hasattr(run, "reset"):
                 run.reset()  # its graph holds the measured steps' memory; the real steps capture afresh
             snap.restore()
-        r = self.report
-        r.trials, r.measuring_s = trials, time.perf_counter() - started
+        r.trials = sorted(trials + skipped, key=lambda t: CANDIDATES.index(t.name))
+        r.measuring_s = time.perf_counter() - started
         r.kernel_measurements = len(LOG) - first_log
         r.snapshot = f"{snap.nbytes / 2**20:.1f} MiB in {'device' if snap.where == 'device' else 'host'} memory"
-        ok = [t for t in trials if t.median_ms is not None]
+        ok = [t for t in r.trials if t.median_ms is not None]
         if not ok:
-            raise RuntimeError("hal.optimize: no way to run the step worked on the first batch:\n  "
-                               + "\n  ".join(map(str, trials)) + "\nfix the first error above (the eager step is your own forward, loss and backward)")
+            _raise_for(trials)
+        for t in trials:
+            t.exception = None  # its traceback holds the failed step's tensors
         best = min(ok, key=lambda t: t.median_ms)
-        simplest = ok[0]
-        if best is not simplest and best.median_ms > simplest.median_ms * (1.0 - self.margin):
-            why = (f"{best.name} measured {best.median_ms:.2f} ms/step, within {self.margin:.0%} of {simplest.name}'s "
-                   f"{simplest.median_ms:.2f}: not worth it")
-            best = simplest
-        else:
-            others = ", ".join(f"{t.name} {t.median_ms:.2f}" for t in ok if t is not best)
+        chosen = next(t for t in ok if t.median_ms <= best.median_ms / (1.0 - self.margin))
+        others = ", ".join(f"{t.name} {t.median_ms:.2f}" for t in ok if t is not best)
+        if chosen is best:
             why = f"fastest measured: {best.median_ms:.2f} ms/step" + (f" (against {others} ms)" if others else "")
-        self._settle(best.name, why)
+        else:
+            why = (f"{best.name} measured {best.median_ms:.2f} ms/step, within {self.margin:.0%} of {chosen.name}'s "
+                   f"{chosen.median_ms:.2f}: not worth it (the simpler candidate is kept)")
+        self._settle(chosen.name, why)
 
     def _trial(self, name: str, args: tuple, kwargs: dict) -> Trial:
         """Run candidate ``name``: its warm-up calls (compilation; a graph's eager calls and capture),
@@ -288,6 +368,7 @@ class OptimizedStep:
         except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported and left out
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             trial.error = f"{type(exc).__name__}: {message}"[:300]
+            trial.exception = exc
             log.info("hal.optimize: candidate %s failed: %s", name, trial.error)
         finally:
             self.report.extra_steps += ran
@@ -295,24 +376,40 @@ class OptimizedStep:
 
     def _settle(self, name: str, why: str) -> None:
         r = self.report
-        r.chosen = name
+        r.chosen, r.why = name, why
+        which = name.split(" ", 1)[0]
+        variant = self._variants[which]
+        if which == "hal" and r.rewrite.choice == "patch" and variant.model is not self._user_model:
+            import hal.nn
+
+            # measured on a twin sharing your parameters; the step runs on your model, patched in
+            # place as hal.nn.patch does (a compiled step compiles again, for your model's modules)
+            hal.nn.patch(self._user_model)
+            variant.model = self._user_model
+            self._runs = {n: run for n, run in self._runs.items() if not n.startswith("hal ")}
+            self._compiled.pop("hal", None)
+        self.model, self.optimizer = variant.model, variant.optimizer
+        self._copy_hyper = self._user_optimizer is not None and self.optimizer is not self._user_optimizer
+        self._hyper = plan.hyperparameters(self._user_optimizer if self._copy_hyper else self.optimizer)  # type: ignore[arg-type]
         self._run = self._make(name)
         self._graph = self._run if "graph" in name else None
-        measured = {t.name: t for t in r.trials}
+        measured = {t.name: t for t in r.trials if t.skipped is None}
         if r.compile.choice == "measure":
             r.compile = Decision("yes" if "compile" in name else "no", _versus(name, "compile", measured, why))
         if r.graph.choice == "measure":
             r.graph = Decision("yes" if "graph" in name else "no", _versus(name, "graph", measured, why))
-        if "compile" in name and "compile" not in measured:
+        if "compile" in name and name not in measured:
             r.notes.append("torch.compile compiles on the first call (seconds to minutes; recompiles on new input shapes)")
 
     # --- introspection -------------------------------------------------------------------------
 
     def explain(self) -> str:
-        """What the step does and why: rewrite, optimizer, precision, compile, graph, the measured
-        candidates with their times, and what measuring cost."""
+        """What the step does and why: the two variants (yours untouched; hal's rewrite and
+        optimizer), precision, compile, graph, every candidate with its measured times (or why it
+        failed or was skipped), the one chosen and why, and what measuring cost."""
         r = self.report
         lines = [f"hal.optimize: training step of {r.model} on {r.device}",
+                 f"  torch      {r.untouched}",
                  f"  model      {r.rewrite.choice}: {r.rewrite.reason} ({r.rewrite.seconds:.2f} s)",
                  f"  optimizer  {r.optimizer.choice}: {r.optimizer.reason}",
                  f"  precision  {r.precision}",
@@ -321,10 +418,11 @@ class OptimizedStep:
         if r.chosen is None:
             lines.append(f"  step       not chosen yet: candidates {', '.join(self._names)} are measured on the first call")
         else:
-            lines.append(f"  step       {r.chosen}")
-        if r.trials:
+            lines.append(f"  step       {r.chosen}: {r.why}")
+        if any(t.skipped is None for t in r.trials):
             lines.append(f"  measured on the first batch, {self.measure_steps} timed step(s) each after its warm-up:")
-            lines += [f"    {t}" for t in r.trials]
+        lines += [f"    {t}" for t in r.trials]
+        if any(t.skipped is None for t in r.trials):
             lines.append(f"  measuring cost {r.measuring_s:.2f} s and {r.extra_steps} step(s), all undone (snapshot {r.snapshot}); "
                          f"hal measured {r.kernel_measurements} kernel choice(s) meanwhile (HAL_TUNE)")
         lines += [f"  note       {n}" for n in r.notes]
@@ -336,10 +434,12 @@ class OptimizedStep:
         return f"<hal.OptimizedStep {self.report.model} step={self.report.chosen or 'not chosen yet'}>"
 
     def train(self, mode: bool = True) -> "OptimizedStep":
-        """Set the training mode of the model passed in and of :attr:`model` (a fused model's new
-        modules are not children of yours: ``your_model.eval()`` alone does not reach them)."""
+        """Set the training mode of the model passed in and of every variant's model (a fused
+        model's new modules are not children of yours: ``your_model.eval()`` alone does not reach
+        them)."""
         self._user_model.train(mode)
-        self.model.train(mode)
+        for variant in self._variants.values():
+            variant.model.train(mode)
         return self
 
     def eval(self) -> "OptimizedStep":
@@ -358,6 +458,24 @@ def _versus(name: str, feature: str, measured: dict[str, Trial], why: str) -> st
     if all(t.error for t in tried):
         return "every candidate with it failed: " + "; ".join(f"{t.name}: {t.error}" for t in tried)
     return f"not chosen, {why}"
+
+
+def _unique(items: list[Any]) -> list[Any]:
+    """``items`` without repeats (by identity), in order."""
+    return list({id(x): x for x in items}.values())
+
+
+def _raise_for(trials: list[Trial]) -> None:
+    """Every candidate failed: raise the exception of your own model and optimizer (the untouched
+    candidates run nothing of hal's, so that is your code's error, as a plain loop would raise it),
+    else a RuntimeError listing each candidate's failure."""
+    summary = "\n  ".join(map(str, trials))
+    yours = next((t.exception for t in trials if t.name.startswith("torch ") and t.exception is not None), None)
+    if yours is not None:
+        yours.add_note(f"hal.optimize: your model and optimizer, run as given, raised this on the first batch; every candidate failed:\n  {summary}")
+        raise yours
+    raise RuntimeError("hal.optimize: no way to run the step worked on the first batch:\n  " + summary
+                       + "\nfix the first error above (the 'torch eager' step is your own forward, loss and backward)")
 
 
 def _synchronizer(device: torch.device) -> Callable[[], None]:
@@ -396,22 +514,31 @@ def optimize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
              loss_fn: Optional[Callable[..., torch.Tensor]] = None, inputs: int = 1,
              amp: Optional[torch.dtype] = None, scaler: Any = None, rewrite: str = "auto",
              replace_optimizer: bool = True, compile: Optional[bool] = None, compile_mode: Optional[str] = None,
-             graph: Optional[bool] = None, measure_steps: int = 5, margin: float = 0.03) -> OptimizedStep:
-    """The fastest training step hal can build for ``model`` and ``optimizer``; see ``docs/api.md``
-    ("A fast step in one call") and :class:`OptimizedStep`.
+             graph: Optional[bool] = None, measure_steps: int = 5, margin: float = 0.03,
+             candidates: Optional[Sequence[str]] = None) -> OptimizedStep:
+    """The fastest training step hal can build for ``model`` and ``optimizer``, never slower (as
+    measured on the first batch) than the model and optimizer as given; see ``docs/api.md`` ("A fast
+    step in one call") and :class:`OptimizedStep`.
 
     ``loss = step(*batch, **kwargs)``: without ``loss_fn`` the model is called on every argument
     and must return the loss (or an output with ``.loss``); with it, the model is called on the
     first ``inputs`` arguments (and the keyword arguments) and the loss is ``loss_fn(output,
     *rest)``. ``amp``: autocast dtype (bfloat16; float16 adds a ``hal.amp.DynamicLossScaler``
-    unless ``scaler`` is given). ``rewrite``: "auto" (fuse, else patch), "fuse", "patch", "none".
-    ``replace_optimizer``: allow hal's AdamW in place of an equivalent torch AdamW/Adam.
-    ``compile`` / ``graph``: True or False to decide, None (default) to measure on the first call;
-    ``compile_mode`` is passed to ``torch.compile``. ``measure_steps``: timed steps per candidate;
-    ``margin``: how much faster than the simplest candidate another must be to be chosen."""
+    unless ``scaler`` is given). ``rewrite``: how the ``hal`` variant rewrites the model: "auto"
+    (fuse, else patch), "fuse", "patch", "none". ``replace_optimizer``: allow hal's AdamW in place of
+    an equivalent torch AdamW/Adam in the ``hal`` variant. ``compile`` / ``graph``: True or False to
+    decide, None (default) to measure on the first call; ``compile_mode`` is passed to
+    ``torch.compile``. ``measure_steps``: timed steps per candidate; ``margin``: how much faster than
+    a simpler candidate another must be to be chosen. ``candidates``: names from ``CANDIDATES``
+    ("torch eager" ... "hal compile+graph") to restrict the measurement to (None: all).
+
+    Dropout and other random ops: the eager candidates draw what a plain loop draws; compiled ones
+    draw other numbers of the same distribution (Inductor's generator), so their run is not the
+    plain loop's draw for draw. A ValueError (or any exception) raised by your own model or loss on
+    the first batch is raised as it is, with a note listing every candidate's failure."""
     return OptimizedStep(model, optimizer, loss_fn=loss_fn, inputs=inputs, amp=amp, scaler=scaler, rewrite=rewrite,
                          replace_optimizer=replace_optimizer, compile=compile, compile_mode=compile_mode, graph=graph,
-                         measure_steps=measure_steps, margin=margin)
+                         measure_steps=measure_steps, margin=margin, candidates=candidates)
 
 
-__all__ = ["optimize", "OptimizedStep", "OptimizeReport", "Trial", "CANDIDATES"]
+__all__ = ["optimize", "OptimizedStep", "OptimizeReport", "Trial", "Variant", "CANDIDATES"]
