@@ -46,6 +46,24 @@ CANDIDATES = tuple(f"{v} {m}" for v in VARIANTS for m in MODES)
 _CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
+def _make_capturable(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Set ``capturable=True`` on the param groups of a torch optimizer that has the option and has
+    it off (a captured step's optimizer must keep its step counts on the device), moving step counts
+    already made on the host to their parameter's device; returns the groups it changed."""
+    changed = []
+    for group in optimizer.param_groups:
+        if "capturable" not in group or group["capturable"]:
+            continue
+        group["capturable"] = True
+        changed.append(group)
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            step = state.get("step")
+            if isinstance(step, torch.Tensor) and step.device != p.device:
+                state["step"] = step.to(device=p.device, dtype=torch.float32)
+    return changed
+
+
 @dataclasses.dataclass
 class Trial:
     """One candidate measured on the first batch: per-step wall times (ms, after its warm-up calls),
@@ -164,6 +182,7 @@ class OptimizedStep:
                                      untouched)
         self._compiled: dict[str, Callable[..., torch.Tensor]] = {}
         self._runs: dict[str, Callable[..., torch.Tensor]] = {}
+        self._made_capturable: list[dict] = []  # param groups a graph candidate set capturable (undone unless a graph wins)
         self._run: Optional[Callable[..., torch.Tensor]] = None
         self._graph: Any = None  # the GraphedStep in use, if any
 
@@ -256,6 +275,11 @@ class OptimizedStep:
         if "graph" in mode:
             import hal.graphs
 
+            made = _make_capturable(opt)
+            if made:
+                self._made_capturable += made
+                self.report.notes.append(f"{type(opt).__name__}'s param groups set to capturable=True for the '{name}' "
+                                         "candidate (torch's optimizers refuse a CUDA graph capture otherwise; same update)")
             run = hal.graphs.graphed(step)
         self._runs[name] = run
         return run
@@ -377,6 +401,10 @@ class OptimizedStep:
     def _settle(self, name: str, why: str) -> None:
         r = self.report
         r.chosen, r.why = name, why
+        if "graph" not in name:
+            for group in self._made_capturable:  # as you made it: eager steps keep their step counts on the host
+                group["capturable"] = False
+            r.notes = [n for n in r.notes if "capturable=True" not in n]
         which = name.split(" ", 1)[0]
         variant = self._variants[which]
         if which == "hal" and r.rewrite.choice == "patch" and variant.model is not self._user_model:
