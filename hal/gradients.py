@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from hal.errors import UnsupportedError
 from hal.registry import OPS, OpDecl, get_op
 
 OUT = "out"
@@ -36,6 +37,11 @@ class Gradients:
         if decl.backward is None:
             raise ValueError(f"op {decl.name} is not trainable")
         self.decl = decl
+        if decl.backward not in OPS:  # a declaration may name its backward op before it is declared
+            raise UnsupportedError(
+                f"{decl.name} needs autograd here, through its backward op {decl.backward!r}, which is not declared: "
+                f"declare it (hal.library.declare(..., forward={decl.name!r}), taking grad_out first) before such a call, "
+                "or call it on tensors that do not require grad")
         self.bwd = get_op(decl.backward)
         #: whether the backward op takes an output mask (its last parameter, see the module doc).
         self.masked = self.bwd.param_names[-1:] == (MASK,)

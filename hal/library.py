@@ -43,17 +43,35 @@ What each step gives:
 Registrations last for the process (like ``torch.library``); a name used twice is refused. A
 runtime installed by hand (``hal.dispatch.install``) gets this process's registrations only when
 they are made after it. See docs/library.md.
+
+What is checked, so that a mistake is an error rather than a wrong result: at registration, dtype
+names, an ``array_api`` other than "torch" or "numpy", a kernel's parameters and dtypes; a
+``backward`` op not declared by the first call that needs autograd (it may be declared after its
+forward op). At each call of a kernel registered here, that it returned arrays of its own array
+type (hal converts them for the caller), and no ``None`` for an op that writes nothing in place;
+on each kernel's first call, under ``HAL_DEBUG=1`` and in conformance runs (:func:`checking_results`),
+every result's shape, dtype and device against the op's fake rule. A failed check raises
+:class:`KernelResultError`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
-from hal.errors import InvalidArgumentError, PluginError
+import numpy as np
+import torch
+
+from hal import arrays, config, tracing
+from hal.dispatch import DISPATCHER
+from hal.dispatch.adapt import fake_results
+from hal.errors import HalError, InvalidArgumentError, PluginError
 from hal.ops import _tolerances as _presets
 from hal.plugin import Archs, DeviceInfo, Inputs, Plugin, Reasons
-from hal.registry import Autocast, Tolerance, declare
+from hal.registry import OPS, Autocast, OpDecl, Tolerance
+from hal.registry import declare as _declare
 from hal.runtime import IN_PROCESS
 from hal.version import __version__
 
@@ -66,6 +84,30 @@ _LOCK = threading.RLock()
 #: REDUCTION (atol widened by the square root of the op's reduction length)
 ELEMENTWISE: Mapping[str, Tolerance] = _presets.ELEMENTWISE
 REDUCTION: Mapping[str, Tolerance] = _presets.REDUCTION
+
+#: the environment variable that checks every result of a kernel registered here against its op's
+#: fake rule (read again after ``hal.dispatch.reset()``, as the other HAL_* variables)
+DEBUG_ENV = "HAL_DEBUG"
+
+_ARRAY_APIS = ("torch", "numpy")
+
+
+class KernelResultError(HalError, RuntimeError):
+    """A kernel registered with :func:`register_kernel` returned something its op cannot give the
+    caller: another array type, ``None``, or results whose shapes, dtypes or devices differ from
+    the op's fake rule. The message names the kernel and what to fix."""
+
+
+def declare(*, dtypes: Sequence[str], **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """:func:`hal.registry.declare` (the arguments are the same), refusing at once what it would
+    take silently: a dtype name that is no torch dtype (``"float7"``). A ``backward`` op may be
+    declared after this one; a call needing autograd before it is raises, naming it."""
+    unknown = [d for d in dtypes if not isinstance(getattr(torch, str(d), None), torch.dtype)]
+    if isinstance(dtypes, str) or unknown or not dtypes:
+        raise InvalidArgumentError("hal.library.declare", "dtypes", "a non-empty tuple of dtype names such as "
+                                   "('float32', 'bfloat16'), each the name of a torch dtype",
+                                   f"{dtypes!r}" + (f" ({', '.join(map(repr, unknown))}: no torch dtype)" if unknown else ""))
+    return _declare(dtypes=dtypes, **options)
 
 
 def define_backend(
@@ -83,8 +125,7 @@ def define_backend(
     when ``probe()`` returns None (else the sentence it returns says why not), and its kernels take
     ``array_api`` arrays by default ("torch" or "numpy"). Refused (InvalidArgumentError) when a
     backend of that name exists already."""
-    from hal.dispatch import DISPATCHER
-
+    _check_array_api("hal.library.define_backend", array_api)
     with _LOCK:
         taken = set(DISPATCHER.runtime().backends) | {p.backend.name for p in IN_PROCESS.values() if p.backend is not None}
         if name in taken or name == KERNELS_PLUGIN:
@@ -118,8 +159,6 @@ def register_kernel(
     call on."""
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        from hal.dispatch import DISPATCHER
-
         with _LOCK:
             rt = DISPATCHER.runtime()
             own = IN_PROCESS.get(backend)
@@ -130,10 +169,15 @@ def register_kernel(
             if any(k.name == name for k in rt.kernels(op, backend)):
                 raise InvalidArgumentError("hal.library.register_kernel", "name", f"a kernel name {op} does not have on {backend} yet",
                                            repr(name))
+            if array_api is not None:
+                _check_array_api("hal.library.register_kernel", array_api)
+            api = array_api or (own.backend.array_api if own is not None and own.backend is not None else rt.backends[backend].info.array_api)
+            decl = OPS.get(op)
+            kernel = _checked_results(decl, fn, f"{backend}/{name}", api) if decl is not None else fn
             plugin = own if own is not None else IN_PROCESS.setdefault(KERNELS_PLUGIN, Plugin(KERNELS_PLUGIN, __version__))
             try:
                 plugin.kernel(op, name=name, backend=backend, priority=priority, dtypes=dtypes, archs=archs, check=check,
-                              array_api=array_api, fused=fused, differentiable=differentiable)(fn)
+                              array_api=array_api, fused=fused, differentiable=differentiable)(kernel)
             except PluginError as exc:
                 raise InvalidArgumentError("hal.library.register_kernel", "fn", "a kernel matching the op's declaration",
                                            str(exc)) from None
@@ -143,14 +187,145 @@ def register_kernel(
     return register
 
 
+def _check_array_api(where: str, array_api: Any) -> None:
+    """Refuse an array type hal does not convert (a kernel's results would reach callers as they are)."""
+    if array_api not in _ARRAY_APIS:
+        raise InvalidArgumentError(where, "array_api", "'torch' or 'numpy', the array type the kernels take and return",
+                                   repr(array_api))
+
+
+@contextlib.contextmanager
+def checking_results() -> Iterator[None]:
+    """Check every result of the kernels registered here against their ops' fake rules while the
+    block runs (in every thread), as ``HAL_DEBUG=1`` does: how the conformance suite runs them."""
+    with _LOCK:
+        _FULL_CHECKS[0] += 1
+        _UNCHECKED[0] = -1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _FULL_CHECKS[0] -= 1
+            _UNCHECKED[0] = -1
+
+
+#: how many checking_results() blocks are open
+_FULL_CHECKS = [0]
+#: the dispatcher generation for which full checks are known to be off (HAL_DEBUG read unset, no
+#: checking_results() block open); -1: to be found out. A call compares it with the generation,
+#: which hal.dispatch.reset() moves, so HAL_DEBUG is read again as the other HAL_* variables are.
+_UNCHECKED = [-1]
+
+
+def _full_checks() -> bool:
+    """Whether every call's results are checked against the fake rule now."""
+    generation = DISPATCHER.generation
+    on = _FULL_CHECKS[0] > 0 or config.env_flag(DEBUG_ENV)
+    if not on:
+        _UNCHECKED[0] = generation
+    return on
+
+
+def _checked_results(decl: OpDecl, fn: Callable[..., Any], label: str, api: str) -> Callable[..., Any]:
+    """``fn`` with its results checked (see the module doc): the array type at every call (one
+    isinstance test and a comparison when it returns one array), the op's fake rule on the first
+    call and while full checks are on. Nothing is checked while torch.compile traces."""
+    own_type = torch.Tensor if api == "torch" else np.ndarray
+    first = [True]
+
+    @functools.wraps(fn)
+    def kernel(*args: Any) -> Any:
+        out = fn(*args)
+        if isinstance(out, own_type) and _UNCHECKED[0] == DISPATCHER.generation and not first[0]:
+            return out
+        if tracing.is_compiling() or tracing.traced(args):
+            return out
+        _check_types(decl, label, api, args, out)
+        full = first[0] or (_UNCHECKED[0] != DISPATCHER.generation and _full_checks())
+        if full and decl.fake is not None:
+            _check_against_fake(decl, label, api, args, out)
+        first[0] = False
+        return out
+
+    return kernel
+
+
+def _check_types(decl: OpDecl, label: str, api: str, args: Sequence[Any], out: Any) -> None:
+    """Every array of ``out`` is of the kernel's array type, and ``out`` is not None where the op
+    writes nothing in place (its results are all it gives)."""
+    if out is None and not decl.writes(decl.bind(args)):
+        raise KernelResultError(
+            f"kernel {label} of {decl.name} returned None; {decl.name} writes nothing in place, so its kernels return "
+            f"its results{_as_fake_says(decl, api, args)}: return them")
+    own = (torch.Tensor,) if api == "torch" else (np.ndarray, np.generic)
+    for where, value in _leaves(out):
+        if value is not None and not isinstance(value, own):
+            fix = ("register it with array_api='numpy' to return NumPy arrays (hal converts them for torch callers)"
+                   if api == "torch" and isinstance(value, np.ndarray) else f"return {own[0].__module__}.{own[0].__name__} arrays")
+            raise KernelResultError(
+                f"kernel {label} of {decl.name} returned {_described(value)} as {where}, but it takes and returns "
+                f"{api} arrays (array_api={api!r}): {fix}")
+
+
+def _check_against_fake(decl: OpDecl, label: str, api: str, args: Sequence[Any], out: Any) -> None:
+    """``out`` has the number of results, shapes, dtypes and devices the op's fake rule gives."""
+    try:
+        want = fake_results(decl, args, api)
+    except Exception as exc:
+        raise KernelResultError(f"the fake rule of {decl.name} raised {type(exc).__name__}: {exc} on the arguments "
+                                f"kernel {label} ran: fix the fake rule (@{decl.name}.fake), which torch.compile relies on") from exc
+    got_leaves, want_leaves = _leaves(out), _leaves(want)
+    if len(got_leaves) != len(want_leaves):
+        raise KernelResultError(f"kernel {label} of {decl.name} returned {len(got_leaves)} result(s), its fake rule "
+                                f"{len(want_leaves)}: make the kernel and the fake rule agree")
+    for (where, got), (_, expected) in zip(got_leaves, want_leaves):
+        if expected is None:
+            continue
+        if got is None or _signature(got) != _signature(expected):
+            raise KernelResultError(
+                f"kernel {label} of {decl.name} returned {_described(got)} as {where}, where the op's fake rule "
+                f"gives {_described(expected)} for these arguments: fix the kernel (or the fake rule, which "
+                "torch.compile and the checks rely on)")
+
+
+def _leaves(out: Any) -> list[tuple[str, Any]]:
+    """The results of a call by position ("the result", "result 0" ...)."""
+    if isinstance(out, (tuple, list)):
+        return [(f"result {i}", v) for i, v in enumerate(out)]
+    return [("the result", out)]
+
+
+def _signature(a: Any) -> tuple:
+    shape = tuple(a.shape) if hasattr(a, "shape") else ()
+    device = a.device if isinstance(a, torch.Tensor) else "cpu"
+    return shape, arrays.dtype_name(a) if arrays.is_array(a) else type(a).__name__, str(device)
+
+
+def _described(a: Any) -> str:
+    if a is None:
+        return "None"
+    if arrays.is_array(a) or isinstance(a, np.generic):
+        shape, dtype, device = _signature(a)
+        return f"a {dtype} {type(a).__module__.split('.')[0]}.{type(a).__name__} of shape {shape} on {device}"
+    return f"a {type(a).__name__}"
+
+
+def _as_fake_says(decl: OpDecl, api: str, args: Sequence[Any]) -> str:
+    """", the op's fake rule gives ..." where the op has one that runs on ``args``."""
+    try:
+        want = fake_results(decl, args, api) if decl.fake is not None else None
+    except Exception:
+        return ""
+    return "" if want is None else " (the op's fake rule gives " + ", ".join(_described(v) for _, v in _leaves(want)) + ")"
+
+
 def _refresh() -> None:
     """Put this process's plugins into the dispatcher's runtime (one is built on first use
     otherwise, with them in it); cached decisions are dropped."""
-    from hal.dispatch import DISPATCHER
-
     with DISPATCHER._lock:
         if DISPATCHER._runtime is not None:
             DISPATCHER.install(DISPATCHER._runtime.with_in_process())
 
 
-__all__ = ["declare", "register_kernel", "define_backend", "Autocast", "Tolerance", "ELEMENTWISE", "REDUCTION", "KERNELS_PLUGIN"]
+__all__ = ["declare", "register_kernel", "define_backend", "checking_results", "Autocast", "Tolerance", "KernelResultError",
+           "ELEMENTWISE", "REDUCTION", "KERNELS_PLUGIN", "DEBUG_ENV"]
