@@ -74,7 +74,7 @@ FIELDS: dict[str, tuple[bool, str, Callable[[Any], bool]]] = {
 }
 
 
-def record_problem(record: Any) -> Optional[str]:
+def _record_problem(record: Any) -> Optional[str]:
     """Why ``record`` (parsed JSON) is not a usable record, naming the field; None if it is."""
     if not isinstance(record, dict):
         return f"not an object but {_shown(record)}"
@@ -279,7 +279,7 @@ def _frozen(key: str, record: Record) -> Record:
         kept = json.loads(json.dumps(record))
     except (TypeError, ValueError) as error:
         raise TypeError(f"tuning record for {key!r} is not JSON-able: {error}") from error
-    problem = record_problem(kept)
+    problem = _record_problem(kept)
     if problem is not None:  # what a later load would drop
         raise TypeError(f"tuning record for {key!r}: {problem}")
     return kept
@@ -316,7 +316,7 @@ def _checked_entries(document: Any, device: str, versions: Optional[Mapping[str,
     entries: dict[str, Record] = {}
     dropped: list[str] = []
     for key, record in document["entries"].items():
-        problem = record_problem(record)
+        problem = _record_problem(record)
         if problem is None:
             entries[key] = record
         else:
