@@ -36,7 +36,10 @@ process-wide monkey patch, the config untouched), Mixtral's experts (``hal.ops.g
 the LM head with its loss (``hal.ops.linear_cross_entropy``; with ``labels`` the output's ``logits``
 is None, the logits never materialised; without labels the logits are returned as before). The
 head is patched only on the model given to ``patch`` itself (the causal LM), after its submodules,
-checked by running the model on six random tokens both ways.
+checked by running the model on six random tokens both ways. The patched model keeps the
+``transformers`` contract otherwise: ``forward``'s signature and arguments, packed sequences,
+``output_attentions`` from the keyword or the config, ``set_experts_implementation`` and
+``torch.compile`` (:mod:`hal.nn.patch_hf` says how).
 
 Reporting: the logger ``hal.nn.patch`` says at INFO how many modules of each kind were swapped.
 """

@@ -12,12 +12,16 @@ and put on hal ops, each only after it was checked to compute what the module co
   class to a subclass whose forward applies the rotary embedding with ``hal.ops.rotary_embedding``
   and attends with ``hal.ops.scaled_dot_product_attention`` (grouped-query attention by broadcasting
   a key/value head over its group of query heads, no copies). It does so for the ``"sdpa"`` and
-  ``"eager"`` attention implementations, the masks those build; anything else (flash attention, an
-  attention dropout while training, a paged cache, a position bias) runs the original forward.
-  The model's config is not touched: other models, of the same class too, still run torch's code.
+  ``"eager"`` attention implementations, the masks those build (packed sequences' block-diagonal
+  mask among them); anything else (flash attention, an attention dropout while training, a paged
+  cache, a position bias, attention weights asked for by ``output_attentions``, as a keyword or in
+  the config) runs the original forward. The model's config is not touched: other models, of the
+  same class too, still run torch's code.
 - Mixtral's experts (3-d ``gate_up_proj`` and ``down_proj``) change class to a subclass whose forward
   sorts the (token, expert) pairs by expert and runs each projection as one ``hal.ops.grouped_gemm``
-  (``hal.ops.swiglu`` between them when ``act_fn`` is SiLU).
+  (``hal.ops.swiglu`` between them when ``act_fn`` is SiLU), with shapes that do not depend on the
+  data (``torch.compile(fullgraph=True)`` traces it). It replaces the experts implementation the
+  model had when patched; one picked afterwards with ``set_experts_implementation`` runs instead.
 - The LM head with its loss: a causal LM whose ``lm_head`` is an ``nn.Linear`` and whose loss is
   ``ForCausalLMLoss`` changes class (keeping its class name, which ``save_pretrained`` records) so
   that a forward given ``labels`` computes the loss with ``hal.ops.linear_cross_entropy`` without
@@ -25,7 +29,8 @@ and put on hal ops, each only after it was checked to compute what the module co
   (or ``shift_labels`` is used), ``ignore_index`` (-100) rows are skipped, the mean is over counted
   rows, or the sum divided by ``num_items_in_batch`` when that is given (as ``ForCausalLMLoss``);
   Mixtral's router auxiliary loss is added as its forward adds it. Without labels the forward is the
-  original one (logits returned).
+  original one (logits returned). The patched ``forward`` has the original's signature (``generate``
+  and ``Trainer`` read it) and takes every argument the original takes, by name or position.
 
 Every check runs a randomised copy of the module (the LM head: the model itself, in eval mode, on six
 random tokens) through the original and the replacement; the replacement is used only if they agree
@@ -34,6 +39,7 @@ to the dtype's rounding. Parameters are shared, never copied; state_dict keys do
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Optional
 
 import torch
@@ -60,14 +66,16 @@ def _is_function(act: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> 
         return False
 
 
-def _subclass(cls: type, mixin: type, name: Optional[str] = None) -> type:
-    """``cls`` with ``mixin``'s forward in front (one subclass per class, cached on the mixin)."""
+def _subclass(cls: type, mixin: type, name: Optional[str] = None, namespace: Optional[Callable[[type], dict]] = None) -> type:
+    """``cls`` with ``mixin``'s forward in front (one subclass per class, cached on the mixin);
+    ``namespace(cls)`` adds class attributes made for ``cls``."""
     cache = mixin.__dict__.get("_hal_classes")
     if cache is None:
         cache = {}
         setattr(mixin, "_hal_classes", cache)
     if cls not in cache:
-        cache[cls] = type(name or f"Hal{cls.__name__}", (mixin, cls), {"__module__": __name__, "__doc__": mixin.__doc__})
+        attrs = {"__module__": __name__, "__doc__": mixin.__doc__, **(namespace(cls) if namespace else {})}
+        cache[cls] = type(name or f"Hal{cls.__name__}", (mixin, cls), attrs)
     return cache[cls]
 
 
@@ -156,9 +164,11 @@ class _HalAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, position_embeddings: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
                 attention_mask: Optional[torch.Tensor] = None, past_key_values: Any = None, **kwargs: Any) -> tuple:
         impl = getattr(self.config, "_attn_implementation", None)
+        # the attention weights are wanted as transformers decides it (the keyword, else the config)
+        weights_wanted = kwargs.get("output_attentions", getattr(self.config, "output_attentions", False))
         unusual = (impl not in ("sdpa", "eager") or position_embeddings is None or (self.training and self.attention_dropout > 0)
                    or any(kwargs.get(k) is not None for k in ("position_bias", "cache", "softcap"))
-                   or kwargs.get("output_attentions") or position_embeddings[0].shape[-1] != self.head_dim)
+                   or weights_wanted or position_embeddings[0].shape[-1] != self.head_dim)
         if unusual:
             return super().forward(hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
                                    past_key_values=past_key_values, **kwargs)
@@ -248,12 +258,17 @@ def _attention_pair(m: nn.Module, hal_cls: type) -> tuple[torch.Tensor, torch.Te
 
 
 class _HalExperts(nn.Module):
-    """Mixtral-style experts as two ragged grouped GEMMs over the (token, expert) pairs sorted by expert."""
+    """Mixtral-style experts as two ragged grouped GEMMs over the (token, expert) pairs sorted by expert.
+
+    They replace the experts implementation the model ran when it was patched (``_hal_impl``, from
+    ``config._experts_implementation``); once the user picks another one with transformers'
+    ``set_experts_implementation``, the original forward runs it."""
 
     _hal_kind = "Experts(grouped_gemm)"
+    _hal_impl: Optional[str] = None
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        if getattr(self, "_is_expert_parallel", False):
+        if getattr(self, "_is_expert_parallel", False) or _experts_implementation(self) != self._hal_impl:
             return super().forward(hidden_states, top_k_index, top_k_weights)
         n_experts, k = int(self.num_experts), top_k_index.shape[-1]
         flat = top_k_index.reshape(-1)
@@ -262,7 +277,8 @@ class _HalExperts(nn.Module):
         flat = torch.where(dropped, 0, flat)
         order = torch.argsort(flat, stable=True)
         token = order // k
-        sizes = torch.bincount(flat, minlength=n_experts)
+        # rows per expert, a (num_experts,) tensor also while traced (bincount's length is data-dependent there)
+        sizes = torch.zeros(n_experts, dtype=flat.dtype, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
         dtype = autocast_dtype(hidden_states)
         x = _cast(hidden_states, dtype)[token]
         gate_up = hal.ops.grouped_gemm(x, _cast(self.gate_up_proj, dtype).transpose(1, 2), sizes)
@@ -288,9 +304,19 @@ def _mixtral_experts(m: nn.Module) -> Optional[nn.Module]:
     silu = _is_function(m._modules["act_fn"], F.silu)
     if not same(type(m).__name__, lambda: _experts_pair(m, hal_cls, silu), m.gate_up_proj):
         return None
+    _make_hal_experts(m, hal_cls, silu)
+    return m
+
+
+def _experts_implementation(m: nn.Module) -> Optional[str]:
+    """The experts implementation transformers' forward of ``m`` would run (None without a config)."""
+    return getattr(getattr(m, "config", None), "_experts_implementation", None)
+
+
+def _make_hal_experts(m: nn.Module, hal_cls: type, silu: bool) -> None:
     m.__class__ = hal_cls
     m._hal_silu = silu
-    return m
+    m._hal_impl = _experts_implementation(m)
 
 
 def _experts_pair(m: nn.Module, hal_cls: type, silu: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,8 +328,7 @@ def _experts_pair(m: nn.Module, hal_cls: type, silu: bool) -> tuple[torch.Tensor
     index = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(tokens)]).to(x.device)
     weights = torch.rand(tokens, k, generator=gen).to(x.device)
     want = trial(x, index, weights)
-    trial.__class__ = hal_cls
-    trial._hal_silu = silu
+    _make_hal_experts(trial, hal_cls, silu)
     return want, trial(x, index, weights)
 
 
@@ -323,21 +348,30 @@ class _HalHead(nn.Linear):
 
 
 #: the keyword the patched causal LM passes down to its attention layers (transformers forwards
-#: extra keywords to them) when it was called without an attention mask
+#: extra keywords to them) when it was called without an attention mask and without position ids:
+#: the mask transformers builds is then the plain causal one (with position ids it may be the
+#: block-diagonal mask of packed sequences, which transformers builds from them)
 UNPADDED = "hal_unpadded"
 
 
 class _HalCausalLM(nn.Module):
     """A causal LM whose forward with ``labels`` computes the loss with ``hal.ops.linear_cross_entropy``
-    from the last hidden states, never materialising the logits (``logits`` is None in its output)."""
+    from the last hidden states, never materialising the logits (``logits`` is None in its output).
+
+    Its ``forward`` (made per class by :func:`_forward_namespace`) has the original's signature, so
+    that code inspecting it (``generate``, ``Trainer``) sees every argument the model takes."""
 
     _hal_kind = "LMHead+loss(linear_cross_entropy)"
+    #: the original forward's parameters that can be given by position, in order (after self)
+    _hal_positional: tuple[str, ...] = ()
 
-    def forward(self, *args: Any, labels: Optional[torch.Tensor] = None, **kwargs: Any) -> Any:
-        if len(args) < 2 and kwargs.get("attention_mask") is None:  # no padding: hal's attention may take is_causal
-            kwargs[UNPADDED] = True
-        if labels is None or len(args) > 5 or not getattr(self, "_hal_loss", True):  # labels may be the 6th positional
-            return super().forward(*args, labels=labels, **kwargs)
+    def _hal_forward(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs = self._hal_by_name(args, kwargs)
+        if kwargs.get("attention_mask") is None and kwargs.get("position_ids") is None:
+            kwargs[UNPADDED] = True  # no padding, no packing: hal's attention may take is_causal
+        labels = kwargs.pop("labels", None)
+        if labels is None or not getattr(self, "_hal_loss", True):
+            return super().forward(labels=labels, **kwargs)
         return_dict = kwargs.pop("return_dict", None)
         if return_dict is None:
             return_dict = getattr(self.config, "return_dict", True)
@@ -345,11 +379,11 @@ class _HalCausalLM(nn.Module):
         taken: list[torch.Tensor] = []
         head._hal_take = taken
         try:
-            out = super().forward(*args, labels=None, return_dict=True, **kwargs)
+            out = super().forward(labels=None, return_dict=True, **kwargs)
         finally:
             del head._hal_take
         if len(taken) != 1:  # not the forward this was checked on: compute it the original way
-            return super().forward(*args, labels=labels, return_dict=return_dict, **kwargs)
+            return super().forward(labels=labels, return_dict=return_dict, **kwargs)
         loss = _fused_loss(taken[0], head, labels, **kwargs)
         aux = getattr(out, "aux_loss", None)
         if aux is not None and hasattr(self, "router_aux_loss_coef"):
@@ -358,6 +392,42 @@ class _HalCausalLM(nn.Module):
         fields.pop("logits", None)
         out = type(out)(**{**fields, "loss": loss})
         return out if return_dict else out.to_tuple()
+
+    def _hal_by_name(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name, positional ones named as the original forward names them."""
+        names = self._hal_positional
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__}.forward() takes {len(names)} positional arguments but {len(args)} were given")
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise TypeError(f"{type(self).__name__}.forward() got multiple values for argument '{name}'")
+            kwargs[name] = value
+        return kwargs
+
+
+def _forward_namespace(original: type) -> dict[str, Any]:
+    """The patched causal LM class's ``forward`` (:meth:`_HalCausalLM._hal_forward` under the
+    signature, name and docstring of ``original.forward``) and its ``_hal_positional``."""
+    signature = inspect.signature(original.forward)
+
+    def forward(self: _HalCausalLM, *args: Any, **kwargs: Any) -> Any:
+        return self._hal_forward(*args, **kwargs)
+
+    forward.__signature__ = signature  # type: ignore[attr-defined]
+    forward.__doc__, forward.__qualname__ = original.forward.__doc__, f"{original.__qualname__}.forward"
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = tuple(n for n, p in signature.parameters.items() if p.kind in positional)[1:]  # without self
+    return {"forward": forward, "_hal_positional": names}
+
+
+def _takes_labels_by_name(original: type) -> bool:
+    """``original.forward`` has a ``labels`` parameter and no ``*args`` (the patched forward names
+    every argument it is given)."""
+    try:
+        params = inspect.signature(original.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "labels" in params and all(p.kind is not inspect.Parameter.VAR_POSITIONAL for p in params.values())
 
 
 def _fused_loss(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, ignore_index: int = -100,
@@ -392,6 +462,8 @@ def patch_lm_head(model: nn.Module) -> bool:
     if getattr(config, "vocab_size", None) != head.out_features or head.weight.device.type == "meta":
         return False
     original = type(model)
+    if not _takes_labels_by_name(original):
+        return False
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:
@@ -403,7 +475,7 @@ def patch_lm_head(model: nn.Module) -> bool:
         def pair() -> tuple[torch.Tensor, torch.Tensor]:
             want = model(input_ids=ids, labels=labels, use_cache=False).loss.float()
             head.__class__ = _HalHead
-            model.__class__ = _subclass(original, _HalCausalLM, original.__name__)
+            model.__class__ = _subclass(original, _HalCausalLM, original.__name__, _forward_namespace)
             return want, model(input_ids=ids, labels=labels, use_cache=False).loss.float()
 
         agree = same(original.__name__, pair, head.weight)

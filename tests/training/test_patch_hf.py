@@ -10,6 +10,7 @@ two orders of margin over the 6e-7 relative error observed and still catches any
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 
 import pytest
@@ -248,3 +249,207 @@ def test_unpadded_attention_takes_is_causal_in_place_of_a_materialised_mask(seed
             given = _attend(attn, q, k, v, nothing_masked, "sdpa", None)
         assert not torch.allclose(want, given), "the two masks must give different results for this test to mean anything"
         torch.testing.assert_close(got, want if replaced else given)
+
+
+# --- the transformers contract: each family's patched model against its unpatched copy ----------
+#
+# What is compared (float32, models in eval mode, fresh random weights and inputs per seed): logits,
+# every hidden state, the key/value cache, attention weights, losses and gradients, generate()'s
+# tokens (exactly) and its per-step scores, all to CLOSE (below); the signature for equality;
+# gradients as _assert_grads does. Observed over 3 seeds x 5 families (hal's kernels sum in other
+# orders): at most 2e-7 on logits (magnitude < 1), 7.5e-7 on hidden states (magnitude up to 4), 1e-6
+# on losses (~4.8); the worst element used 9% of CLOSE's allowance. A sequence attending to its
+# packed neighbour moved logits by 0.08 to 0.7 (before the fix), far outside it.
+
+CLOSE = dict(rtol=1e-5, atol=5e-6)
+
+
+def _pair(family: str, seed: int, **config_over: object) -> tuple[nn.Module, nn.Module]:
+    """(patched, unpatched) copies of one random model of ``family``, in eval mode."""
+    model = _model(family, seed, _config(family, **config_over) if config_over else None).eval()
+    plain = copy.deepcopy(model)
+    hal.nn.patch(model)
+    assert type(model) is not type(plain), "the LM head must be patched for these tests to test it"
+    return model, plain
+
+
+def _left_padded(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of 9 token ids, the second left-padded by 3, and their attention mask."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    ids[1, :3] = 0
+    return ids, mask
+
+
+def _assert_close_tree(got: object, want: object, what: str) -> None:
+    """Tensors, tuples of tensors (nested) and None compared element by element."""
+    if want is None or isinstance(want, (int, float, bool)):
+        assert got == want, f"{what}: {got!r} != {want!r}"
+        return
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want, **CLOSE, msg=lambda m: f"{what}: {m}")
+        return
+    assert isinstance(got, (tuple, list)) and len(got) == len(want), f"{what}: {len(got)} entries, want {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        _assert_close_tree(g, w, f"{what}[{i}]")
+
+
+def _cache(out: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_forward_keeps_the_signature_and_takes_every_argument(family: str, seed: int) -> None:
+    """generate() and Trainer read the forward's signature: it is the original's, and each argument
+    (by position too) does what it does unpatched: inputs_embeds, position_ids, logits_to_keep,
+    return_dict=False."""
+    model, plain = _pair(family, seed)
+    assert inspect.signature(model.forward) == inspect.signature(plain.forward)
+    assert {"inputs_embeds", "position_ids", "logits_to_keep", "labels"} <= set(inspect.signature(model.forward).parameters)
+    ids, mask = _left_padded(seed)
+    embeds = plain.model.embed_tokens(ids).detach() * 1.5  # not what the ids would give
+    positions = (mask.cumsum(-1) - 1).clamp(min=0) + 2
+    calls = [((ids, mask), {}), ((), {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}),
+             ((ids,), {"attention_mask": mask, "logits_to_keep": 2}), ((ids, mask), {"return_dict": False, "use_cache": False})]
+    with torch.no_grad():
+        for args, kwargs in calls:
+            got, want = model(*args, **kwargs), plain(*args, **kwargs)
+            got, want = (got[0], want[0]) if isinstance(want, tuple) else (got.logits, want.logits)
+            assert got.shape == want.shape
+            _assert_close_tree(got, want, f"logits of {sorted(kwargs)}")
+    with pytest.raises(TypeError, match="multiple values for argument 'input_ids'"):
+        model(ids, input_ids=ids)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_padded_batch_outputs_hidden_states_cache_and_loss_match(family: str, seed: int) -> None:
+    """A left-padded batch with its attention mask: logits, every hidden state and the key/value
+    cache as unpatched; with labels (-100 on the padding) the loss and every gradient too."""
+    model, plain = _pair(family, seed)
+    ids, mask = _left_padded(seed)
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        want = plain(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    assert len(want.hidden_states) == model.config.num_hidden_layers + 1
+    _assert_close_tree(got.logits, want.logits, "logits")
+    _assert_close_tree(got.hidden_states, want.hidden_states, "hidden_states")
+    _assert_close_tree(_cache(got), _cache(want), "past_key_values")
+    labels = ids.masked_fill(mask == 0, -100)
+    got, want = model(input_ids=ids, attention_mask=mask, labels=labels), plain(input_ids=ids, attention_mask=mask, labels=labels)
+    _assert_close_tree(got.loss, want.loss, "loss")
+    got.loss.backward()
+    want.loss.backward()
+    _assert_grads(model, plain)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_attention_weights_returned_as_unpatched_from_config_or_keyword(family: str, seed: int) -> None:
+    """output_attentions set in the config (eager attention) gives one weight tensor per layer, as
+    unpatched; the keyword overrides the config either way."""
+    model, plain = _pair(family, seed, attn_implementation="eager", output_attentions=True)
+    ids, mask = _left_padded(seed)
+    with torch.no_grad():
+        for kwargs in ({}, {"output_attentions": False}, {"output_attentions": True}):
+            got = model(input_ids=ids, attention_mask=mask, **kwargs)
+            want = plain(input_ids=ids, attention_mask=mask, **kwargs)
+            wanted = kwargs.get("output_attentions", True)
+            assert (want.attentions is None) if not wanted else len(want.attentions) == model.config.num_hidden_layers
+            _assert_close_tree(got.attentions, want.attentions, f"attentions with {kwargs}")
+            _assert_close_tree(got.logits, want.logits, f"logits with {kwargs}")
+
+
+def _packed(seed: int, lengths: tuple[int, ...] = (5, 3, 4)) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Sequences of these lengths packed into one row as transformers' DataCollatorWithFlattening
+    packs them without padding: (ids (1, T), position_ids restarting at 0, the sequences)."""
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, VOCAB, (1, n), generator=gen) for n in lengths]
+    return torch.cat(seqs, dim=1), torch.cat([torch.arange(n) for n in lengths])[None], seqs
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_packed_sequences_attend_within_each_sequence(family: str, seed: int) -> None:
+    """Packed sequences (position ids restarting at 0, no attention mask, no cache): each sequence's
+    logits are those it has alone, patched as unpatched; the flattening collator's labels give the
+    same loss and gradients. With a cache transformers does not look for packing: patched follows."""
+    model, plain = _pair(family, seed)
+    ids, positions, seqs = _packed(seed)
+    with torch.no_grad():
+        got = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        want = plain(input_ids=ids, position_ids=positions, use_cache=False).logits
+        alone = torch.cat([plain(input_ids=s, use_cache=False).logits for s in seqs], dim=1)
+        _assert_close_tree(want, alone, "unpatched packed against each sequence alone")
+        _assert_close_tree(got, want, "packed logits")
+        cached = model(input_ids=ids, position_ids=positions).logits, plain(input_ids=ids, position_ids=positions).logits
+        _assert_close_tree(*cached, "packed logits with a cache")
+    labels = ids.clone()
+    labels[0, positions[0] == 0] = -100  # the collator's separator: no target across a boundary
+    got = model(input_ids=ids, position_ids=positions, labels=labels, use_cache=False)
+    want = plain(input_ids=ids, position_ids=positions, labels=labels, use_cache=False)
+    _assert_close_tree(got.loss, want.loss, "packed loss")
+    got.loss.backward()
+    want.loss.backward()
+    _assert_grads(model, plain)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_generate_greedy_matches(family: str, seed: int) -> None:
+    """Greedy generate() from a left-padded batch: the same tokens and per-step scores, with the cache,
+    without it, and with logits_to_keep given."""
+    model, plain = _pair(family, seed)
+    ids, mask = _left_padded(seed)
+    common = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, output_scores=True,
+                  return_dict_in_generate=True)
+    for extra in ({}, {"use_cache": False}, {"logits_to_keep": 1}):
+        got, want = model.generate(ids, **common, **extra), plain.generate(ids, **common, **extra)
+        assert torch.equal(got.sequences, want.sequences), extra
+        _assert_close_tree(got.scores, want.scores, f"scores with {extra}")
+
+
+def test_packed_sequences_under_compile(seed: int) -> None:
+    """Under torch.compile transformers builds the packed sequences' mask (it cannot test for packing
+    while tracing): the compiled patched model attends within each sequence as the unpatched one."""
+    model, plain = _pair("llama", seed)
+    ids, positions, _ = _packed(seed)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        got = compiled(input_ids=ids, position_ids=positions, use_cache=False).logits
+        want = plain(input_ids=ids, position_ids=positions, use_cache=False).logits
+    _assert_close_tree(got, want, "compiled packed logits")
+
+
+def test_mixtral_generates_under_compile_fullgraph(seed: int) -> None:
+    """generate() with a static cache compiles the decoding step (fullgraph): the patched experts'
+    group sizes keep their (num_experts,) shape while traced; tokens and scores as unpatched."""
+    from transformers import CompileConfig, GenerationConfig
+
+    model, plain = _pair("mixtral", seed)
+    ids, mask = _left_padded(seed)
+    compile_config = CompileConfig(fullgraph=True, backend="aot_eager", mode=None)
+    compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told (its testing switch)
+
+    def config(**extra: object) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, output_scores=True, return_dict_in_generate=True, **extra)
+
+    got = model.generate(ids, attention_mask=mask, generation_config=config(cache_implementation="static", compile_config=compile_config))
+    want = plain.generate(ids, attention_mask=mask, generation_config=config())
+    assert hasattr(model, "_compiled_call"), "generate must have compiled the model for this test to mean anything"
+    assert torch.equal(got.sequences, want.sequences)
+    _assert_close_tree(got.scores, want.scores, "scores")
+
+
+def test_mixtral_experts_follow_set_experts_implementation(seed: int) -> None:
+    """The patched experts replace the implementation the model had when patched; one picked later
+    with set_experts_implementation runs instead (no grouped_gemm), and the first runs hal again."""
+    model, plain = _pair("mixtral", seed)
+    ids, mask = _left_padded(seed)
+    first = model.config._experts_implementation
+    for impl, hal_runs in (("eager", False), (first, True)):
+        model.set_experts_implementation(impl)
+        plain.set_experts_implementation(impl)
+        hal.reset_stats()
+        with torch.no_grad():
+            got, want = model(input_ids=ids, attention_mask=mask).logits, plain(input_ids=ids, attention_mask=mask).logits
+        assert ("grouped_gemm" in _ran()) == hal_runs, impl
+        _assert_close_tree(got, want, f"logits with {impl}")
