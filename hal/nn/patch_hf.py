@@ -191,7 +191,8 @@ def _attend(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """HF's sdpa (or eager) attention of q (B, H, T, D) over k, v (B, Hkv, S, D) on hal's op; returns
     (B, T, H, D). A key/value head broadcasts over its group of query heads (heads h = g * G + i).
 
-    ``unpadded``: the model was called without an attention mask (:data:`UNPADDED`). With as many
+    ``unpadded``: the model was called without an attention mask and without position ids
+    (:data:`UNPADDED`; with position ids the mask may keep packed sequences apart). With as many
     keys as queries and no sliding window, the mask HF gives is then the causal mask, which it
     materialises while a CUDA graph is captured or a graph traced (some versions): it is replaced by
     the op's ``is_causal``, as HF's own sdpa path does when it is not tracing, so that the fused

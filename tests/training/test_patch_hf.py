@@ -227,10 +227,11 @@ def test_gemma_look_alikes_are_left_alone() -> None:
 
 
 def test_unpadded_attention_takes_is_causal_in_place_of_a_materialised_mask(seed: int) -> None:
-    """A model called without an attention mask tells its attention layers so: the mask transformers
-    materialises anyway (while a CUDA graph is captured, or a graph traced, in some versions) is then
-    the causal one, and hal's attention takes the op's is_causal instead (a fused kernel instead of a
-    masked one). Not where a sliding window makes the mask more than causal."""
+    """A model called without an attention mask and position ids (no padding, no packed sequences)
+    tells its attention layers so: the mask transformers materialises anyway (while a CUDA graph is
+    captured, or a graph traced, in some versions) is then the causal one, and hal's attention takes
+    the op's is_causal instead (a fused kernel instead of a masked one). Not where a sliding window
+    makes the mask more than causal."""
     from hal.nn.patch_hf import _attend
 
     gen = torch.Generator().manual_seed(seed)
