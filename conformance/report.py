@@ -14,9 +14,7 @@ import collections
 import dataclasses
 import datetime
 import json
-import os
 import platform
-import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -24,6 +22,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 import hal
+from hal.version import source_commit
 
 from .runner import STATUSES, Result, Suite
 
@@ -57,20 +56,9 @@ class Run:
 
 
 def git_commit() -> tuple[Optional[str], Optional[bool]]:
-    """(HEAD commit, whether the tree has uncommitted changes) of the checkout hal runs from."""
-    where = Path(hal.__file__).resolve().parent.parent
-    # a copy of a tree on another machine (a device machine: no .git, or one from another commit) is
-    # told its commit in HAL_COMMIT / HAL_DIRTY, which win over git
-    if os.environ.get("HAL_COMMIT"):
-        return os.environ["HAL_COMMIT"], (os.environ["HAL_DIRTY"] == "1") if "HAL_DIRTY" in os.environ else None
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return None, None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where, capture_output=True, text=True, timeout=10)
-        return head.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None, None
+    """(commit, whether the tree had uncommitted changes) of the hal that runs: its checkout's, or
+    the one stamped into an installed wheel (:func:`hal.version.source_commit`)."""
+    return source_commit()
 
 
 def to_json(run: Run) -> dict[str, Any]:

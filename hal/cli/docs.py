@@ -6,6 +6,9 @@ regenerates it and fails when the committed file differs (tests/reliability/test
 
     python -m hal.cli.docs            # rewrite docs/ops.md of this checkout
     python -m hal.cli.docs --check    # exit 1 (and say so) when docs/ops.md is stale
+
+docs/ops.md belongs to a source checkout: a hal installed from a wheel has none, and there both
+commands exit 2 and say so unless ``--out PATH`` names the file.
 """
 
 from __future__ import annotations
@@ -19,8 +22,18 @@ from typing import Optional, Sequence
 import hal
 from hal.registry import OpDecl, Tolerance
 
-#: docs/ops.md of the checkout this module belongs to.
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "docs" / "ops.md"
+
+
+def checkout_root(module_file: Path = Path(__file__)) -> Optional[Path]:
+    """The source checkout ``module_file`` (this module) lies in: the folder holding ``hal/`` beside
+    ``ops/`` and ``docs/``; None where hal runs from an installed package (site-packages/hal/)."""
+    root = module_file.resolve().parents[2]
+    return root if (root / "ops" / "__init__.py").is_file() and (root / "docs").is_dir() else None
+
+
+_ROOT = checkout_root()
+#: docs/ops.md of the checkout this module belongs to; None in an installed hal, which has no docs/.
+DEFAULT_PATH: Optional[Path] = _ROOT / "docs" / "ops.md" if _ROOT is not None else None
 
 HEADER = """\
 # hal ops reference
@@ -85,9 +98,15 @@ def render(ops: Optional[Sequence[OpDecl]] = None) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hal.cli.docs", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_PATH, help=f"where to write (default {DEFAULT_PATH})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_PATH,
+                        help=f"the file to write or check (default {DEFAULT_PATH or 'docs/ops.md of the source checkout hal runs from'})")
     parser.add_argument("--check", action="store_true", help="only check that the file is current (exit 1 if not)")
     args = parser.parse_args(argv)
+    if args.out is None:
+        print(f"python -m hal.cli.docs: hal runs from an installed package ({Path(hal.__file__).parent}), not from a source "
+              f"checkout, so there is no docs/ops.md to {'check' if args.check else 'write'}: run it in a checkout of hal "
+              "(installed from it with pip install -e .), or name the file with --out PATH", file=sys.stderr)
+        return 2
     text = render()
     if args.check:
         current = args.out.read_text() if args.out.is_file() else None
