@@ -18,27 +18,25 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from hal.cli.paths import output_dir
+from hal.cli.usage import at_least, names, run_command
 from hal.errors import HalError
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", metavar="NAME", help="backend to check (default: the best usable backend: cuda or rocm where a GPU is usable, else the highest-priority CPU backend: cpu, or cpu_ref where cpu is not installed)")
     parser.add_argument("--device", metavar="N", type=int, default=0, help="device index of the backend (default 0)")
-    parser.add_argument("--ops", metavar="a,b", type=_csv, help="ops to check, comma separated; shell patterns allowed (conv2d*)")
-    parser.add_argument("--dtypes", metavar="a,b", type=_csv, help="dtypes to check, comma separated (float16,bfloat16,float32,float64,int8,uint8)")
+    parser.add_argument("--ops", metavar="a,b", type=names, help="ops to check, comma separated; shell patterns allowed (conv2d*)")
+    parser.add_argument("--dtypes", metavar="a,b", type=names, help="dtypes to check, comma separated (float16,bfloat16,float32,float64,int8,uint8)")
     parser.add_argument("--report-dir", metavar="DIR", type=Path, default=Path("hal-conformance"), help="where report.json, report.md and junit.xml go (default ./hal-conformance)")
     parser.add_argument("--quick", action="store_true", help="a few cases per (op, kernel, dtype) instead of all of them")
     parser.add_argument("--seed", metavar="S", type=int, default=0, help="seed of the case data (default 0; reports record it)")
-    parser.add_argument("--world-size", metavar="N", type=int, default=1, help="also run the collective cases on N processes (hal.conformance.collectives)")
+    parser.add_argument("--world-size", metavar="N", type=at_least(1), default=1, help="also run the collective cases on N processes, 2 or more (hal.conformance.collectives; default 1: none)")
     parser.add_argument("--xfail", metavar="FILE", help="an xfail file to use besides conformance/xfail/<backend>.txt")
     parser.add_argument("--tolerances", metavar="FILE", help="a tolerance override file (lines 'op dtype atol rtol')")
     parser.add_argument("--strict-xpass", action="store_true", help="fail the run when a listed known failure passes")
     parser.add_argument("--no-poison", action="store_true", help="do not poison output allocations (to see whether a failure depends on it)")
-    parser.add_argument("--jobs", metavar="N", type=int, help="run the cases in N worker processes, whole ops each (default: 1 for a CPU backend, up to 8 for a GPU backend, whose run is bound by kernel compilation on the host)")
+    parser.add_argument("--jobs", metavar="N", type=at_least(1), help="run the cases in N worker processes, whole ops each (default: 1 for a CPU backend, up to 8 for a GPU backend, whose run is bound by kernel compilation on the host)")
     parser.add_argument("--list", action="store_true", help="print the case ids that would run, and exit")
     from .model_cli import add_arguments as add_model_arguments
 
@@ -130,9 +128,6 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.jobs is not None and args.jobs < 1:
-        print(f"hal conformance: --jobs {args.jobs}: give a number of processes, 1 or more", file=sys.stderr)
-        return 2
     problem = plugin_problem(args.backend)
     if problem:
         print(f"hal conformance: {problem}", file=sys.stderr)
@@ -149,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         for p in plan:
             print(p.id)
         return 0
+    output_dir(args.report_dir, "--report-dir")
     if not suite.poison_ok:
         print(f"hal conformance: warning: output poisoning is not active ({suite.poison_method})", file=sys.stderr)
     dev = suite.device_info.name if suite.device_info else suite.torch_device
@@ -190,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="hal conformance", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_command("hal conformance", run, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

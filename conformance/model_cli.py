@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+from hal.cli.paths import output_dir
 
 #: the options of the model mode that are :class:`~hal.conformance.model.Settings` fields (None when
 #: not given: the field's default), then the others
@@ -59,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if given.get("steps", 1) < 1:
         print(f"hal conformance: --steps {given['steps']}: give 1 or more", file=sys.stderr)
         return 2
+    if not 0 <= given.get("lr", 0.0) < math.inf:  # NaN fails the comparison too
+        print(f"hal conformance: --lr {given['lr']}: give a finite learning rate, 0 or more", file=sys.stderr)
+        return 2
     golden = None
     if args.golden is not None:
         try:
@@ -71,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if not models:
         print("hal conformance: --model: give a model name, all, or module:callable", file=sys.stderr)
         return 2
+    output_dir(args.report_dir, "--report-dir")
+    if args.write_golden is not None:
+        output_dir(args.write_golden, "--write-golden")
     settings = Settings(backend=args.backend, device=args.device, seed=args.seed, bisect=not args.no_bisect, **given)
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()

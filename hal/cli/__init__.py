@@ -2,7 +2,9 @@
 
 Output piped into a program that stops reading early (``hal info --json | head``) ends the command
 quietly with status 141 (128 + SIGPIPE), as a command killed by SIGPIPE ends, instead of a
-``BrokenPipeError`` traceback.
+``BrokenPipeError`` traceback; Ctrl-C ends it with status 130 and one line. The other statuses are
+:mod:`hal.cli.usage`'s: 0 success, 1 failures found, 2 a usage or environment problem (one line on
+stderr saying what to do, never a traceback).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import importlib
 import os
 import sys
 from typing import Optional, Sequence
+
+from hal.cli.usage import EXIT_INTERRUPTED, EXIT_USAGE, run_command
 
 #: exit status after the reader of stdout went away (128 + SIGPIPE, what a shell shows for it).
 EXIT_BROKEN_PIPE = 141
@@ -35,6 +39,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print("hal: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:
@@ -43,9 +50,9 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     parser = argparse.ArgumentParser(prog="hal", description="hal: hardware abstraction layer for deep-learning ops")
     parser.add_argument("--version", action="version", version=f"hal {__version__} (plugin API {API_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
-    modules = {}
+    modules, parsers = {}, {}
     for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
@@ -53,12 +60,14 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             continue
         module.add_arguments(p)
         modules[name] = module
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own usage, not hal's (argparse would show the top level's)
+        parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     missing = getattr(args, "_missing", None)
     if missing:
         print(missing, file=sys.stderr)
-        return 2
-    return int(modules[args.command].run(args) or 0)
+        return EXIT_USAGE
+    return run_command(f"hal {args.command}", modules[args.command].run, args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ fraction of the measured copy bandwidth and matrix rate, each target met or miss
 peers (Liger-Kernel where installed, with the reason where it cannot run) and published figures of
 peers that cannot run here (quack-kernels). The roofline picture (hal_bench.roofline) needs
 matplotlib.
+
+Exit status: 0, 1 when a case or a model variant errored, 2 for bad input (:mod:`hal.cli.usage`:
+unknown names, an unusable backend, an output path that cannot be written), checked before anything
+is measured.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
 """The command line and the user documentation: piping into a reader that stops early, ``--version``,
-a ``--quick`` conformance run beside a full report, and documentation that is current and stays
-inside the repository."""
+a ``--quick`` conformance run beside a full report, bad input refused in one line with exit status
+2, and documentation that is current and stays inside the repository."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import hal
 from hal.cli import docs
@@ -75,3 +78,74 @@ def test_documentation_links_stay_inside_the_repository() -> None:
             resolved = (page.parent / target).resolve()
             assert resolved.is_relative_to(ROOT), f"{page.name} links outside the repository: {target}"
             assert resolved.exists(), f"{page.name} links to a missing file: {target}"
+
+
+# --- bad input: one line saying what to do, exit status 2, never a traceback (issue 41 item 10) ------
+
+#: module:callable steps for `hal tune`: a good one (make) and one whose callable raises
+USER_STEPS = '''
+import torch
+
+
+def make():
+    x = torch.randn(64)
+    return (lambda t: torch.softmax(t, 0)), (x,)
+
+
+def raises():
+    raise ValueError("the user's own error")
+'''
+
+#: (id, arguments, text stderr must contain); {tmp} is a folder with the file `afile` and userstep.py,
+#: also the working directory
+BAD_INPUT = [
+    # the issue's cases
+    ("report-dir-under-a-file", ["conformance", "--backend", "cpu_ref", "--ops", "softmax", "--quick", "--report-dir", "{tmp}/afile/sub"], "afile is a file, not a folder"),
+    ("report-dir-in-proc", ["conformance", "--backend", "cpu_ref", "--ops", "softmax", "--quick", "--report-dir", "/proc/hal-report"], "--report-dir /proc/hal-report: cannot write there"),
+    ("world-size-0", ["conformance", "--backend", "cpu_ref", "--ops", "softmax", "--quick", "--world-size", "0"], "argument --world-size: 0 is too small: give 1 or more"),
+    ("tune-missing-module", ["tune", "no_such_module:make"], "cannot import module 'no_such_module'"),
+    ("tune-not-a-step", ["tune", "os:getcwd"], "os:getcwd returned a value of type str; return a step"),
+    ("tune-export-under-a-file", ["tune", "userstep:make", "--export", "{tmp}/afile/seed"], "--export {tmp}/afile/seed: cannot write there ({tmp}/afile is a file, not a folder)"),
+    ("bench-unknown-op", ["bench", "--ops", "sofmax"], "unknown op 'sofmax' (did you mean 'softmax'?)"),
+    ("info-unknown-option", ["info", "--bogus"], "usage: hal info [-h] [--json]\nhal info: error: unrecognized arguments: --bogus"),
+    # found attacking the rest of the command line
+    ("collectives-world-size-0", ["bench", "--collectives", "--world-size", "0"], "--world-size 0: give 1 or more"),
+    ("collectives-endless-sizes", ["bench", "--collectives", "--step-factor", "1", "--min-bytes", "0"], "--min-bytes 0: give 1 or more; --step-factor 1.0: give a factor above 1"),
+    ("bench-out-under-a-file", ["bench", "--ops", "softmax", "--out", "{tmp}/afile/out"], "--out {tmp}/afile/out: cannot write there"),
+    ("bench-render-not-a-document", ["bench", "--render", "{tmp}/afile"], "not a hal bench result document"),
+    ("bench-unknown-variant", ["bench", "--models", "llama_train", "--variants", "hal+compil"], "unknown variant 'hal+compil' (did you mean 'hal+compile'?)"),
+    ("model-report-dir-under-a-file", ["conformance", "--model", "cnn", "--report-dir", "{tmp}/afile/models"], "--report-dir {tmp}/afile/models: cannot write there"),
+    ("model-lr-nan", ["conformance", "--model", "cnn", "--lr", "nan"], "--lr nan: give a finite learning rate"),
+    ("tune-unknown-context", ["tune", "--contexts", "eagr", "userstep:make"], "unknown context 'eagr' (did you mean 'eager'?)"),
+    ("tune-step-raises", ["tune", "userstep:raises"], "userstep:raises raised ValueError: the user's own error"),
+]
+
+
+@pytest.mark.parametrize("argv,expected", [case[1:] for case in BAD_INPUT], ids=[case[0] for case in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path: Path, argv: list[str], expected: str) -> None:
+    """Each bad input is refused before anything runs: exit status 2, stderr one line naming the
+    problem (after the command's own usage where argparse refuses it), no traceback."""
+    (tmp_path / "afile").write_text("[1, 2]")  # JSON, but no bench document
+    (tmp_path / "userstep.py").write_text(USER_STEPS)
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    out = _hal(*argv, cwd=tmp_path)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr and expected.format(tmp=tmp_path) in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 or lines[0].startswith(f"usage: hal {argv[0]} "), out.stderr
+    assert out.stdout == "", out.stdout  # nothing was measured or run
+
+
+def test_an_unusable_backend_is_exit_status_2_in_every_command(tmp_path: Path) -> None:
+    """A backend that is installed but not usable (its plugin disabled) stops conformance, bench and
+    tune (through HAL_BACKEND) alike, with the reason."""
+    (tmp_path / "userstep.py").write_text(USER_STEPS)
+    env = os.environ | {"HAL_DISABLE_PLUGINS": "cpu_ref"}
+    runs = {
+        "conformance": _hal("conformance", "--backend", "cpu_ref", "--ops", "softmax", "--quick", cwd=tmp_path, env=env),
+        "bench": _hal("bench", "--backend", "cpu_ref", "--ops", "softmax", cwd=tmp_path, env=env),
+        "tune": _hal("tune", "userstep:make", cwd=tmp_path, env=env | {"HAL_BACKEND": "cpu_ref"}),
+    }
+    for command, out in runs.items():
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (command, out.stderr)
+        assert "disabled by HAL_DISABLE_PLUGINS" in out.stderr, (command, out.stderr)
