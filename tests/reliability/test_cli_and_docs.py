@@ -8,8 +8,10 @@ import importlib.metadata
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,8 +84,11 @@ def test_documentation_links_stay_inside_the_repository() -> None:
 
 # --- bad input: one line saying what to do, exit status 2, never a traceback (issue 41 item 10) ------
 
-#: module:callable steps for `hal tune`: a good one (make) and one whose callable raises
+#: module:callable steps for `hal tune`: a good one (make), one whose callable raises, and one that
+#: waits to be interrupted once it has said so in the file `ready`
 USER_STEPS = '''
+import time
+
 import torch
 
 
@@ -94,6 +99,11 @@ def make():
 
 def raises():
     raise ValueError("the user's own error")
+
+
+def slow():
+    open("ready", "w").close()
+    time.sleep(120)
 '''
 
 #: (id, arguments, text stderr must contain); {tmp} is a folder with the file `afile` and userstep.py,
@@ -149,3 +159,18 @@ def test_an_unusable_backend_is_exit_status_2_in_every_command(tmp_path: Path) -
     for command, out in runs.items():
         assert out.returncode == 2 and "Traceback" not in out.stderr, (command, out.stderr)
         assert "disabled by HAL_DISABLE_PLUGINS" in out.stderr, (command, out.stderr)
+
+
+def test_ctrl_c_ends_a_command_with_130_and_one_line(tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) in the middle of a command: status 130 and one line, no KeyboardInterrupt
+    traceback."""
+    (tmp_path / "userstep.py").write_text(USER_STEPS)
+    proc = subprocess.Popen([sys.executable, "-m", "hal", "tune", "userstep:slow"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "ready").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "hal: interrupted", (proc.returncode, err)
