@@ -32,7 +32,7 @@ done
 say "installing them into a new venv"
 "$builder" -c 'import sys; print(sys._base_executable)' >"$work/base_python"
 "$(cat "$work/base_python")" -m venv --without-pip "$work/venv"
-"$builder" -m pip freeze --exclude-editable | grep -v '^hal' >"$work/constraints.txt"
+"$builder" -m pip freeze --exclude-editable 2>>"$work/log" | grep -v '^hal' >"$work/constraints.txt"
 pip=("$builder" -m pip --python "$work/venv/bin/python" install --no-compile --disable-pip-version-check -c "$work/constraints.txt")
 quiet "${pip[@]}" ${HAL_TORCH_INDEX:+--index-url "$HAL_TORCH_INDEX"} torch
 quiet "${pip[@]}" "$work"/dist/*.whl pytest  # pytest: for hal.conformance's pytest plugin module
