@@ -128,7 +128,7 @@ def check_examples(source: Path, work: Path) -> None:
     examples = sorted((source / "examples").glob("*.py"))
     unknown = [p.name for p in examples if p.name not in EXAMPLE_ARGS]
     if unknown:
-        raise CheckFailed(f"examples without few-step arguments in {__file__}'s EXAMPLE_ARGS: {unknown}")
+        raise CheckFailed(f"examples without few-step arguments in scripts/check_installed.py's EXAMPLE_ARGS: {unknown}")
     for example in examples:
         copy = work / example.name
         shutil.copy(example, copy)
