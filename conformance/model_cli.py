@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -92,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
             results.append(r)
             continue
         r = check_model(name, settings, log=lambda text: print(f"hal conformance: {text}", file=sys.stderr, flush=True))
-        if r.status == "error" and r.test is None and _usage_error(r.error):
-            print(f"hal conformance: {r.error}", file=sys.stderr)
+        usage = _usage_error(r.error) if r.status == "error" and r.test is None else None
+        if usage:
+            print(f"hal conformance: {usage}", file=sys.stderr)
             return 2
         print(f"  {r.summary_line}", file=sys.stderr, flush=True)
         results.append(r)
@@ -114,8 +116,19 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _usage_error(error: Optional[str]) -> bool:
-    """A model that could not start for a reason the user gave (an unknown model or backend)."""
-    return bool(error) and (error.startswith("ValueError: no built-in model") or error.startswith("ValueError: --model")
-                            or error.startswith("BackendUnavailableError"))
+#: how check_model records an error: "Type: message (at file:line)"
+_RECORDED = re.compile(r"(\w+): (.*?)(?: \(at [^()]*:\d+\))?", re.S)
+
+
+def _usage_error(error: Optional[str]) -> Optional[str]:
+    """The message of a model that could not start for a reason the user gave (an unknown model or
+    backend, a module:callable that cannot be used), without the exception type and code location
+    that check_model records; None for any other error."""
+    match = _RECORDED.fullmatch(error or "")
+    if match is None:
+        return None
+    kind, message = match.groups()
+    if kind == "BackendUnavailableError" or (kind == "ValueError" and message.startswith(("no built-in model", "--model"))):
+        return message
+    return None
 

@@ -125,6 +125,7 @@ BAD_INPUT = [
     ("bench-render-not-a-document", ["bench", "--render", "{tmp}/afile"], "not a hal bench result document"),
     ("bench-unknown-variant", ["bench", "--models", "llama_train", "--variants", "hal+compil"], "unknown variant 'hal+compil' (did you mean 'hal+compile'?)"),
     ("model-report-dir-under-a-file", ["conformance", "--model", "cnn", "--report-dir", "{tmp}/afile/models"], "--report-dir {tmp}/afile/models: cannot write there"),
+    ("model-not-a-model", ["conformance", "--model", "os:getcwd"], "hal conformance: --model os:getcwd: the callable returned str; return (model, batch)"),
     ("model-lr-nan", ["conformance", "--model", "cnn", "--lr", "nan"], "--lr nan: give a finite learning rate"),
     ("tune-unknown-context", ["tune", "--contexts", "eagr", "userstep:make"], "unknown context 'eagr' (did you mean 'eager'?)"),
     ("tune-step-raises", ["tune", "userstep:raises"], "userstep:raises raised ValueError: the user's own error"),
