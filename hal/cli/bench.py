@@ -199,17 +199,26 @@ def _render(args: argparse.Namespace) -> int:
     return EXIT_USAGE if args.plot and not drawn else 0
 
 
+def _check_models(args: argparse.Namespace, workloads: list) -> None:
+    """Refuse unknown --models, --variants and --max-batch names and a --peak-tflops that is not a
+    positive number, before anything is measured."""
+    variants = [v.name for w in workloads for v in w.variants(True, True, True)]
+    for option, what, given, known in (("--models", "model", args.models, [w.name for w in workloads]),
+                                       ("--variants", "variant", args.variants, variants),
+                                       ("--max-batch", "variant", args.max_batch, variants)):
+        problem = unknown(what, given or (), known)
+        if problem:
+            raise CommandLineError(f"{option}: {problem}")
+    if args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"):  # NaN fails the comparison too
+        raise CommandLineError(f"--peak-tflops {args.peak_tflops}: give the device's peak in TFLOP/s, a positive number")
+
+
 def run_models(args: argparse.Namespace) -> int:
     """``hal bench --models``: the whole-model table (hal_bench.models), saved after every variant."""
     from hal_bench import models, models_report, report
 
     device = _device(args.backend)
-    workloads = models.all_workloads(args.model_size or ("full" if device.type == "cuda" else "cpu"))
-    for option, given, known in (("--models", args.models, [w.name for w in workloads]),
-                                 ("--variants", args.variants, [v.name for w in workloads for v in w.variants(True, True, True)])):
-        problem = unknown(option.removeprefix("--").rstrip("s"), given or (), known)
-        if problem:
-            raise CommandLineError(f"{option}: {problem}")
+    _check_models(args, models.all_workloads(args.model_size or ("full" if device.type == "cuda" else "cpu")))
 
     def save(doc: dict) -> None:
         if args.out:
@@ -219,12 +228,9 @@ def run_models(args: argparse.Namespace) -> int:
 
     progress = (lambda s: print(f"hal bench --models: {s}", file=sys.stderr, flush=True))
     with hal.use(backend=args.backend) if args.backend else contextlib.nullcontext():
-        try:
-            doc = models.run(device, args.models or None, args.model_size, args.use_compile, args.max_autotune, args.variants,
-                             progress=progress, on_result=save, graphs=args.graphs, paired_rounds=args.paired_rounds,
-                             peak_tflops=args.peak_tflops, max_batch=args.max_batch)
-        except ValueError as exc:
-            raise CommandLineError(f"--models: {exc}") from None
+        doc = models.run(device, args.models or None, args.model_size, args.use_compile, args.max_autotune, args.variants,
+                         progress=progress, on_result=save, graphs=args.graphs, paired_rounds=args.paired_rounds,
+                         peak_tflops=args.peak_tflops, max_batch=args.max_batch)
     save(doc)
     print(report.to_json(doc) if args.json else models_report.to_markdown(doc))
     failed = [r for row in doc["models"] for r in row["variants"] if "error" in r]

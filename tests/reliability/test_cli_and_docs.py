@@ -124,6 +124,7 @@ BAD_INPUT = [
     ("bench-out-under-a-file", ["bench", "--ops", "softmax", "--out", "{tmp}/afile/out"], "--out {tmp}/afile/out: cannot write there"),
     ("bench-render-not-a-document", ["bench", "--render", "{tmp}/afile"], "not a hal bench result document"),
     ("bench-unknown-variant", ["bench", "--models", "llama_train", "--variants", "hal+compil"], "unknown variant 'hal+compil' (did you mean 'hal+compile'?)"),
+    ("bench-unknown-max-batch-variant", ["bench", "--models", "llama_train", "--max-batch", "eagr"], "--max-batch: unknown variant 'eagr' (did you mean 'eager'?)"),
     ("model-report-dir-under-a-file", ["conformance", "--model", "cnn", "--report-dir", "{tmp}/afile/models"], "--report-dir {tmp}/afile/models: cannot write there"),
     ("model-not-a-model", ["conformance", "--model", "os:getcwd"], "hal conformance: --model os:getcwd: the callable returned str; return (model, batch)"),
     ("model-lr-nan", ["conformance", "--model", "cnn", "--lr", "nan"], "--lr nan: give a finite learning rate"),
