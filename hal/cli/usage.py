@@ -60,7 +60,6 @@ def at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{value} is too small: give {low} or more")
         return value
 
-    parse.__name__ = f"integer >= {low}"  # argparse names the type by it in its messages
     return parse
 
 
