@@ -161,7 +161,7 @@ def test_compiled_graphs_take_torchs_lm_head_and_loss_where_the_logits_fit() -> 
             if fake:
                 x, w, t = (mode.from_tensor(a) for a in (x, w, t))
             inputs = Inputs(decl, (x, w, t, None, -100, 0.0, "mean"), "cuda", torch.device("cuda", 0), str(dtype)[6:], "torch", "sm_90")
-            assert torch_lce.not_supported_reasons(inputs) == []  # the fallback where Triton is missing runs any call
+            assert torch_lce.not_supported_reasons(inputs) == []  # within one block, or in a graph
             return torch_lce.torch_autograd_reasons(inputs)
 
     assert reasons(4096, 32000, torch.bfloat16, fake=True) == []  # the Llama step's LM head: 131M logits
@@ -171,6 +171,31 @@ def test_compiled_graphs_take_torchs_lm_head_and_loss_where_the_logits_fit() -> 
     assert reasons(16384, 128256, torch.bfloat16, fake=True) == [
         f"the whole logits (16384 x 128256) exceed {GRAPH_LOGITS_LIMIT} elements (hal_backend_eager.loss.GRAPH_LOGITS_LIMIT)"]
     assert reasons(4096, 32000, torch.float32, fake=True) == ["float32: torch's recorded backward would run without the IEEE float32 guard"]
+
+
+def test_eager_lm_head_calls_never_hold_more_logits_than_one_block() -> None:
+    """The op's contract (no whole logits) in eager calls: where Triton is installed, torch's LM head
+    and loss (the whole logits) take an eager call only within one block of the blocked kernel,
+    forward and backward; the blocked kernel takes the rest (the measured choice had given a
+    Llama-3 LM head to torch's, 5.37 GiB of logits)."""
+    pytest.importorskip("triton")  # without it the torch kernel is the only one and runs every call
+    from hal.plugin import Inputs
+    from hal.registry import get_op
+    from hal_triton.kernels import LCE_BLOCK_ELEMENTS
+
+    def reasons(op: str, rows: int, classes: int) -> list[str]:
+        x, w = torch.empty(rows, 64, dtype=torch.bfloat16, device="meta"), torch.empty(classes, 64, dtype=torch.bfloat16, device="meta")
+        args = (x, w, torch.empty(rows, dtype=torch.int64, device="meta"), None, -100, 0.0, "mean")
+        if op.endswith("_backward"):
+            args = (torch.empty((), device="meta"), *args)
+        inputs = Inputs(get_op(op), args, "cuda", torch.device("cuda", 0), "bfloat16", "torch", "sm_90")
+        return _kernel(op, "torch").not_supported_reasons(inputs)
+
+    for op in ("linear_cross_entropy", "linear_cross_entropy_backward"):
+        assert reasons(op, LCE_BLOCK_ELEMENTS // 1024, 1024) == []
+        assert reasons(op, 4096, 128256) == [
+            f"would hold the whole logits (4096 x 128256) in an eager call, more than one block of the blocked kernel "
+            f"({LCE_BLOCK_ELEMENTS} logits), which runs it"]
 
 
 def test_eval_fused_convolutions_give_compiled_graphs_torchs_ops() -> None:
