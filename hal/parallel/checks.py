@@ -14,7 +14,7 @@ When the checks run (:func:`set_checks`, else ``HAL_PARALLEL_CHECK``, else the d
 
 * on CPU tensors (gloo) by default: one all-gather of 320 bytes a rank per checked call (18 in a
   step of a 4-block tensor-parallel Llama with vocabulary-parallel embedding and loss), measured at
-  0.3 % of that step on 2 loaded CPU cores (``tests/parallel/measure_checks.py``; 3 % for a
+  0.3 % of that step on 2 loaded CPU cores (``benchmarks/parallel_checks.py``; 3 % for a
   2-block model of width 256, whose step is 1 s: docs/parallel.md, "Agreement checks");
 * on GPU tensors only when turned on: reading the table back is a host-device synchronisation per
   call, which stalls the host's run-ahead of the GPU;

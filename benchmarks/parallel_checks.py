@@ -1,6 +1,6 @@
 """What hal.parallel's agreement checks cost in a tensor-parallel training step on gloo (CPU ranks).
 
-    python -m tests.parallel.measure_checks [--ranks 2] [--threads 4] [--rounds 6] [--size medium]
+    python benchmarks/parallel_checks.py [--ranks 2] [--threads 4] [--rounds 6] [--size medium]
 
 The model is hal's benchmark Llama decoder (``bench/models_llama.py``) parallelized over all ranks
 (``hal.parallel.parallelize``: q/k/v and gate/up column-parallel, o and down row-parallel), with a
