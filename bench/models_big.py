@@ -11,8 +11,9 @@ Liger-Kernel eager and compiled, hal's steps and ``hal.optimize``).
   34.9 GiB on the H100 with 18.4 GiB of parameters, gradients and AdamW state: 8192 tokens take
   about twice the 16.5 GiB of activations, about 52 GiB in all);
 - ``hf_llama8b_layers_train``: Llama-3-8B's layer shape (d 4096, 32 heads, 8 KV heads of 128,
-  SwiGLU 14336, vocab 128256, untied) with as many layers as fit eagerly at T 4096, batch 1
-  (:class:`HFLlama8BLayersTrain`, the estimate in its docstring; ``layers`` is a parameter);
+  SwiGLU 14336, vocab 128256, untied) with as many layers as fit eagerly at T 4096, batch 1: 15
+  (:class:`HFLlama8BLayersTrain`, the estimate and the measurement in its docstring; ``layers`` is a
+  parameter);
 - ``hf_mixtral_train``: ``MixtralForCausalLM`` at d 2048 (:class:`HFMixtralTrain`).
 
 Every row counts its training flops (:func:`hal_bench.flops.train_flops`) for MFU, and can be
@@ -138,15 +139,20 @@ class HFLlama8BLayersTrain(HFDecoderTrain):
     and float32, log-softmax's float32 output, their gradients and the head's float32 gradient:
     about 8 GiB at the start of the backward. The peak is there: 11.74 + 8 + L x (2.44 + 0.97 +
     0.41) = 19.7 + 3.82 L GiB (at the end of the backward all gradients are held but the
-    activations are gone: 15.7 + 3.25 L, lower). With about 76 GiB usable of the H100's 79.1 (the
-    CUDA context, the allocator's fragmentation), L <= 14.7; 12 layers (3.67 B parameters, about
-    66 GiB) leave room for the estimate's error and for the peers that hold more than eager.
+    activations are gone: 15.7 + 3.25 L, lower). The H100 80GB HBM3 has 79.18 GiB; less the CUDA
+    context and the allocator's fragmentation, about 76 usable: L <= 14.7 by the estimate.
+
+    Measured (H100 80GB HBM3, torch 2.11, eager, ``torch.cuda.max_memory_allocated``): 64.0 GiB at
+    12 layers, 71.5 at 14, 75.3 at 15 (76.9 GiB reserved): 3.77 GiB a layer, 18.8 GiB besides
+    (the estimate: 3.82 and 19.7). 16 layers would need about 79.1 GiB: 15 is the most that fits
+    (4.32 B parameters), the default. The peers that hold more than eager (a captured graph's pool,
+    a compiled step's buffers) may not fit beside it: their rows say so.
     ``layers`` chooses another count.
     """
 
     name = "hf_llama8b_layers_train"
     title = "Llama-3-8B layer shape"
-    full_shape = dataclasses.replace(LLAMA_8B, layers=12)
+    full_shape = dataclasses.replace(LLAMA_8B, layers=15)
     full_seq = 4096
     full_batch = 1
 
@@ -159,9 +165,9 @@ class HFMixtralTrain(HFDecoderTrain):
     ``transformers`` chooses by default (``torch._grouped_mm`` where this torch can dispatch it, else
     its loop over experts); Liger-Kernel's peer is ``apply_liger_kernel_to_mixtral`` (its RMSNorm,
     RoPE, the experts' SwiGLU and the fused linear cross-entropy). 2.31 B parameters (363 M a layer):
-    34.4 GiB of weights, gradients and AdamW state; with about 220 KB of activations a token and
-    layer (a token's two expert copies included), autocast's bfloat16 weights and the LM head's
-    logits, about 45 GiB eagerly."""
+    34.4 GiB of weights, gradients and AdamW state; eager's peak measured 35.0 GiB (H100, torch 2.11:
+    at the start of the backward the gradients are not yet held, the activations of 4096 tokens
+    are), which leaves room for the larger batches of the search."""
 
     name = "hf_mixtral_train"
     title = "MixtralForCausalLM"
