@@ -45,8 +45,8 @@ LLAMA_8B = DecoderShape(vocab=128256, dim=4096, layers=32, heads=32, kv_heads=8,
 #: a Mixtral at d 2048 (:class:`HFMixtralTrain`)
 MIXTRAL_2K = DecoderShape(vocab=32000, dim=2048, layers=6, heads=32, kv_heads=8, ffn=7168, experts=8, top_k=2)
 #: the small sizes' dimensions; a family keeps its own heads ratio, tying, experts and top-k
-SMALL = {"cpu": dict(vocab=2048, dim=128, layers=2, heads=4, kv_heads=2, ffn=352, head_dim=None),
-         "tiny": dict(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, ffn=48, head_dim=None)}
+SMALL = {"cpu": dict(vocab=2048, dim=128, layers=2, heads=4, kv_heads=2, ffn=352),
+         "tiny": dict(vocab=64, dim=32, layers=2, heads=4, kv_heads=2, ffn=48)}
 SMALL_SEQ = {"cpu": 128, "tiny": 8}
 SMALL_BATCH = 2
 
