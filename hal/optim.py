@@ -65,18 +65,20 @@ class AdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             group.setdefault("master_weights", self.defaults.get("master_weights", False))
 
-    def _state_of(self, p: torch.Tensor, master: bool, fresh_step: dict[Any, torch.Tensor]) -> dict[str, Any]:
+    def _state_of(self, p: torch.Tensor, master: bool, fresh_step: dict[tuple[Any, ...], torch.Tensor]) -> dict[str, Any]:
         """The state of ``p``, created on its first step: float32 moments and a master copy where the
         group asks for master weights and p is half precision, and the step count, a 0-d float32
-        tensor on p's device that every parameter starting in the same step and group shares (one
-        count per fused launch: the kernel reads it on the device)."""
+        tensor on p's device that every parameter starting in the same step and group and going
+        into the same fused launch (same device, dtype and master weights) shares: the kernel reads
+        it on the device, and each launch increments its own count once per step."""
         state = self.state[p]
         wants_master = master and p.dtype in _LOW_PRECISION
         if not state:
             moment_dtype = torch.float32 if wants_master else p.dtype
-            if p.device not in fresh_step:
-                fresh_step[p.device] = torch.zeros((), dtype=torch.float32, device=p.device)
-            state["step"] = fresh_step[p.device]
+            launch = (p.device, p.dtype, wants_master)
+            if launch not in fresh_step:
+                fresh_step[launch] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["step"] = fresh_step[launch]
             state["exp_avg"] = torch.zeros_like(p, dtype=moment_dtype, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=moment_dtype, memory_format=torch.preserve_format)
         if wants_master and "master_param" not in state:
@@ -86,13 +88,14 @@ class AdamW(torch.optim.Optimizer):
     def _settle_loaded_state(self) -> None:
         """At the first step after loading a state_dict (one step tensor per parameter, perhaps on
         the CPU): the counts moved to their parameters' devices and shared by the parameters of a
-        group at one count, so that they step in one launch again; and a master weight that no
+        group at one count that go into one launch (device, dtype, master weights), so that they
+        step in one launch again and each count is incremented once per step; and a master weight that no
         longer rounds to its parameter is made again from the parameter. Such a master is stale:
         the parameter was updated without it (by torch.optim.AdamW, which carries hal's master
         along untouched, or by weights loaded since). Done at the step, not in the load, so that
         model weights loaded after the optimizer's state count. Reads the counts once."""
         for group in self.param_groups:
-            shared: dict[tuple[Any, float], torch.Tensor] = {}
+            shared: dict[tuple[Any, ...], torch.Tensor] = {}
             for p in group["params"]:
                 state = self.state.get(p)
                 if not state:
@@ -103,7 +106,7 @@ class AdamW(torch.optim.Optimizer):
                 if "step" not in state:
                     continue
                 value = float(state["step"])
-                key = (p.device, value)
+                key = (p.device, p.dtype, group["master_weights"] and p.dtype in _LOW_PRECISION, value)  # one launch
                 if key not in shared:
                     shared[key] = torch.full((), value, dtype=torch.float32, device=p.device)
                 state["step"] = shared[key]
@@ -160,7 +163,7 @@ class AdamW(torch.optim.Optimizer):
         if cached is not None and all(launch.still_valid(self.state) for launch in cached):
             return cached
         buckets: dict[tuple, list[torch.Tensor]] = {}
-        fresh_step: dict[Any, torch.Tensor] = {}
+        fresh_step: dict[tuple[Any, ...], torch.Tensor] = {}
         for p in params:
             state = self._state_of(p, group["master_weights"], fresh_step)
             key_p = (p.device, p.dtype, "master_param" in state, state["exp_avg"].dtype, id(state["step"]))
