@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from hal.errors import InvalidArgumentError
 from hal.fast import plan
 from hal.fast.plan import Decision
 from hal.fast.state import Snapshot
@@ -143,10 +144,20 @@ class OptimizedStep:
             raise TypeError(f"hal.optimize: model must be a torch.nn.Module, not {type(model).__name__}")
         if amp not in (None, torch.bfloat16, torch.float16):
             raise ValueError(f"hal.optimize: amp must be None, torch.bfloat16 or torch.float16 (the autocast dtype), not {amp!r}")
+        _check_int("inputs", inputs, "how many leading arguments the model takes")
         if inputs < 0:
             raise ValueError(f"hal.optimize: inputs (how many leading arguments the model takes) must be >= 0, not {inputs}")
+        _check_int("measure_steps", measure_steps, "timed steps per candidate")
         if measure_steps < 1:
             raise ValueError(f"hal.optimize: measure_steps must be at least 1, not {measure_steps}; pass compile= and graph= to skip measuring")
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin < 1.0:
+            raise InvalidArgumentError("hal.optimize", "margin", "a number in [0, 1) (how much faster than a simpler candidate "
+                                       "another must be to be chosen; 0.03 is 3%)", repr(margin))
+        if compile_mode is not None:
+            try:  # torch checks the mode when torch.compile is called (nothing is compiled before a call)
+                torch.compile(_check_int, mode=compile_mode)
+            except RuntimeError as exc:
+                raise InvalidArgumentError("hal.optimize", "compile_mode", f"a torch.compile mode ({exc})", repr(compile_mode)) from exc
         param = next(iter(model.parameters()), None)
         self.device = param.device if param is not None else torch.device("cpu")
         self._user_model, self._user_optimizer = model, optimizer
@@ -504,6 +515,12 @@ def _raise_for(trials: list[Trial]) -> None:
         raise yours
     raise RuntimeError("hal.optimize: no way to run the step worked on the first batch:\n  " + summary
                        + "\nfix the first error above (the 'torch eager' step is your own forward, loss and backward)")
+
+
+def _check_int(name: str, value: Any, what: str) -> None:
+    """Refuse a non-integer count up front (it would fail, or be compared, deep inside the first step)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError("hal.optimize", name, f"an int ({what})", repr(value))
 
 
 def _synchronizer(device: torch.device) -> Callable[[], None]:

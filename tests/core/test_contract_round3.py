@@ -70,3 +70,26 @@ def test_adamw_counts_each_step_once_with_mixed_dtypes_after_loading(seed: int) 
     assert [float(s["step"]) for s in opt.state_dict()["state"].values()] == [5.0, 5.0, 5.0]
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, atol=1e-6 if a.dtype == torch.float32 else 1e-12, rtol=0)
+
+
+# --- hal.optimize: its numeric options are checked when it is called ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("margin", 2.0, "argument 'margin' must be a number in [0, 1)"),  # before: StopIteration at the first step
+        ("margin", -0.5, "argument 'margin' must be a number in [0, 1)"),  # before: StopIteration at the first step
+        ("margin", "3%", "argument 'margin' must be a number in [0, 1)"),  # before: TypeError at the first step
+        ("inputs", "1", "argument 'inputs' must be an int"),  # before: TypeError comparing str and int
+        ("measure_steps", 2.5, "argument 'measure_steps' must be an int"),  # before: TypeError at the first step
+        ("compile_mode", "fastest", "argument 'compile_mode' must be a torch.compile mode"),  # before: the first step's RuntimeError
+    ],
+)
+def test_optimize_refuses_bad_options_up_front(seed: int, option: str, value: object, says: str) -> None:
+    model = nn.Linear(4, 2)
+    with pytest.raises(hal.InvalidArgumentError) as caught:
+        step = hal.optimize(model, loss_fn=nn.functional.mse_loss, compile=False, **{option: value})
+        x = torch.randn(3, 4, generator=_gen(seed))
+        step(x, torch.randn(3, 2, generator=_gen(seed + 1)))
+    assert says in str(caught.value) and repr(value) in str(caught.value)
