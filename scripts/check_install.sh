@@ -4,7 +4,9 @@
 # with an sdist) and every backend's wheel, install them, not editable, into a new venv that sees
 # neither this checkout nor the system's site-packages, and run scripts/check_installed.py with it
 # from a folder outside the checkout (imports, hal info, hal conformance --backend cpu --quick and
-# --model cnn, python -m hal.cli.docs --check, a few steps of each example).
+# --model cnn, python -m hal.cli.docs --check, a few steps of each example). The out-of-tree backend
+# template (examples/backend_template, hal-backend-template) is built and installed beside them, as
+# a third party's backend would be, and checked with hal conformance --backend template.
 #
 # The dependencies are installed at the versions ./.venv has (scripts/setup.sh --test put them in
 # pip's cache: torch's CPU build, triton, numba, ...), without byte-compiling them (pip's compile of
@@ -23,10 +25,10 @@ quiet() {  # run "$@" with its output in $work/log, shown only when it fails
 }
 
 commit=$(git rev-parse HEAD)
-say "building the sdist and wheels of hal and of backends eager, cpu_ref, cpu, cuda, rocm at ${commit:0:12}"
+say "building the sdist and wheels of hal, of backends eager, cpu_ref, cpu, cuda, rocm and of the backend template at ${commit:0:12}"
 quiet "$builder" -m build --no-isolation --outdir "$work/dist" .
-for backend in eager cpu_ref cpu cuda rocm; do
-  quiet "$builder" -m build --no-isolation --wheel --outdir "$work/dist" "backends/$backend"
+for backend in backends/eager backends/cpu_ref backends/cpu backends/cuda backends/rocm examples/backend_template; do
+  quiet "$builder" -m build --no-isolation --wheel --outdir "$work/dist" "$backend"
 done
 
 say "installing them into a new venv"

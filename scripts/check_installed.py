@@ -6,6 +6,9 @@ installed from their wheels (not editable), from a folder outside the checkout:
 - ``hal info``, ``hal conformance --backend cpu --quick`` and ``hal conformance --model cnn`` succeed,
   and their reports carry hal's version and the commit the wheels were built from;
 - ``python -m hal.cli.docs --check`` says that it needs a source checkout (exit 2);
+- the out-of-tree backend template (examples/backend_template, installed from its wheel as a third
+  party's backend would be) passes ``hal conformance --backend template``: every case of its kernels
+  passes against cpu_ref, none is skipped;
 - a few steps of each example in the checkout's examples/, copied here first.
 
     python check_installed.py --source CHECKOUT --commit SHA
@@ -25,6 +28,9 @@ import sysconfig
 import time
 from pathlib import Path
 from typing import Optional, Sequence
+
+#: the ops the backend template (examples/backend_template) has a kernel for
+TEMPLATE_OPS = ("swiglu", "softmax", "rms_norm", "rms_norm_backward")
 
 #: the arguments that make each example a few steps long (an example missing here fails the check)
 EXAMPLE_ARGS = {
@@ -112,7 +118,7 @@ def check_report(path: Path, commit: str) -> None:
 def check_commands(bin_dir: Path, work: Path, commit: str) -> None:
     hal = str(bin_dir / "hal")
     info = run(hal, "info").stdout
-    unloaded = [name for name in ("cpu_ref", "eager", "cpu", "cuda", "rocm") if not re.search(rf"^  {name} +loaded ", info, re.M)]
+    unloaded = [name for name in ("cpu_ref", "eager", "cpu", "cuda", "rocm", "template") if not re.search(rf"^  {name} +loaded ", info, re.M)]
     if unloaded:
         raise CheckFailed(f"hal info does not show the plugins of {unloaded} loaded:\n{info[:3000]}")
     run(hal, "conformance", "--backend", "cpu", "--quick", "--report-dir", str(work / "quick"))
@@ -122,6 +128,22 @@ def check_commands(bin_dir: Path, work: Path, commit: str) -> None:
     docs = run(sys.executable, "-m", "hal.cli.docs", "--check", expect=2)
     if "not from a source checkout" not in docs.stderr:
         raise CheckFailed(f"python -m hal.cli.docs --check outside a checkout said:\n{docs.stderr}")
+
+
+def check_template(bin_dir: Path, work: Path, commit: str) -> None:
+    """``hal conformance --backend template`` passes, and its report shows each of the template's
+    kernels run on its cases and passing: a kernel that declined its cases (skip) fails the check."""
+    run(str(bin_dir / "hal"), "conformance", "--backend", "template", "--report-dir", str(work / "template"))
+    report = work / "template" / "report.json"
+    check_report(report, commit)
+    results = [r for r in json.loads(report.read_text())["results"] if r["op"] in TEMPLATE_OPS]
+    missing = sorted(set(TEMPLATE_OPS) - {r["op"] for r in results if r["status"] == "pass"})
+    not_passed = [f"  {r['op']}[{r['kernel']},{r['dtype']},{r['case']}]: {r['status']} {r['reason'] or ''}"
+                  for r in results if r["status"] != "pass"]
+    if missing or not_passed:
+        raise CheckFailed(f"{report}: ops of the template without a passing case: {missing or 'none'}; "
+                          f"cases that did not pass ({len(not_passed)}):\n" + "\n".join(not_passed[:20]))
+    _log(f"backend template: {len(results)} cases of {', '.join(TEMPLATE_OPS)} passed")
 
 
 def check_examples(source: Path, work: Path) -> None:
@@ -150,6 +172,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_where_hal_is(source)
         check_imports()
         check_commands(Path(sys.executable).parent, work, args.commit)
+        check_template(Path(sys.executable).parent, work, args.commit)
         check_examples(source, work)
     except CheckFailed as exc:
         print(f"check_installed: FAILED: {exc}", file=sys.stderr)

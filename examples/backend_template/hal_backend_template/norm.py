@@ -35,7 +35,7 @@ def _trailing(x: torch.Tensor, normalized_shape: tuple[int, ...]) -> tuple[int, 
 
 # hal hands the kernel normalized_shape as a tuple and eps as a float (None resolved to torch's
 # default); it has checked that weight, when given, has shape normalized_shape and x's dtype.
-@plugin.kernel("rms_norm", name="torch_math", dtypes=DTYPES, fused=False)
+@plugin.kernel("rms_norm", name="torch_math", dtypes=DTYPES)
 def rms_norm(x: torch.Tensor, normalized_shape: tuple[int, ...], weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` in float32 (float64 for float64), rounded once."""
     xhat, _ = _normalised(x, _trailing(x, normalized_shape), eps)
@@ -43,7 +43,7 @@ def rms_norm(x: torch.Tensor, normalized_shape: tuple[int, ...], weight: Optiona
     return y.to(x.dtype)
 
 
-@plugin.kernel("rms_norm_backward", name="torch_math", dtypes=DTYPES, fused=False)
+@plugin.kernel("rms_norm_backward", name="torch_math", dtypes=DTYPES)
 def rms_norm_backward(
     grad_out: torch.Tensor,
     x: torch.Tensor,

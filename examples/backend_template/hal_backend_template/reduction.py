@@ -10,7 +10,7 @@ from ._precision import DTYPES, upcast
 
 # hal hands the kernel dim >= 0, checked against x's rank (0 for a 0-d x, where torch's reductions
 # take dim 0 too). Like swiglu, it is made of torch's differentiable ops.
-@plugin.kernel("softmax", name="torch_math", dtypes=DTYPES, fused=False, differentiable=True)
+@plugin.kernel("softmax", name="torch_math", dtypes=DTYPES, differentiable=True)
 def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     """``exp(x - max) / sum(exp(x - max))`` along ``dim``: subtracting the maximum keeps exp from
     overflowing and does not change the result. NaN and infinities propagate as in ``F.softmax``."""
