@@ -26,11 +26,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from hal import config, tracing
 from hal.config import Choice, choice_for
-from hal.errors import HalError
 from hal.registry import OPS, OpDecl
 from hal.runtime import Runtime
 
 from . import measure, memory
+from .decided import Decided
 from .explain import recording_plan
 from .plan import NO_COUNT, Counter, Plan, build, observed
 from .route import Route, routes
@@ -57,7 +57,7 @@ class Hooks:
     loaded: Optional[Callable[[Runtime], None]] = None
     #: ``for_compile(decl, args, decided)``: inside :func:`hal.tuning.for_compile`, after an eager
     #: decision: measure what a torch.compile graph should run for the call.
-    for_compile: Optional[Callable[[OpDecl, Sequence[Any], "Decided"], None]] = None
+    for_compile: Optional[Callable[[OpDecl, Sequence[Any], Decided], None]] = None
 
 
 HOOKS = Hooks()
@@ -65,23 +65,6 @@ HOOKS = Hooks()
 #: Names beyond the registry's ops that ``hal.use(kernel={name: ...})`` may force, with the names
 #: they accept (hal.dist registers its collectives and their algorithms here).
 FORCEABLE: dict[str, Callable[[], set[str]]] = {}
-
-
-@dataclasses.dataclass(frozen=True)
-class Decided:
-    """A call's decision (steps 1-4): the validated call, the selection, and the route to run (None
-    with an error), how it was chosen among its alternatives, and whether it may be cached."""
-
-    prepared: Prepared
-    choice: Choice
-    selection: Selection
-    route: Optional[Route]
-    alternatives: tuple[Route, ...] = ()
-    outcome: Optional[measure.Outcome] = None
-
-    @property
-    def error(self) -> Optional[HalError]:
-        return self.selection.error
 
 
 class Dispatcher:

@@ -13,24 +13,33 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
 from hal import config
-from hal.config import choice_for
+from hal.config import Choice, choice_for
 from hal.errors import InvalidArgumentError
 from hal.gradients import gradients_of
 from hal.registry import OPS, OpDecl, get_op
+from hal.runtime import Runtime
 
 from .adapt import fake_results, map_outputs
+from .decided import Decided
 from .decision import Decision
 from .plan import NO_COUNT, Plan
 from .select import Candidate, describe_inputs, passed_over
 from .validate import prepare
 
-if TYPE_CHECKING:  # the dispatcher imports this module
-    from .dispatcher import Decided, Dispatcher
+
+class Decider(Protocol):
+    """What explain asks of the dispatcher (:class:`hal.dispatch.dispatcher.Dispatcher`, which
+    calls this module: named by what it does here, not imported back)."""
+
+    def decide(self, decl: OpDecl, args: Sequence[Any], choice: Choice, may_measure: bool = True) -> Decided: ...
+
+    def runtime(self) -> Runtime: ...
+
 
 #: Explainers for names that are not registry ops (hal.dist registers its collectives here).
 EXPLAINERS: dict[str, Callable[..., Any]] = {}
@@ -48,7 +57,7 @@ class _Walk(threading.local):
 _WALK = _Walk()
 
 
-def explain(dispatcher: "Dispatcher", decl: OpDecl, args: Sequence[Any], may_measure: bool = True) -> Decision:
+def explain(dispatcher: Decider, decl: OpDecl, args: Sequence[Any], may_measure: bool = True) -> Decision:
     """The decision for a call of a registry op, without running it or caching it: the route, and
     the decisions of a decomposition's ops or of the backward op an autograd node would run. The
     call's routes are measured as the call would measure them (``may_measure``); the steps and the
@@ -71,7 +80,7 @@ def explain(dispatcher: "Dispatcher", decl: OpDecl, args: Sequence[Any], may_mea
     return decision_of(decl, decided, steps=steps, backward=backward, compiled=compiled, unseen=unseen)
 
 
-def decision_of(decl: OpDecl, decided: "Decided", *, steps: Sequence[Decision] = (), backward: Optional[Decision] = None,
+def decision_of(decl: OpDecl, decided: Decided, *, steps: Sequence[Decision] = (), backward: Optional[Decision] = None,
                 compiled: Optional[Decision] = None, reason: Optional[str] = None, unseen: Sequence[Candidate] = ()) -> Decision:
     """The public record of a decided call; ``unseen``: the candidates selection never tried
     (:func:`hal.dispatch.select.passed_over`), listed after the others."""
@@ -97,7 +106,7 @@ def decision_of(decl: OpDecl, decided: "Decided", *, steps: Sequence[Decision] =
     )
 
 
-def _times_by_candidate(decided: "Decided", measurement: Any) -> dict[tuple[str, str], float]:
+def _times_by_candidate(decided: Decided, measurement: Any) -> dict[tuple[str, str], float]:
     """The measured time of each candidate kernel (its route's), where the routes were timed."""
     if measurement is None:
         return {}
@@ -109,7 +118,7 @@ def _times_by_candidate(decided: "Decided", measurement: Any) -> dict[tuple[str,
     return out
 
 
-def recording_plan(dispatcher: "Dispatcher", decl: OpDecl) -> Plan:
+def recording_plan(dispatcher: Decider, decl: OpDecl) -> Plan:
     """The plan of a call met while explain follows a decomposition: record the call's decision and
     return results of the right shape (which require grad where the real ones would)."""
 
@@ -145,7 +154,7 @@ def _follow(composite: Callable[..., Any], canon: tuple) -> list[Decision]:
     return recorder
 
 
-def _backward_decision(dispatcher: "Dispatcher", decl: OpDecl, decided: "Decided", args: tuple) -> Decision:
+def _backward_decision(dispatcher: Decider, decl: OpDecl, decided: Decided, args: tuple) -> Decision:
     """The decision of the backward op for the autograd node of a forward call."""
     spec = gradients_of(decl)
     named = decl.bind(decided.prepared.original_batch(args))
@@ -158,7 +167,7 @@ def _backward_decision(dispatcher: "Dispatcher", decl: OpDecl, decided: "Decided
         return explain(dispatcher, spec.bwd, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bargs), may_measure=False)
 
 
-def explain_call(dispatcher: "Dispatcher", op_name: str, *args: Any, **kwargs: Any) -> Any:
+def explain_call(dispatcher: Decider, op_name: str, *args: Any, **kwargs: Any) -> Any:
     """``hal.explain(op_name, *args, **kwargs)``: the decision of a registry op's call, or of a
     name in :data:`EXPLAINERS` (nothing runs)."""
     explainer = EXPLAINERS.get(op_name) if isinstance(op_name, str) else None
