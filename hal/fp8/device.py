@@ -1,11 +1,10 @@
 """Whether a device has FP8, asked when an FP8 layer is built or converted, so a model meant for a
 GPU without FP8 fails at construction with the reason rather than at its first training step.
 
-The answer for GPUs is hal_triton.checks.fp8_device's (the same reasons the FP8 kernels and the
-eager emulation give the dispatcher): NVIDIA from compute capability 8.9 with the OCP formats,
-AMD gfx942 with the fnuz formats and gfx950 with the OCP ones. CPU tensors always pass (the
-emulation is the CPU's FP8); so does a device whose plugin kit is not installed (the dispatcher
-then has the last word).
+The answer for GPUs is :func:`hal.plugin_sdk.fp8_hardware.fp8_device`'s (the same reasons the FP8
+kernels and the eager emulation give the dispatcher): NVIDIA from compute capability 8.9 with the
+OCP formats, AMD gfx942 with the fnuz formats and gfx950 with the OCP ones. CPU tensors always pass
+(the emulation is the CPU's FP8).
 """
 
 from __future__ import annotations
@@ -15,17 +14,14 @@ from typing import Optional, Sequence
 import torch
 
 from hal.errors import UnsupportedError
+from hal.plugin_sdk.fp8_hardware import fp8_device
 
 
 def device_reasons(device: Optional[torch.device], formats: Sequence[str]) -> list[str]:
     """Why ``device`` cannot run FP8 in ``formats`` (empty when it can, or for CPU/meta/unknown)."""
     if device is None or device.type != "cuda":
         return []
-    try:
-        from hal_triton.checks import fp8_device
-    except ImportError:
-        return []
-    return list(fp8_device(device, tuple(formats)))
+    return fp8_device(device, tuple(formats))
 
 
 def unsupported(what: str, device: str, reasons: Sequence[str]) -> UnsupportedError:

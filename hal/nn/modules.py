@@ -10,7 +10,6 @@ beside a half-precision activation, as cuDNN batch norm takes them.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 import hal
 from hal.nn.agreement import has_hooks
 from hal.ops import ACTIVATIONS
+from hal.plugin_sdk.fold import FoldCache
 
 #: torch's function for each activation of ``hal.ops.linear``: what an unfused chain applies where
 #: the activation was a function call rather than a module
@@ -228,37 +228,15 @@ class FusedConvBNAddReLU2d(_ConvBN):
         return residual.shape == self._shapes[1]
 
 
-#: folded (weight, bias) of the FusedConvBN2d modules in eval (shared with the plugins' fold): a
-#: FoldCache of the eager backend's distribution, made on first use (hal_backend_eager is not part of
-#: the core: without it, importing this module and everything but an eval-mode fold still works)
-_FOLDED: Any = None
-_FOLDED_LOCK = threading.Lock()
-
-
-def _fold_cache() -> Any:
-    """The FoldCache of the eval-mode FusedConvBN2d modules (an ImportError naming the distribution
-    to install when the eager backend is missing)."""
-    global _FOLDED
-    if _FOLDED is None:
-        with _FOLDED_LOCK:
-            if _FOLDED is None:
-                try:
-                    from hal_backend_eager.fold import FoldCache
-                except ImportError as exc:
-                    raise ImportError(
-                        "hal.nn.FusedConvBN2d folds its batch norm into the convolution in eval mode with "
-                        "hal_backend_eager.fold, which is not installed: pip install ./backends/eager "
-                        "(the hal-backend-eager distribution)"
-                    ) from exc
-                _FOLDED = FoldCache()
-    return _FOLDED
+#: folded (weight, bias) of the FusedConvBN2d modules in eval, kept while their parameters are unchanged
+_FOLDED = FoldCache()
 
 
 class FusedConvBN2d(_ConvBN):
     """``batch_norm(conv2d(x))``, no activation (torchvision's downsample ``nn.Sequential(conv, bn)``).
 
     Children, state_dict and batch-norm behaviour as :class:`FusedConvBNReLU2d`. In eval the batch
-    norm is folded into the convolution's weight and bias (:class:`hal_backend_eager.fold.FoldCache`, kept
+    norm is folded into the convolution's weight and bias (:class:`hal.plugin_sdk.fold.FoldCache`, kept
     while the parameters are unchanged) and one ``hal.ops.conv2d`` runs; in training, in eval where
     a parameter needs a gradient (folded weights would carry none), and under torch.compile (the
     cache is host bookkeeping Dynamo cannot trace; Inductor folds constants itself),
@@ -274,7 +252,7 @@ class FusedConvBN2d(_ConvBN):
             return self._conv_then_bn(x, state)
         x, _, _, *geometry = self._conv_args(x)
         conv, bn = self.conv, self.bn
-        weight, bias = _fold_cache().get(x, conv.weight, conv.bias, bn.weight, bn.bias, running_mean, running_var, bn.eps)
+        weight, bias = _FOLDED.get(x, conv.weight, conv.bias, bn.weight, bn.bias, running_mean, running_var, bn.eps)
         return hal.ops.conv2d(x, weight, bias, *geometry)
 
 

@@ -23,10 +23,11 @@ from typing import Any, Callable, Optional
 import torch
 
 from hal.plugin import Archs, Plugin
-from hal_backend_eager.gemm import grads_of_rows
+from hal.plugin_sdk.fp8_hardware import fp8_device
+from hal.plugin_sdk.linear import grads_of_rows
 
 from . import autotune
-from .checks import Check, contiguous_vectors, flat_lists, fp8_block_reason, fp8_device, fp8_gemm_block_reason, triton_check
+from .checks import Check, contiguous_vectors, flat_lists, fp8_block_reason, fp8_gemm_block_reason, triton_check
 from .config import GemmConfig
 from .layouts import rotary_geometry, swiglu_geometry
 from .tables import INTERPRETER, LaunchTables, PerGeometry, interpreted
@@ -342,7 +343,7 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
     # --- FP8: quantisation (amax fused, optionally transposed), dequantisation, the scaled GEMM ---
 
     def fp8_formats(*names: str) -> Check:
-        """The device has hardware FP8 in the named format arguments (hal_triton.checks.fp8_device)."""
+        """The device has hardware FP8 in the named format arguments (hal.plugin_sdk.fp8_hardware.fp8_device)."""
 
         def check(inputs: Any) -> list[str]:
             return fp8_device(inputs.device, [inputs[n] for n in names]) if isinstance(inputs.device, torch.device) else []

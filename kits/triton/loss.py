@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from hal.integration.kept import KeptForBackward, backward_follows
-from hal_backend_eager.loss import kept_gradients_state
+from hal.plugin_sdk.linear import kept_gradients_state
 
 from ._launch import compute_dtype, launch
 

@@ -2,7 +2,7 @@
 forward, gradients and delayed-scaling state as eager over several steps), with hal.optim.AdamW
 keeping float32 master weights of a bfloat16 model (the loss falls and tracks the bfloat16 run),
 the recipes' state updated in place, and FP8 refused at construction on GPUs without it (the
-reasons of hal_triton.checks for architecture strings; the CUDA runs are in
+reasons of hal.plugin_sdk.fp8_hardware for architecture strings; the CUDA runs are in
 tests/cuda/device/test_fp8_training.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch import nn
 import hal
 from hal.errors import UnsupportedError
 from hal.fp8.device import require_fp8, unsupported
-from hal_triton.checks import fp8_arch_reasons
+from hal.plugin_sdk.fp8_hardware import fp8_arch_reasons
 
 
 def mlp(seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:

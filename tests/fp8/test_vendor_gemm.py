@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import hal
+from hal.plugin_sdk.fp8_hardware import gpu_has_fp8
 from hal_backend_cuda import fp8 as cuda_fp8
-from hal_backend_eager.fp8 import gpu_has_fp8
 from hal_backend_rocm import fp8 as rocm_fp8
 
 

@@ -5,7 +5,7 @@ fused_conv_bn_relu:
 
 - eval, ``onednn``: the batch norm folds into the convolution (``w * gamma / sqrt(var + eps)``,
   bias ``(b - mean) * gamma / sqrt(var + eps) + beta``, computed in float32, float64 for float64,
-  and rounded once), cached per parameter set (:class:`hal_backend_eager.fold.ParamCache`), and oneDNN runs
+  and rounded once), cached per parameter set (:class:`hal.plugin_sdk.fold.ParamCache`), and oneDNN runs
   convolution + bias as one primitive (``mkldnn._convolution_pointwise``), then an in-place ReLU:
   oneDNN's ReLU post-op turns NaN into 0, where torch's ReLU keeps NaN (torch 2.13's oneDNN);
 - ``torch``: the same folded convolution then an in-place ReLU in eval, and in training the
@@ -35,10 +35,10 @@ import torch.nn.functional as F
 
 from hal.dispatch import needs_autograd
 from hal.plugin import Inputs
+from hal.plugin_sdk.fold import ParamCache, fold, folds_finitely
 from hal_backend_eager import conv as eager
 from hal_backend_eager.conv import (add_relu_backward_in_float32, add_relu_in_float32, compute_dtype, grad_dtypes, half_in_float32, padding_in_proportion,
                                     recorded_in_float64_only, torch_bn_eps)
-from hal_backend_eager.fold import ParamCache, fold, folds_finitely
 
 from ._common import FLOATS, kernel, onednn_dtype
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from hal.errors import InvalidArgumentError
 from hal.plugin import Inputs
+from hal.plugin_sdk.linear import grads_of_rows
 from hal_backend_eager import gemm as eager
 
 from ._common import FLOATS, kernel, onednn_dtype
@@ -97,7 +98,7 @@ def linear_backward(grad_out, x, weight, bias, act, output_mask):
         z = linear_rows(x2, weight, bias)
         half = z.dtype in (torch.float16, torch.bfloat16)
         gz = act_backward(act, g2.float(), z.float()).to(z.dtype) if half else act_backward(act, g2, z)
-    return eager.grads_of_rows(gz, x2, x, weight, output_mask, mm)
+    return grads_of_rows(gz, x2, x, weight, output_mask, mm)
 
 
 # --- matmul ------------------------------------------------------------------------------------

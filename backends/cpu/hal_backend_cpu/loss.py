@@ -17,6 +17,7 @@ from hal.errors import InvalidArgumentError
 from hal.plugin import Inputs
 from hal.tracing import traced
 from hal.integration.kept import KeptForBackward, backward_follows
+from hal.plugin_sdk.linear import kept_gradients_state
 from hal_backend_eager import loss as eager
 
 from ._common import FLOATS, kernel
@@ -144,7 +145,7 @@ def linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing,
         if grads is not None:
             grads.add_block(r, z, x, target)
     if grads is not None:
-        _KEPT.keep(x, eager.kept_gradients_state(weight, target, bias, ignore_index, label_smoothing, reduction), grads)
+        _KEPT.keep(x, kept_gradients_state(weight, target, bias, ignore_index, label_smoothing, reduction), grads)
     losses = torch.cat(losses)
     if reduction == "none":
         return losses
@@ -178,7 +179,7 @@ def linear_cross_entropy_backward(grad_out, x, weight, target, bias, ignore_inde
     logits again, turned into gradients."""
     _check_targets("linear_cross_entropy_backward", target, ignore_index, weight.shape[0])
     if reduction != "none":
-        kept = _KEPT.take(x, eager.kept_gradients_state(weight, target, bias, ignore_index, label_smoothing, reduction))
+        kept = _KEPT.take(x, kept_gradients_state(weight, target, bias, ignore_index, label_smoothing, reduction))
         if kept is not None:
             return kept.result(x, grad_out)
     counted = target != ignore_index

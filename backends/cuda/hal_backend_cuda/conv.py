@@ -7,7 +7,7 @@ fused_conv_bn_relu has two paths: in eval, ``cudnn_fused`` here: the batch norm 
 convolution (w * gamma / sqrt(var + eps), bias (b - mean) * gamma / sqrt(var + eps) + beta) and
 ``torch.cudnn_convolution_relu`` runs conv + bias + ReLU as one cuDNN call; folded weights are
 cached per parameter set and rebuilt when any parameter changes (tensor identity, version
-counter, hal's count of statistics writes: :class:`hal_backend_eager.fold.ParamCache`). In training (and
+counter, hal's count of statistics writes: :class:`hal.plugin_sdk.fold.ParamCache`). In training (and
 eval where the fused call cannot run) ``cudnn_triton`` from hal_triton.kernels: cuDNN convolution
 (:func:`conv`), then the Triton batch-norm kernels. The Triton batch_norm kernels are registered
 there too.
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from hal.plugin import Inputs
+from hal.plugin_sdk.fold import FoldCache, folds_finitely
 from hal_backend_eager import conv as eager
-from hal_backend_eager.fold import FoldCache, folds_finitely
 
 from ._common import FLOATS, HALF, NOT_F64, ieee_fp32, kernel, not_float32
 

@@ -18,7 +18,7 @@ Row-wise and block-wise support depends on the CUDA and cuBLASLt versions torch 
 each (device, formats, granularities, result dtype) pairing not settled by the rules above is tried
 once on a 128 x 128 x 128 problem and the answer cached (:func:`probe_reason`), so a build without
 them declines with torch's own message and the dispatcher goes on to Triton or the emulation.
-Devices without FP8 are declined with hal_triton.checks.fp8_device's reasons.
+Devices without FP8 are declined with hal.plugin_sdk.fp8_hardware.fp8_device's reasons.
 
 The eager emulation (hal_backend_eager.fp8) is registered here under its own function object with
 the same refusal on devices without FP8, so the backend's generic twins (:mod:`.eager_kernels`)
@@ -33,10 +33,9 @@ import torch
 
 from hal.plugin import Inputs
 from hal.ops.fp8 import TORCH_DTYPE_NAMES, scale_shape
+from hal.plugin_sdk.fp8_hardware import FP8_CHECKS as EAGER_CHECKS, fp8_arch_reasons, fp8_device
 from hal_backend_eager import eager
-from hal_backend_eager.fp8 import CHECKS as EAGER_CHECKS
 from hal_triton import autotune
-from hal_triton.checks import fp8_arch_reasons, fp8_device
 
 from . import TRITON_KERNELS, plugin
 from ._common import kernel

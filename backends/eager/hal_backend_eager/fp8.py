@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from hal.arrays import torch_dtype
 from hal.ops.fp8 import FORMATS, TORCH_DTYPE_NAMES
-from hal.plugin import Inputs
+from hal.plugin_sdk.fp8_hardware import FP8_CHECKS as CHECKS  # noqa: F401  (read by the package's __init__)
 
 Scalar = Union[float, torch.Tensor]
 
@@ -111,26 +111,5 @@ def fp8_scaled_mm(
         out = out + bias.float()
     return out.to(torch_dtype(out_dtype))
 
-
-def _formats(inputs: Inputs) -> tuple[str, ...]:
-    """The FP8 formats a call reads or writes."""
-    if inputs.op.name == "fp8_scaled_mm":
-        return (inputs["a_format"], inputs["b_format"])
-    return (inputs["format"],)
-
-
-def gpu_has_fp8(inputs: Inputs) -> list[str]:
-    """GPU tensors only on a GPU with FP8 in the call's formats (hal_triton.checks.fp8_device's
-    reasons): hal refuses FP8 where the hardware has none rather than emulate it slowly. CPU
-    tensors are always taken (the emulation is the CPU's FP8)."""
-    if inputs.device_kind not in ("cuda", "rocm") or not isinstance(inputs.device, torch.device):
-        return []
-    from hal_triton.checks import fp8_device  # the GPU plugins' kit: present wherever GPU tensors are
-
-    return fp8_device(inputs.device, _formats(inputs))
-
-
-#: each op's capability check (read by the package's __init__ and by the GPU plugins' twins)
-CHECKS = {"fp8_quantize": gpu_has_fp8, "fp8_quantize_transpose": gpu_has_fp8, "fp8_dequantize": gpu_has_fp8, "fp8_scaled_mm": gpu_has_fp8}
 
 __all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_scaled_mm"]

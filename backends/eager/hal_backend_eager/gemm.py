@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -12,19 +12,6 @@ from .elementwise import ACTIVATION_FNS, detached, filled_leaf, leaf, masked_gra
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], act: str) -> torch.Tensor:
     return ACTIVATION_FNS[act](F.linear(x, weight, bias))
-
-
-def grads_of_rows(gz: torch.Tensor, x2: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mask: Sequence[bool],
-                  mm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.mm) -> tuple:
-    """linear's (grad_x, grad_weight, grad_bias) from the pre-activation's gradient ``gz`` (rows,
-    out) and x as rows ``x2``: two GEMMs (``mm``, a backend's choice of GEMM) and a column sum, each
-    only where ``mask`` asks (shared by the CPU backend and the Triton kit's kernels)."""
-    want_x, want_w, want_b = mask
-    return (
-        mm(gz, weight).view(x.shape) if want_x else None,
-        mm(gz.t(), x2) if want_w else None,
-        gz.sum(0) if want_b else None,
-    )
 
 
 def linear_backward(

@@ -9,7 +9,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from hal.integration.kept import param_state
 from hal.plugin import Inputs
 
 from .elementwise import filled_leaf, leaf
@@ -29,14 +28,6 @@ def cross_entropy_backward(grad_out: torch.Tensor, logits: torch.Tensor, target:
         z = leaf(logits)
         (g,) = torch.autograd.grad(cross_entropy(z, target, ignore_index, label_smoothing, reduction), (z,), grad_out)
     return g
-
-
-def kept_gradients_state(weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor], ignore_index: int,
-                         label_smoothing: float, reduction: str) -> tuple:
-    """What gradients a linear_cross_entropy forward keeps for its backward (:mod:`hal.integration.kept`, keyed
-    by x) depend on besides x: the backends that keep them (the Triton kit, the CPU backend) key
-    their entries on it."""
-    return (param_state(weight, target, bias), ignore_index, label_smoothing, reduction)
 
 
 #: the most logits (rows x classes) a torch.compile graph may hold whole for linear_cross_entropy: 2^30

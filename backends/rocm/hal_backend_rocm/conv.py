@@ -3,7 +3,7 @@ through MIOpen, eval-mode conv -> BN -> ReLU as one MIOpen fusion plan, and eval
 add -> ReLU through ``torch.miopen_convolution_add_relu`` (the batch norm folded; see its kernel).
 
 fused_conv_bn_relu has two paths. In eval, ``miopen_fused``: the batch norm folds into the
-convolution (:mod:`hal_backend_eager.fold`, cached while the parameters are unchanged) and
+convolution (:mod:`hal.plugin_sdk.fold`, cached while the parameters are unchanged) and
 ``torch.miopen_convolution_relu`` runs convolution + bias + ReLU. torch builds a MIOpen fusion plan
 only for 4-D NCHW-contiguous float32 inputs and runs three passes otherwise, so the kernel states
 exactly that; half-precision and channels_last inputs take ``miopen_triton`` from
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from hal.plugin import Inputs
+from hal.plugin_sdk.fold import FoldCache, folds_finitely
 from hal_backend_eager.conv import add_relu_backward_in_float32, add_relu_in_float32, torch_bn_eps
-from hal_backend_eager.fold import FoldCache, folds_finitely
 
 from ._common import FLOATS, NOT_F64, eager_kernel, ieee_fp32, kernel
 

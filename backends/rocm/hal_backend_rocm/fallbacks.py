@@ -11,7 +11,7 @@ from __future__ import annotations
 from hal.plugin import KernelSpec
 from hal.registry import OPS, get_op
 from hal_backend_eager import has_eager
-from hal_backend_eager.fp8 import CHECKS as FP8_CHECKS
+from hal.plugin_sdk.fp8_hardware import FP8_CHECKS
 
 from . import plugin
 from ._common import eager_kernel

@@ -9,8 +9,8 @@ result, and no block scales (the 1 x 128 / 128 x 128 pairs are CUDA-only), so ha
 go to Triton. e5m2 x e5m2 is declined too (hal never asks for it; it is untested here). Pairings
 beyond per-tensor scales are tried once per device on a 128^3 problem and the answer cached, so a
 build lacking them declines with torch's message. Devices without FP8 are declined with
-hal_triton.checks.fp8_device's reasons; the bias rides the epilogue for half-precision results and
-is added after the GEMM for float32 ones.
+hal.plugin_sdk.fp8_hardware.fp8_device's reasons; the bias rides the epilogue for half-precision
+results and is added after the GEMM for float32 ones.
 
 The eager emulation is left to :mod:`.fallbacks`, which registers it with the same refusal.
 """
@@ -23,7 +23,7 @@ import torch
 
 from hal.ops.fp8 import TORCH_DTYPE_NAMES, scale_shape
 from hal.plugin import Inputs
-from hal_triton.checks import fp8_arch_reasons, fp8_device
+from hal.plugin_sdk.fp8_hardware import fp8_arch_reasons, fp8_device
 
 from ._common import kernel
 from ._device import ANY_GFX

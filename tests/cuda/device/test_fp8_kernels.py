@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 if torch.cuda.is_available():
     from hal_backend_cpu_ref import fp8 as ref
     from hal_triton import fp8 as f8
-    from hal_triton.checks import fp8_device
+    from hal.plugin_sdk.fp8_hardware import fp8_device
 
     if getattr(torch.version, "hip", None):
         from hal_backend_rocm import plugin

@@ -233,7 +233,7 @@ def test_checks_refuse_what_the_kernels_cannot_tile() -> None:
 
 def test_device_reasons_name_the_architecture_and_the_formats() -> None:
     """fp8_device's table: NVIDIA from sm_89 with the OCP formats, gfx942 with fnuz, gfx950 with OCP."""
-    from hal_triton.checks import fp8_arch_reasons, fp8_device
+    from hal.plugin_sdk.fp8_hardware import fp8_arch_reasons, fp8_device
 
     assert fp8_arch_reasons("sm_90", ["e4m3fn", "e5m2"]) == [] and fp8_arch_reasons("sm_89", ["e5m2"]) == []
     assert fp8_arch_reasons("sm_80", ["e4m3fn"]) == ["FP8 needs an NVIDIA GPU of compute capability 8.9 or later (Ada, Hopper); this is sm_80"]

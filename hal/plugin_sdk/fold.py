@@ -4,7 +4,8 @@ For inference, ``bn(conv(x, w, b))`` is ``conv(x, w * a, (b - mean) * a + beta)`
 ``a = gamma / sqrt(var + eps)`` per output channel, so a vendor's fused conv + bias + ReLU call
 (cuDNN's, MIOpen's) computes the whole conv -> BN -> ReLU chain. Folding costs a few small kernels;
 :class:`FoldCache` keeps the result while the parameters are unchanged, so a model run in eval mode
-folds once. Shared by the plugins (vendor-neutral torch code); :class:`ParamCache` is the general
+folds once. Vendor-neutral torch code shared by ``hal.nn.FusedConvBN2d`` and the backends' fused
+conv kernels (part of the plugin SDK, :mod:`hal.plugin_sdk`); :class:`ParamCache` is the general
 memo it is built on.
 """
 
