@@ -107,7 +107,17 @@ def declare(*, dtypes: Sequence[str], **options: Any) -> Callable[[Callable[...,
         raise InvalidArgumentError("hal.library.declare", "dtypes", "a non-empty tuple of dtype names such as "
                                    "('float32', 'bfloat16'), each the name of a torch dtype",
                                    f"{dtypes!r}" + (f" ({', '.join(map(repr, unknown))}: no torch dtype)" if unknown else ""))
-    return _declare(dtypes=dtypes, **options)
+    declaring = _declare(dtypes=dtypes, **options)
+
+    def declare_new(fn: Callable[..., Any]) -> Callable[..., Any]:
+        name = getattr(fn, "__name__", None)
+        if name in OPS:
+            raise InvalidArgumentError("hal.library.declare", "fn", "a function named as no declared op (an op is declared once "
+                                       "per process; rename the function, or register a kernel for the existing op with "
+                                       "hal.library.register_kernel)", f"{name!r}, an op declared already")
+        return declaring(fn)
+
+    return declare_new
 
 
 def define_backend(
@@ -126,6 +136,12 @@ def define_backend(
     ``array_api`` arrays by default ("torch" or "numpy"). Refused (InvalidArgumentError) when a
     backend of that name exists already."""
     _check_array_api("hal.library.define_backend", array_api)
+    _check_priority("hal.library.define_backend", priority)
+    if isinstance(device_types, str) or not all(isinstance(d, str) and d for d in device_types):
+        raise InvalidArgumentError("hal.library.define_backend", "device_types", "a tuple of device type names such as ('cpu',)",
+                                   repr(device_types))
+    for what, fn in (("probe", probe), ("devices", devices), ("arch", arch)):
+        _check_callable("hal.library.define_backend", what, fn)
     with _LOCK:
         taken = set(DISPATCHER.runtime().backends) | {p.backend.name for p in IN_PROCESS.values() if p.backend is not None}
         if name in taken or name == KERNELS_PLUGIN:
@@ -158,6 +174,11 @@ def register_kernel(
     that backend. The dispatcher forgets its decisions, so the kernel is a candidate from the next
     call on."""
 
+    _check_priority("hal.library.register_kernel", priority)
+    _check_callable("hal.library.register_kernel", "check", check)
+    if not isinstance(differentiable, bool):
+        _check_callable("hal.library.register_kernel", "differentiable", differentiable)
+
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         with _LOCK:
             rt = DISPATCHER.runtime()
@@ -185,6 +206,18 @@ def register_kernel(
         return fn
 
     return register
+
+
+def _check_priority(where: str, priority: Any) -> None:
+    """A priority is an int (it is compared with the other kernels' and backends' at each decision)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidArgumentError(where, "priority", "an int (higher is tried first)", repr(priority))
+
+
+def _check_callable(where: str, name: str, fn: Any) -> None:
+    """An optional hook is None or callable (else it would fail at the first call that uses it)."""
+    if fn is not None and not callable(fn):
+        raise InvalidArgumentError(where, name, "a function, or None", repr(fn))
 
 
 def _check_array_api(where: str, array_api: Any) -> None:
@@ -275,6 +308,9 @@ def _check_against_fake(decl: OpDecl, label: str, api: str, args: Sequence[Any],
         raise KernelResultError(f"the fake rule of {decl.name} raised {type(exc).__name__}: {exc} on the arguments "
                                 f"kernel {label} ran: fix the fake rule (@{decl.name}.fake), which torch.compile relies on") from exc
     got_leaves, want_leaves = _leaves(out), _leaves(want)
+    if isinstance(out, (tuple, list)) != isinstance(want, (tuple, list)):  # [y] for y: the caller would get a list
+        raise KernelResultError(f"kernel {label} of {decl.name} returned {_results(out)}, its fake rule {_results(want)}: "
+                                "make the kernel and the fake rule agree")
     if len(got_leaves) != len(want_leaves):
         raise KernelResultError(f"kernel {label} of {decl.name} returned {len(got_leaves)} result(s), its fake rule "
                                 f"{len(want_leaves)}: make the kernel and the fake rule agree")
@@ -286,6 +322,13 @@ def _check_against_fake(decl: OpDecl, label: str, api: str, args: Sequence[Any],
                 f"kernel {label} of {decl.name} returned {_described(got)} as {where}, where the op's fake rule "
                 f"gives {_described(expected)} for these arguments: fix the kernel (or the fake rule, which "
                 "torch.compile and the checks rely on)")
+
+
+def _results(out: Any) -> str:
+    """How many results ``out`` holds and in what, in words ("a list of 1 result", "one array")."""
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of {len(out)} result(s)"
+    return "one array" if out is not None else "None"
 
 
 def _leaves(out: Any) -> list[tuple[str, Any]]:

@@ -55,7 +55,7 @@ from hal.dispatch import HOOKS, autocast, needs_autograd
 from hal.gradients import OUT, gradients_of
 from hal.registry import OPS, OpDecl, on_declare
 
-from hal.errors import HalError
+from hal.errors import HalError, UnsupportedError
 
 from . import kept
 from .compile import direct, traced_kernel
@@ -162,8 +162,14 @@ def canonical(decl: OpDecl, args: tuple) -> dict[str, Any]:
 
 
 def _fake_rule(decl: OpDecl) -> Callable[[dict[str, Any]], Any]:
+    """The op's fake rule; an op declared without one (``hal.library.declare`` without ``@op.fake``)
+    is refused with an UnsupportedError that reaches the user through torch.compile (Dynamo's own
+    wrapping of a NotImplementedError drops the message)."""
     if decl.fake is None:
-        raise NotImplementedError(f"op {decl.name} declares no fake rule (@{decl.name}.fake); it cannot run under torch.compile")
+        raise while_tracing(UnsupportedError(
+            f"op {decl.name} declares no fake rule, so it cannot run under torch.compile or on meta tensors: add one with "
+            f"@hal.ops.{decl.name}.fake (a function of the arguments by name returning empty results of the right shape, "
+            "dtype and device), or call it outside torch.compile"))
     return decl.fake
 
 

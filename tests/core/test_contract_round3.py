@@ -13,6 +13,7 @@ from torch import nn
 
 import hal
 from hal.optim import AdamW
+from hal.types import Tensor
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -93,3 +94,72 @@ def test_optimize_refuses_bad_options_up_front(seed: int, option: str, value: ob
         x = torch.randn(3, 4, generator=_gen(seed))
         step(x, torch.randn(3, 2, generator=_gen(seed + 1)))
     assert says in str(caught.value) and repr(value) in str(caught.value)
+
+
+# --- hal.library: what a declaration or a registration takes ------------------------------------------
+
+
+def _declared_cube(name: str) -> object:
+    """A fresh op ``name`` computing factor * x**3, with its fake rule."""
+    def cube(x: Tensor, factor: float = 2.0) -> Tensor:
+        """factor * x**3"""
+
+    cube.__name__ = cube.__qualname__ = name
+    op = hal.library.declare(dtypes=("float32", "float64"), tolerances=hal.library.ELEMENTWISE)(cube)
+
+    @op.fake
+    def _(a: dict) -> torch.Tensor:
+        return a["x"].new_empty(a["x"].shape)
+
+    return op
+
+
+def test_library_kernel_returning_a_list_for_one_result_is_refused(seed: int) -> None:
+    """Before: a kernel returning ``[y]`` for an op with one result passed the first call's check
+    (a list was read as results by position) and the caller got a list instead of a tensor."""
+    op = _declared_cube("round3_listed")
+
+    @hal.library.register_kernel("round3_listed", backend="cpu", name="listed", priority=20)
+    def listed(x: torch.Tensor, factor: float) -> list:
+        return [factor * x**3]
+
+    with pytest.raises(hal.library.KernelResultError, match="returned a list of 1 result"):
+        op(torch.randn(4, 3, generator=_gen(seed)))
+
+
+def test_library_op_without_fake_rule_says_so_under_fullgraph_compile(seed: int) -> None:
+    """Before: ``torch.compile(fullgraph=True)`` of an op declared without ``@op.fake`` failed with
+    Dynamo's "NotImplementedError/UnsupportedFakeTensorException when running FX node", which
+    neither names the op nor says what to add; eager calls run (checked here too)."""
+    @hal.library.declare(dtypes=("float32",), tolerances=hal.library.ELEMENTWISE)
+    def round3_no_fake(x: Tensor) -> Tensor:
+        """2 * x"""
+
+    @hal.library.register_kernel("round3_no_fake", backend="cpu", name="doubled", priority=20)
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
+
+    x = torch.randn(5, generator=_gen(seed))
+    torch.testing.assert_close(round3_no_fake(x), 2 * x)
+    with pytest.raises(Exception, match=r"op round3_no_fake declares no fake rule.*@hal\.ops\.round3_no_fake\.fake"):
+        torch.compile(lambda t: round3_no_fake(t) + 1, fullgraph=True)(x)
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        # before: ValueError "invalid literal for int() with base 10: 'high'"
+        (lambda: hal.library.register_kernel("linear", backend="cpu", name="r3p", priority="high"), "argument 'priority' must be an int"),
+        # before: accepted; the first call raised TypeError "'int' object is not callable"
+        (lambda: hal.library.register_kernel("linear", backend="cpu", name="r3c", check=3), "argument 'check' must be a function"),
+        # before: ValueError from int()
+        (lambda: hal.library.define_backend("r3_b1", priority="x", device_types=("cpu",)), "argument 'priority' must be an int"),
+        # before: accepted as the device types 'c', 'p', 'u': the backend never served a call
+        (lambda: hal.library.define_backend("r3_b2", priority=1, device_types="cpu"), "argument 'device_types' must be a tuple"),
+        # before: ValueError "op 'linear' is declared twice", which does not say what to do
+        (lambda: _declared_cube("linear"), "rename the function, or register a kernel for the existing op"),
+    ],
+)
+def test_library_refuses_bad_registrations_up_front(call: object, says: str) -> None:
+    with pytest.raises(hal.InvalidArgumentError, match=says):
+        call()  # type: ignore[operator]
