@@ -118,7 +118,7 @@ def test_the_command_line_writes_three_reports_naming_the_planted_kernel(plant: 
     status = cli.main(["--model", MLP, "--steps", "2", "--report-dir", str(tmp_path)])
     assert status == 1
     doc = json.loads((tmp_path / "model-report.json").read_text())
-    assert doc["mode"] == "model" and doc["backend"] == "cpu" and doc["summary"] == {"pass": 0, "fail": 1, "error": 0}
+    assert doc["mode"] == "model" and doc["backend"] == "cpu" and doc["summary"] == {"pass": 0, "fail": 1, "error": 0, "skip": 0}
     m = doc["models"][0]
     assert (m["culprit"]["op"], m["culprit"]["kernel"]) == ("linear", "scaled")
     assert m["first_divergence"]["site"]["line"] == model_mode_models.PLANTED_LINE
