@@ -51,9 +51,14 @@ def test_compiled_fullgraph_matches_eager(recipe):
             out = model(x)
             (out - y).square().mean().backward()
             opt.step()
-        torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-6)
+        # Inductor's code and the eager kernels round a few elements differently by an ulp (on a
+        # CPU without AVX-512 its GELU did); where such an element lands on an FP8 rounding
+        # boundary it moves by one FP8 step, which e4m3's 3 mantissa bits make up to ~1e-2 of it
+        # (seen: 16 of 384 outputs, 8e-3 relative, 1.2e-4 absolute). A wrong scale or a dropped
+        # update moves every element by far more.
+        torch.testing.assert_close(compiled(x), eager(x), rtol=2e-2, atol=5e-4)
         for (name, p), q in zip(eager.named_parameters(), compiled_model.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+            torch.testing.assert_close(q.grad, p.grad, rtol=2e-2, atol=5e-4, msg=name)
     for (name, b), c in zip(eager.named_buffers(), compiled_model.buffers()):
         torch.testing.assert_close(c, b, rtol=1e-5, atol=0.0, msg=name)
     if isinstance(recipe, hal.fp8.DelayedScaling):
