@@ -389,4 +389,8 @@ class RMSNorm(nn.RMSNorm):
         up = torch.float32 if autocast_dtype(x) is not None else None
         if up is None and _half_beside_float32(x, self.weight):
             return hal.ops.rms_norm(x.float(), self.normalized_shape, self.weight, self.eps).to(x.dtype)
+        if up is None and self.weight is not None and self.weight.dtype != x.dtype:
+            # any other mix (a float64 weight beside float32 x): torch's own rule, whose result is in
+            # x's dtype; hal's op takes arrays of one dtype
+            return super().forward(x)
         return hal.ops.rms_norm(_cast(x, up), self.normalized_shape, _cast(self.weight, up), self.eps)

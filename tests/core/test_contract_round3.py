@@ -5,6 +5,7 @@ fix (noted per test); inputs are drawn from the test's seed, never zeros.
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
@@ -163,3 +164,19 @@ def test_library_op_without_fake_rule_says_so_under_fullgraph_compile(seed: int)
 def test_library_refuses_bad_registrations_up_front(call: object, says: str) -> None:
     with pytest.raises(hal.InvalidArgumentError, match=says):
         call()  # type: ignore[operator]
+
+
+def test_patched_rms_norm_takes_a_weight_of_another_dtype_as_torch() -> None:
+    """hal.nn.patch's RMSNorm beside a float64 weight and float32 input: torch's result (in x's
+    dtype), where it raised InvalidArgumentError ("weight must be of the same dtype as x")."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    ref = nn.Sequential(nn.RMSNorm(12, eps=1e-6)).double()
+    with torch.no_grad():
+        ref[0].weight.copy_(torch.rand(12, generator=gen, dtype=torch.float64) + 0.5)
+    patched = hal.nn.patch(copy.deepcopy(ref))
+    assert type(patched[0]) is hal.nn.RMSNorm or isinstance(patched[0], hal.nn.modules.RMSNorm)
+    x = torch.randn(5, 12, generator=gen)
+    want = ref(x)
+    got = patched(x)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want)
