@@ -225,6 +225,10 @@ def short_repr(v: Any) -> str:
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor (no copy; bfloat16 becomes ml_dtypes.bfloat16)."""
+    try:  # the common case in one call: torch refuses each case handled below (grad, bfloat16, lazy views)
+        return t.numpy()
+    except (RuntimeError, TypeError):
+        pass
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(BFLOAT16)
@@ -232,13 +236,19 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def from_numpy(a: np.ndarray | np.generic) -> torch.Tensor:
-    """A CPU tensor sharing memory with ``a`` where torch can (bfloat16 included)."""
-    a = np.asarray(a)
+    """A CPU tensor sharing memory with ``a`` where torch can (bfloat16 included); a read-only
+    array or one with negative strides, which torch cannot view, is copied."""
+    if type(a) is not np.ndarray:
+        a = np.asarray(a)
     if a.dtype == BFLOAT16:
         return torch.from_numpy(np.require(a, requirements="C").view(np.int16)).view(torch.bfloat16)  # keeps 0-d
-    if any(s < 0 for s in a.strides) or not a.flags.writeable:
-        a = a.copy()
-    return torch.from_numpy(a)
+    if a.flags.writeable:
+        try:
+            return torch.from_numpy(a)
+        except ValueError:
+            if not any(s < 0 for s in a.strides):  # torch's other refusals stay the caller's error
+                raise
+    return torch.from_numpy(a.copy())  # a negative stride (a reversed view): torch's tensors have none
 
 
 #: element counts up to which :func:`overlaps` lists every element's offset to decide (int64

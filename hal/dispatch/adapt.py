@@ -22,14 +22,28 @@ from hal.registry import OpDecl
 from hal.types import ARRAY_KINDS
 
 
-def map_arrays(decl: OpDecl, args: Sequence[Any], fn: Callable[[Any], Any]) -> list[Any]:
-    """Apply ``fn`` to every array among ``args`` (inside lists too)."""
+#: what an array parameter may hold that is no array: an absent optional array, a number
+_NOT_ARRAYS = frozenset((type(None), float, int, bool))
+
+
+def array_slots(decl: OpDecl) -> tuple[int, ...]:
+    """The positions of ``decl``'s array parameters (arrays, optional arrays, lists of arrays,
+    numbers-or-arrays): the only arguments a conversion looks at."""
+    return tuple(i for i, p in enumerate(decl.params) if p.kind in ARRAY_KINDS)
+
+
+def map_arrays(decl: OpDecl, args: Sequence[Any], fn: Callable[[Any], Any], slots: Sequence[int] | None = None) -> list[Any]:
+    """Apply ``fn`` to every array among ``args`` (inside lists too); ``slots``: the positions of
+    the array parameters, :func:`array_slots` of ``decl``, computed once by a runner."""
     out = list(args)
-    for i, p in enumerate(decl.params):
-        if p.kind not in ARRAY_KINDS:
-            continue
+    for i in array_slots(decl) if slots is None else slots:
         a = out[i]
-        if isinstance(a, (list, tuple)):
+        t = type(a)
+        if t is np.ndarray or t is torch.Tensor:  # the common cases first: identity tests and one set lookup
+            out[i] = fn(a)
+        elif t in _NOT_ARRAYS:
+            continue
+        elif isinstance(a, (list, tuple)):
             out[i] = [fn(x) if arrays.is_array(x) else x for x in a]
         elif arrays.is_array(a):
             out[i] = fn(a)
@@ -38,6 +52,9 @@ def map_arrays(decl: OpDecl, args: Sequence[Any], fn: Callable[[Any], Any]) -> l
 
 def map_outputs(out: Any, fn: Callable[[Any], Any]) -> Any:
     """Apply ``fn`` to every array of a result (tuples and lists too)."""
+    t = type(out)
+    if t is torch.Tensor or t is np.ndarray:  # one array, the common result: no isinstance chain
+        return fn(out)
     if isinstance(out, (tuple, list)):
         return type(out)(map_outputs(o, fn) for o in out)
     if isinstance(out, (np.ndarray, np.generic, torch.Tensor)):
@@ -86,20 +103,23 @@ def _array_api(decl: OpDecl, fn: Callable[..., Any], kernel_api: str, input_api:
 
             return run_numpy
         return fn
+    slots = array_slots(decl)
     if kernel_api == "numpy":  # torch CPU tensors into a NumPy kernel: zero-copy views
 
         def run(*args: Any) -> Any:
-            conv = map_arrays(decl, args, arrays.to_numpy)
+            conv = map_arrays(decl, args, arrays.to_numpy, slots)
             out = fn(*conv)
-            _copy_back(decl, args, conv, _torch_into)
+            if decl.mutates:
+                _copy_back(decl, args, conv, _torch_into)
             return map_outputs(out, arrays.from_numpy)
 
         return run
 
     def run_torch(*args: Any) -> Any:  # NumPy arrays into a torch kernel
-        conv = map_arrays(decl, args, arrays.from_numpy)
+        conv = map_arrays(decl, args, arrays.from_numpy, slots)
         out = fn(*conv)
-        _copy_back(decl, args, conv, _numpy_into)
+        if decl.mutates:
+            _copy_back(decl, args, conv, _numpy_into)
         return map_outputs(out, arrays.to_numpy)
 
     return run_torch
@@ -107,9 +127,10 @@ def _array_api(decl: OpDecl, fn: Callable[..., Any], kernel_api: str, input_api:
 
 def _via_host(decl: OpDecl, fn: Callable[..., Any], device: Any) -> Callable[..., Any]:
     """Run a CPU kernel on device tensors: copy in, run, copy results and mutated arguments back."""
+    slots = array_slots(decl)
 
     def run(*args: Any) -> Any:
-        conv = map_arrays(decl, args, lambda t: t.detach().cpu())
+        conv = map_arrays(decl, args, lambda t: t.detach().cpu(), slots)
         out = fn(*conv)
         _copy_back(decl, args, conv, lambda d, s: d.copy_(s))
         return map_outputs(out, lambda t: t.to(device))
