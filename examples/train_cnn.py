@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> float:
     model = hal.nn.fuse(SmallCNN()).to(args.device)
     if args.master_weights:
         model = model.to(dtype)
-    fused = [f"{name} ({type(m).__name__})" for name, m in model.named_modules() if isinstance(m, (hal.nn.FusedConvBNReLU2d, hal.nn.FusedConvBNAddReLU2d, hal.nn.Linear))]
+    fused = [f"{name} ({type(m).__name__})" for name, m in model.named_modules() if isinstance(m, (hal.nn.FusedConvBNReLU2d, hal.nn.FusedConvBNAddReLU2d, hal.nn.FusedLinearAct, hal.nn.Linear))]
     print("hal.nn.fuse replaced: " + ", ".join(fused) + "\n")
     optimizer = hal.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4, master_weights=args.master_weights)
     scaler = hal.amp.DynamicLossScaler(init_scale=2.0**12, growth_interval=50, policy=hal.amp.ScalerPolicy(stats_every=args.log_every))

@@ -25,8 +25,8 @@ def test_example_trains_briefly(extra: list[str], capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert math.isfinite(loss)
     assert out.count("loss ") >= 3
-    # the fused conv modules sit beside the convolutions they borrow (hal.nn.fuse keeps the state_dict keys)
-    assert "stem.0_fused (FusedConvBNReLU2d)" in out and "block1.conv1_fused (FusedConvBNReLU2d)" in out and "fc1 (Linear)" in out
+    # the fused modules sit beside the convolutions and linears they borrow (hal.nn.fuse keeps the state_dict keys)
+    assert "stem.0_fused (FusedConvBNReLU2d)" in out and "block1.conv1_fused (FusedConvBNReLU2d)" in out and "fc1_fused (FusedLinearAct)" in out
     assert "block1.conv2_fused (FusedConvBNAddReLU2d)" in out and "block2.conv2_fused (FusedConvBNAddReLU2d)" in out
     assert "eval accuracy" in out
     # the training decomposition's conv2d and batch_norm are torch's kernels on the CPU backend, so
