@@ -174,5 +174,7 @@ def test_ctrl_c_ends_a_command_with_130_and_one_line(tmp_path: Path) -> None:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    # a loaded CI machine took over 60 s to end the process once (2 cores shared with the suite's
+    # other subprocesses); a hang still fails
+    _, err = proc.communicate(timeout=240)
     assert proc.returncode == 130 and err.strip() == "hal: interrupted", (proc.returncode, err)
