@@ -10,28 +10,17 @@ beside a half-precision activation, as cuDNN batch norm takes them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Optional, TypeVar, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import hal
 from hal.nn.agreement import has_hooks
 from hal.ops import ACTIVATIONS
+from hal.plugin_sdk.activations import TORCH_ACTIVATIONS
 from hal.plugin_sdk.fold import FoldCache
 
-#: torch's function for each activation of ``hal.ops.linear``: what an unfused chain applies where
-#: the activation was a function call rather than a module
-TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "none": lambda y: y,
-    "relu": torch.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-}
 
 
 def unfused_activation(module: Optional[nn.Module], act: str, y: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ core, the core imports no backend and no kit, a kit imports no backend, and no b
 another (``tests/core/test_layers.py`` checks all of it). Code here needs no plugin and launches
 no kernel of its own:
 
+- :mod:`~hal.plugin_sdk.activations`: the PyTorch function of each activation name (the eager
+  backend's kernels, ``hal.nn``'s modules run unfused);
 - :mod:`~hal.plugin_sdk.fold`: eval-mode batch norm folded into the preceding convolution, and
   the cache of folded parameters (``hal.nn.FusedConvBN2d`` and the backends' fused conv kernels);
 - :mod:`~hal.plugin_sdk.fp8_hardware`: which FP8 formats a GPU's hardware has, and the capability

@@ -5,22 +5,14 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 
 from hal.plugin import Inputs
+from hal.plugin_sdk.activations import TORCH_ACTIVATIONS
 
 Scalar = Union[float, torch.Tensor]
 
-#: activation name (ops.elementwise.ACTIVATIONS) -> the PyTorch function computing it.
-ACTIVATION_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "none": lambda z: z,
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-}
+#: activation name (ops.elementwise.ACTIVATIONS) -> the PyTorch function computing it
+ACTIVATION_FNS = TORCH_ACTIVATIONS
 
 
 def leaf(v: Scalar, like: Optional[torch.Tensor] = None) -> torch.Tensor:
