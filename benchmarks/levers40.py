@@ -15,7 +15,10 @@ Parts (``--parts``, comma-separated; each prints its own table):
   captured with ``hal.graphs.graphed``; on failure, the synchronising calls a step makes
   (``torch.cuda.set_sync_debug_mode``) and the traceback.
 * ``step``: Llama-3.2-1B's shape (16 layers, d 2048, GQA 32/8, vocab 128256, tied) at T 2048, batch
-  2: torch.compile and hal.nn.patch + torch.compile, step time and the device time per kernel class.
+  2: ``--step-variants`` among eager, compile, compile+graph (the compiled step, optimizer included,
+  captured whole in a CUDA graph), hal (hal.nn.patch + hal.optim.AdamW), hal+compile,
+  hal+compile+graph: step time, peak memory, the device time per kernel class and every kernel
+  (in the JSON).
 
     python benchmarks/levers40.py --parts attention,lmhead [--json OUT]
 """
@@ -296,16 +299,21 @@ def part_step(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16,
     for label in variants:
         torch.cuda.empty_cache()
         model = hf_llama(layers, 2048, 32, 8, 8192, 128256, seq, True)
+        graph = label.endswith("+graph")
         if label.startswith("hal"):
             hal.nn.patch(model)
             opt = hal.optim.AdamW(model.parameters(), lr=1e-4)
         else:
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True, capturable=graph)
         tokens = torch.randint(0, 128256, (batch, seq), device="cuda")
         t0 = time.perf_counter()
-        step = _train_step(model, opt, tokens, torch.compile(model) if label.endswith("compile") else None)
+        step = _train_step(model, opt, tokens, torch.compile(model) if "compile" in label else None)
         for _ in range(3):
             step()
+        if graph:  # the compiled step (forward, backward, optimizer) captured whole and replayed
+            step = hal.graphs.graphed(step)
+            for _ in range(3):
+                step()
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
         torch.cuda.reset_peak_memory_stats()
@@ -316,8 +324,9 @@ def part_step(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16,
                 step()
             torch.cuda.synchronize()
         classes = {k: v / 3 for k, v in _kernel_classes(prof).items()}
-        top = [(k[:90], t / 3, c // 3) for k, t, c in _top_kernels(prof)]
-        results.setdefault("step", {})[label] = {"ms": ms, "peak_gib": peak, "first_s": first, "classes": classes, "top": top}
+        kernels = [(k[:160], t / 3, c // 3) for k, t, c in _top_kernels(prof, n=400)]
+        top = kernels[:12]
+        results.setdefault("step", {})[label] = {"ms": ms, "peak_gib": peak, "first_s": first, "classes": classes, "top": top, "kernels": kernels}
         print(f"  {label}: {ms:.2f} ms/step, peak {peak:.1f} GiB, first 3 steps {first:.0f} s; device ms by class:",
               ", ".join(f"{k} {v:.2f}" for k, v in sorted(classes.items(), key=lambda kv: -kv[1])))
         for k, t, c in top:
