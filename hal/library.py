@@ -45,7 +45,7 @@ runtime installed by hand (``hal.dispatch.install``) gets this process's registr
 they are made after it. See docs/library.md.
 
 What is checked, so that a mistake is an error rather than a wrong result: at registration, dtype
-names, an ``array_api`` other than "torch" or "numpy", a kernel's parameters and dtypes; a
+names, parameters an op's schema cannot hold (no annotation, ``*args``), an ``array_api`` other than "torch" or "numpy", a kernel's parameters and dtypes; a
 ``backward`` op not declared by the first call that needs autograd (it may be declared after its
 forward op). At each call of a kernel registered here, that it returned arrays of its own array
 type (hal converts them for the caller), and no ``None`` for an op that writes nothing in place;
@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -70,7 +71,8 @@ from hal.dispatch.adapt import fake_results
 from hal.errors import HalError, InvalidArgumentError, PluginError
 from hal.ops import _tolerances as _presets
 from hal.plugin import Archs, DeviceInfo, Inputs, Plugin, Reasons
-from hal.registry import OPS, Autocast, OpDecl, Tolerance
+from hal.integration.schema import codec
+from hal.registry import OPS, Autocast, OpDecl, Tolerance, _params_of
 from hal.registry import declare as _declare
 from hal.runtime import IN_PROCESS
 from hal.version import __version__
@@ -115,9 +117,44 @@ def declare(*, dtypes: Sequence[str], **options: Any) -> Callable[[Callable[...,
             raise InvalidArgumentError("hal.library.declare", "fn", "a function named as no declared op (an op is declared once "
                                        "per process; rename the function, or register a kernel for the existing op with "
                                        "hal.library.register_kernel)", f"{name!r}, an op declared already")
+        _check_parameters(fn)
         return declaring(fn)
 
     return declare_new
+
+
+#: what an op's parameter may be annotated with, as :func:`declare`'s errors say it
+_PARAMETER_TYPES = ("hal.types.Tensor, OptionalTensor, TensorList, OptionalTensorList, ScalarOrTensor or "
+                    "OptionalScalarOrTensor for arrays; int, float, bool, str, Optional[int], Optional[float], "
+                    "Optional[str], hal.types.IntPair, ShapeLike or Padding for static options")
+
+
+def _check_parameters(fn: Callable[..., Any]) -> None:
+    """Refuse, before anything is registered, a parameter of ``fn`` that an op's schema cannot hold:
+    ``*args``, ``**kwargs``, a positional-only one, one without an annotation or with an annotation
+    no torch schema type encodes (``hal.registry.declare`` raised a bare TypeError for these, after
+    the op's name was taken)."""
+    name = str(getattr(fn, "__name__", fn))
+    for raw in inspect.signature(fn).parameters.values():
+        if raw.kind in (raw.VAR_POSITIONAL, raw.VAR_KEYWORD, raw.POSITIONAL_ONLY):
+            raise InvalidArgumentError("hal.library.declare", raw.name, "a plain named parameter (no *args, **kwargs or "
+                                       "positional-only parameters: the op's schema names each argument)",
+                                       f"{raw.kind.description} parameter {raw.name!r} of {name!r}")
+        if raw.annotation is inspect.Parameter.empty:
+            raise InvalidArgumentError("hal.library.declare", raw.name, f"annotated with {_PARAMETER_TYPES}",
+                                       f"no annotation on parameter {raw.name!r} of {name!r}")
+    try:
+        params = _params_of(fn)
+    except NameError as exc:  # a string annotation naming nothing importable where fn is defined
+        raise InvalidArgumentError("hal.library.declare", "fn", f"a function whose annotations resolve where it is "
+                                   f"defined, each one of {_PARAMETER_TYPES}", f"{name!r}: {exc}") from None
+    stub = OpDecl(name=name, signature="", dtypes=(), tolerances={}, doc="", params=params)
+    for p in params:
+        try:
+            codec(stub, p, None)
+        except TypeError:
+            raise InvalidArgumentError("hal.library.declare", p.name, f"annotated with {_PARAMETER_TYPES}",
+                                       f"{p.annotation!r} on parameter {p.name!r} of {name!r}") from None
 
 
 def define_backend(

@@ -94,6 +94,25 @@ SCRIPT = textwrap.dedent(
     attempt("declare float7", float7)
     outcome["f7 declared"] = "f7" in hal.list_ops()
 
+    def untyped():
+        @hal.library.declare(dtypes=("float32",), tolerances=hal.library.ELEMENTWISE)
+        def untyped_op(x, scale: float = 1.0) -> Tensor:
+            """x * scale"""
+
+    def listed():
+        @hal.library.declare(dtypes=("float32",), tolerances=hal.library.ELEMENTWISE)
+        def listed_op(x: Tensor, sizes: list) -> Tensor:
+            """x"""
+
+    def variadic():
+        @hal.library.declare(dtypes=("float32",), tolerances=hal.library.ELEMENTWISE)
+        def variadic_op(x: Tensor, *more: Tensor) -> Tensor:
+            """x"""
+
+    for name, fn in (("untyped", untyped), ("listed", listed), ("variadic", variadic)):
+        attempt(f"declare {name}", fn)
+        outcome[f"{name} declared"] = f"{name}_op" in hal.list_ops()
+
     @hal.library.declare(dtypes=("float32",), tolerances=hal.library.ELEMENTWISE, backward="twice_backward", gradients="x")
     def twice(x: Tensor) -> Tensor:
         """2 x"""
@@ -214,6 +233,21 @@ def test_an_unknown_array_api_is_refused_at_registration(outcome: dict) -> None:
 def test_an_unknown_dtype_name_is_refused_at_declaration(outcome: dict) -> None:
     _refused(outcome, "declare float7", "InvalidArgumentError", "argument 'dtypes'", "'float7': no torch dtype")
     assert outcome["f7 declared"] is False
+
+
+@pytest.mark.parametrize("name, param, words", [
+    ("untyped", "x", ("no annotation on parameter 'x' of 'untyped_op'",)),
+    ("listed", "sizes", ("<class 'list'> on parameter 'sizes' of 'listed_op'",)),
+    ("variadic", "more", ("variadic positional parameter 'more'", "no *args")),
+])
+def test_a_parameter_the_schema_cannot_hold_is_refused_at_declaration(outcome: dict, name: str, param: str, words: tuple) -> None:
+    """Before: a bare TypeError from hal.integration's schema (or hal.registry) after the op's name
+    was taken, so it appeared in hal.list_ops(). Now an InvalidArgumentError naming the parameter
+    and the annotations hal takes, and nothing is declared."""
+    message = _refused(outcome, f"declare {name}", "InvalidArgumentError", "hal.library.declare", f"argument '{param}'", *words)
+    if name != "variadic":
+        assert "hal.types.Tensor" in message and "for static options" in message
+    assert outcome[f"{name} declared"] is False
 
 
 def test_an_undeclared_backward_op_is_named_at_the_first_call_needing_it(outcome: dict) -> None:
