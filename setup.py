@@ -2,7 +2,7 @@
 
 - Packages are found, not listed: every folder with an ``__init__.py`` under each source root below,
   installed under the root's package name (``ops/`` as ``hal.ops``, ``kits/triton`` as
-  ``hal_triton``, ...). A new sub-package needs no edit here.
+  ``hal_triton``, ``kits/torch`` as ``hal_torch``, ...). A new sub-package needs no edit here.
 - The commit is stamped into what is built: a wheel's and an sdist's ``hal/_build_stamp.py`` hold
   the commit of the checkout they came from (a wheel built from the sdist keeps the sdist's), so an
   installed hal reports it (:func:`hal.version.source_commit`); an editable install reads git.
@@ -26,6 +26,7 @@ ROOTS = {
     "hal.conformance": "conformance",
     "hal_triton": "kits/triton",
     "hal_cpp": "kits/cpp",
+    "hal_torch": "kits/torch",
     "hal_bench": "bench",
 }
 

@@ -5,7 +5,7 @@ convolutions at batch 64, 8192-class GEMMs, 1B-parameter optimizer steps); on th
 so that ``hal bench`` on cpu_ref finishes in seconds. Every op of the registry has a case.
 
 A case builds its inputs only when it runs (``setup(device)``), returning the callables to time:
-``hal`` (through ``hal.ops``, dispatch included), ``eager`` (``hal_backend_eager``, or autograd's backward of
+``hal`` (through ``hal.ops``, dispatch included), ``eager`` (``hal_torch``, or autograd's backward of
 the eager forward for backward ops, which is what PyTorch users run), ``compiled`` (torch.compile of
 the same eager function) and named ``peers`` (vendor calls such as cuDNN's fused convolution with
 pre-folded weights, Liger-Kernel's kernels: ``hal_bench.liger``). ``targets`` are the issues' goals:
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import hal
 from hal.gradients import MASK
 from hal.registry import get_op
+from hal_torch.table import eager, has_eager
 
 from . import liger, published
 from .peer import Fn, PeerLike
@@ -65,7 +66,7 @@ class Case:
 
 
 def canonical(op: str, args: tuple, kwargs: dict) -> tuple:
-    """The canonical positional arguments of a call (what kernels and hal_backend_eager functions take)."""
+    """The canonical positional arguments of a call (what kernels and hal_torch functions take)."""
     decl = get_op(op)
     bound = inspect.signature(decl.entry).bind(*args, **kwargs)
     bound.apply_defaults()
@@ -76,18 +77,12 @@ def canonical(op: str, args: tuple, kwargs: dict) -> tuple:
 
 
 def _eager(op: str) -> Optional[Callable[..., Any]]:
-    try:
-        from hal_backend_eager import eager, has_eager
-    except ImportError as exc:
-        raise ImportError("hal bench's eager peers are the eager backend's functions (hal_backend_eager), which is not "
-                          "installed: pip install ./backends/eager (the hal-backend-eager distribution)") from exc
-
     return eager(op) if has_eager(op) else None
 
 
 def forward(op: str, args: tuple, kwargs: Optional[dict] = None, peers: Optional[dict[str, PeerLike]] = None,
             liger_peer: bool = False) -> Setup:
-    """A forward op: hal.ops call, hal_backend_eager function, torch.compile of it (and Liger-Kernel's
+    """A forward op: hal.ops call, hal_torch function, torch.compile of it (and Liger-Kernel's
     function with ``liger_peer``)."""
     kwargs = kwargs or {}
     entry = getattr(hal.ops, op)

@@ -89,7 +89,7 @@ def installed_modules() -> list[str]:
 
 def check_imports() -> None:
     modules = installed_modules()
-    for must in ("hal.fast", "hal.parallel", "hal.fp8", "hal.ops", "hal.conformance", "hal_bench", "hal_backend_cpu._nb"):
+    for must in ("hal.fast", "hal.parallel", "hal.fp8", "hal.ops", "hal.conformance", "hal_bench", "hal_torch.table", "hal_backend_cpu._nb"):
         if must not in modules:
             raise CheckFailed(f"the installed distributions have no module {must}")
     failed = {}

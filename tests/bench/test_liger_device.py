@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hal.registry import get_op
-from hal_backend_eager import eager
+from hal_torch.table import eager
 from hal_bench import liger
 from hal_bench.cases import canonical
 

@@ -21,7 +21,7 @@ from hal_backend_cpu_ref.norm import layer_norm as ref_layer_norm
 
 from hal.plugin import Plugin
 from hal.registry import get_op
-from hal_backend_eager.elementwise import scale_shift_act as eager_scale_shift_act
+from hal_torch.elementwise import scale_shift_act as eager_scale_shift_act
 
 from ._support import make_backend, run_suite, softmax_backend
 

@@ -100,7 +100,7 @@ def test_attention_of_a_query_whose_rows_share_memory(seed, backend, strides, is
 
 
 def test_may_overlap_reads_strides_only():
-    from hal_backend_eager.overlap import dense, may_overlap
+    from hal_torch.overlap import dense, may_overlap
 
     x = torch.randn(4, 6, 8)
     apart = [x, x.transpose(0, 2), x[:, ::2], x.permute(1, 2, 0)[1:], x[..., :1].expand(4, 6, 1), torch.empty(0, 3).expand(5, 0, 3)]

@@ -11,7 +11,7 @@ from hal_backend_cuda import plugin
 
 from hal.plugin import Inputs
 from hal.registry import get_op
-from hal_backend_eager.gemm import grouped_mm, grouped_mm_backward, grouped_mm_layout
+from hal_torch.gemm import grouped_mm, grouped_mm_backward, grouped_mm_layout
 from tests.cuda._support import fresh_seed
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason=f"torch {torch.__version__} has no torch._grouped_mm")

@@ -150,7 +150,7 @@ def test_compiled_graphs_take_torchs_lm_head_and_loss_where_the_logits_fit() -> 
 
     from hal.plugin import Inputs
     from hal.registry import get_op
-    from hal_backend_eager.loss import GRAPH_LOGITS_LIMIT
+    from hal_torch.loss import GRAPH_LOGITS_LIMIT
 
     decl, torch_lce = get_op("linear_cross_entropy"), _kernel("linear_cross_entropy", "torch")
 
@@ -169,7 +169,7 @@ def test_compiled_graphs_take_torchs_lm_head_and_loss_where_the_logits_fit() -> 
         "holds the whole logits: only inside torch.compile graphs, where Inductor fuses it (eager calls take the blocked kernels)"]
     assert reasons(8192, 128256, torch.bfloat16, fake=True) == []  # Llama-3's LM head over 8k tokens: 1.05G logits
     assert reasons(16384, 128256, torch.bfloat16, fake=True) == [
-        f"the whole logits (16384 x 128256) exceed {GRAPH_LOGITS_LIMIT} elements (hal_backend_eager.loss.GRAPH_LOGITS_LIMIT)"]
+        f"the whole logits (16384 x 128256) exceed {GRAPH_LOGITS_LIMIT} elements (hal_torch.loss.GRAPH_LOGITS_LIMIT)"]
     assert reasons(4096, 32000, torch.float32, fake=True) == ["float32: torch's recorded backward would run without the IEEE float32 guard"]
 
 

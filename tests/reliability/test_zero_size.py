@@ -7,7 +7,7 @@ type (torch or NumPy). For each call:
 - the op's empty rule (``@op.empty`` in its declaration: what the dispatcher runs instead of a
   kernel for zero-size inputs)
   and the op itself (cpu_ref, the reference) return what PyTorch returns for the same call
-  (``hal_backend_eager``: the named torch function on the canonical arguments): same types, dtypes, shapes
+  (``hal_torch``: the named torch function on the canonical arguments): same types, dtypes, shapes
   and values, and the same in-place writes (none, for an empty batch norm or AdamW step);
 - the results have the caller's array type.
 
@@ -32,7 +32,7 @@ from hal.errors import HalError
 from hal.dispatch import prepare
 from hal.registry import OpDecl, get_op
 from hal.types import ARRAY_KINDS
-from hal_backend_eager import eager
+from hal_torch.table import eager
 
 from .calls import outcome
 

@@ -22,7 +22,7 @@ from test_selection import NOT_TUNED, _inputs, _kernels, _t, chosen
 import hal
 import hal_cpp
 from hal.plugin import Plugin
-from hal_backend_eager import eager
+from hal_torch.table import eager
 from hal_backend_rocm.cpp_kernels import RUNTIME
 from hal_cpp.host import HostRuntime
 from hal_cpp.register import Convolution

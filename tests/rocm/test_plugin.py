@@ -32,8 +32,7 @@ def test_entry_point_is_installed() -> None:
     assert plugin.api_version.split(".")[0] == hal.API_VERSION.split(".")[0]
     requires = importlib.metadata.requires("hal-backend-rocm") or []
     assert any(r.startswith("hip-python") for r in requires) and any(r.startswith("hal[triton]") for r in requires)
-    assert any(r.startswith("hal-backend-eager") for r in requires)
-    assert not any("hal-backend-cuda" in r for r in requires)
+    assert not any(r.startswith("hal-backend-") for r in requires), "no backend depends on another (its torch kernels are hal_torch's)"
 
 
 @pytest.mark.skipif(getattr(torch.version, "hip", None) is not None, reason="torch here is a ROCm build")

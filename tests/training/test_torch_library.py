@@ -14,7 +14,7 @@ import hal
 from hal.integration import library as torch_library
 from hal.gradients import MASK
 from hal.registry import OPS, OpDecl
-from hal_backend_eager import eager
+from hal_torch.table import eager
 
 OP_NAMES = list(OPS)
 

@@ -10,10 +10,10 @@ import math
 
 import torch
 
-from hal.integration.kept import KeptForBackward, param_state
+from hal.plugin_sdk.kept import KeptForBackward, param_state
 from hal.plugin import Inputs
-from hal_backend_eager import attention as eager
-from hal_backend_eager.overlap import dense
+from hal_torch import attention as eager
+from hal_torch.overlap import dense
 
 from ._common import FLOATS, kernel
 
@@ -60,7 +60,7 @@ def sdpa(q, k, v, attn_mask, is_causal, scale):
     log-sum-exp kept for the backward op (which then runs torch's flash backward)."""
     wants = q.requires_grad or k.requires_grad or v.requires_grad
     if wants and not torch.is_grad_enabled() and _flash_takes(q, k, v, attn_mask):
-        out, lse = _flash_forward(dense(q), k, v, 0.0, is_causal, scale=scale)  # dense: see hal_backend_eager.overlap
+        out, lse = _flash_forward(dense(q), k, v, 0.0, is_causal, scale=scale)  # dense: see hal_torch.overlap
         KEPT.keep(q, _state(k, v, is_causal, scale), (out, out._version, lse))
         return out
     return eager.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)
@@ -76,7 +76,7 @@ def sdpa_backward(grad_out, q, k, v, attn_mask, is_causal, scale):
     dK = dS^T Q scale."""
     if _flash_takes(q, k, v, attn_mask):
         kept = KEPT.take(q, _state(k, v, is_causal, scale))
-        qd = dense(q)  # torch's flash kernels misread a query whose rows share memory (hal_backend_eager.overlap)
+        qd = dense(q)  # torch's flash kernels misread a query whose rows share memory (hal_torch.overlap)
         if kept is not None and kept[0]._version == kept[1]:
             out, lse = kept[0], kept[2]
         else:

@@ -33,11 +33,11 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from hal.dispatch import needs_autograd
+from hal.plugin_sdk.calls import needs_autograd
 from hal.plugin import Inputs
 from hal.plugin_sdk.fold import ParamCache, fold, folds_finitely
-from hal_backend_eager import conv as eager
-from hal_backend_eager.conv import (add_relu_backward_in_float32, add_relu_in_float32, compute_dtype, grad_dtypes, half_in_float32, padding_in_proportion,
+from hal_torch import conv as eager
+from hal_torch.conv import (add_relu_backward_in_float32, add_relu_in_float32, compute_dtype, grad_dtypes, half_in_float32, padding_in_proportion,
                                     recorded_in_float64_only, torch_bn_eps)
 
 from ._common import FLOATS, kernel, onednn_dtype
@@ -106,7 +106,7 @@ def _f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 def bn_forward(x, running_mean, running_var, weight, bias, training: bool, momentum: float, eps: float) -> torch.Tensor:
     """torch's batch norm; half-precision training, and half x beside float32 parameters or
     statistics, in float32 (the running statistics written back). In training the batch statistics
-    are kept for the backward of this x (``hal_backend_eager.conv.KEPT``)."""
+    are kept for the backward of this x (``hal_torch.conv.KEPT``)."""
     if x.dtype not in HALF:  # float32 and float64 (beside parameters of any dtype): torch's kernel as it is
         return eager.kept_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     mixed = any(t is not None and t.dtype != x.dtype for t in (running_mean, running_var, weight, bias))
@@ -289,7 +289,7 @@ def fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, runnin
                            momentum, training):
     """Eval: the folded convolution, then the add and the ReLU in place on its result; half
     precision convolves in float32 with weights folded in float32 and rounds once (see
-    :func:`hal_backend_eager.conv.add_relu_in_float32`). Training, and eval at eps = 0: :func:`_unfolded`."""
+    :func:`hal_torch.conv.add_relu_in_float32`). Training, and eval at eps = 0: :func:`_unfolded`."""
     if training or eps == 0:  # eps = 0: not folded (folds_finitely)
         return _unfolded(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups, eps,
                          momentum, training)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.plugin import Inputs
-from hal_backend_eager.elementwise import (ACTIVATION_FNS, EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine, residual_activation,
+from hal_torch.elementwise import (ACTIVATION_FNS, EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine, residual_activation,
                                            residual_activation_reasons)
 
 from . import _numba

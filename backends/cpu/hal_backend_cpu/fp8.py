@@ -1,10 +1,10 @@
 """FP8 on the CPU: the CPU has no FP8 arithmetic, so these kernels emulate it with
-hal_backend_eager's torch casts and ``torch._scaled_mm`` (see that module), vectorised by torch."""
+the torch casts and ``torch._scaled_mm`` of :mod:`hal_torch.fp8` (see that module), vectorised by torch."""
 
 from __future__ import annotations
 
-from hal.arrays import FLOAT_DTYPES
-from hal_backend_eager import fp8 as eager
+from hal.plugin_sdk.arrays import FLOAT_DTYPES
+from hal_torch import fp8 as eager
 
 from ._common import kernel
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from hal.errors import InvalidArgumentError
 from hal.plugin import Inputs
 from hal.plugin_sdk.linear import grads_of_rows
-from hal_backend_eager import gemm as eager
+from hal_torch import gemm as eager
 
 from ._common import FLOATS, kernel, onednn_dtype
 from ._device import onednn_dtype_reason

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from hal.errors import InvalidArgumentError
 from hal.plugin import Inputs
-from hal.tracing import traced
-from hal.integration.kept import KeptForBackward, backward_follows
+from hal.plugin_sdk.calls import traced
+from hal.plugin_sdk.kept import KeptForBackward, backward_follows
 from hal.plugin_sdk.linear import kept_gradients_state
-from hal_backend_eager import loss as eager
+from hal_torch import loss as eager
 
 from ._common import FLOATS, kernel
 from ._device import onednn_dtype_reason
@@ -156,7 +156,7 @@ def linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing,
 def _whole_logits_fit(inputs: Inputs) -> list[str]:
     """Where torch's LM head and loss (the whole logits) may run a call: in an eager call, logits
     that the blocked kernel would hold as one block anyway (BLOCK_ELEMENTS); inside torch.compile
-    graphs, logits that fit hal_backend_eager.loss.GRAPH_LOGITS_LIMIT, where Inductor compiles them
+    graphs, logits that fit hal_torch.loss.GRAPH_LOGITS_LIMIT, where Inductor compiles them
     with the step's other code. Forward + backward of one call on the CPU VM, timed by
     :func:`hal.tuning.for_compile` (2026-12-03), Inductor's LM head and loss against the blocked
     kernel as an opaque node: 223 against 211 ms at 2048 x 512 x 8192 in bfloat16 (442 against 417

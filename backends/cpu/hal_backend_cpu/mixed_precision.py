@@ -1,6 +1,6 @@
 """amp_unscale_ and fused_adamw_ on torch's multi-tensor CPU kernels
 (``_amp_foreach_non_finite_check_and_unscale_``, ``_fused_adamw_``: one vectorised pass per tensor);
-fused_adamw_ calls that torch's fused kernel cannot take in place run hal_backend_eager's copies."""
+fused_adamw_ calls that torch's fused kernel cannot take in place run hal_torch's copies."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import operator
 
 import torch
 
-from hal.arrays import flat_runs
+from hal.plugin_sdk.arrays import flat_runs
 from hal.plugin import Inputs
-from hal_backend_eager import mixed_precision as eager
+from hal_torch import mixed_precision as eager
 
 from ._common import FLOATS, kernel
 
 @kernel("amp_unscale_", name="torch", priority=20, dtypes=FLOATS)
 def amp_unscale_(tensors, inv_scale):
     """One pass of torch's kernel where |inv_scale| <= 1 (read on the host: free on the CPU): a
-    finite value times a factor of at most 1 cannot overflow, so the second pass hal_backend_eager makes
+    finite value times a factor of at most 1 cannot overflow, so the second pass hal_torch makes
     (which flags values that overflow while scaling) would find nothing. Loss scaling unscales by
-    1 / scale, mostly below 1. Otherwise, and for NaN, hal_backend_eager's two passes."""
+    1 / scale, mostly below 1. Otherwise, and for NaN, hal_torch's two passes."""
     if tensors:
         factor = float(inv_scale)
         if abs(factor) <= 1.0:
@@ -65,5 +65,5 @@ def fused_adamw_fused(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, ep
     return None
 
 
-#: everything else (mixed dtypes, master weights, unscaling, strided tensors): hal_backend_eager's working copies
+#: everything else (mixed dtypes, master weights, unscaling, strided tensors): hal_torch's working copies
 kernel("fused_adamw_", name="torch", priority=20, dtypes=FLOATS)(eager.fused_adamw_)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hal.integration.kept import KeptForBackward, armed
-from hal_backend_eager import norm as eager
+from hal.plugin_sdk.kept import KeptForBackward, armed
+from hal_torch import norm as eager
 
 from . import _numba
 from ._common import FLOATS, contiguous, kernel, numba_kernel, numel

@@ -1,5 +1,5 @@
 """quantize, dequantize, fake_quantize (+ backward) and int8_linear: torch's CPU kernels
-(``fake_quantize_per_*_affine``, the int8 GEMM ``torch._int_mm``) with hal_backend_eager's tensor math
+(``fake_quantize_per_*_affine``, the int8 GEMM ``torch._int_mm``) with hal_torch's tensor math
 around them, and the op's formula where torch's kernels refuse the zero points; per-tensor
 quantize and dequantize in one numba pass (``_nb.quant``)."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from hal.plugin import Inputs
-from hal_backend_eager import quant as eager
+from hal_torch import quant as eager
 
 from . import _numba
 from ._common import FLOATS, NUMBA_FLOATS, contiguous, kernel, numba_kernel

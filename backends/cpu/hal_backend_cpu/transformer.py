@@ -4,7 +4,7 @@ half-precision x, one rounding)."""
 from __future__ import annotations
 
 from hal.plugin import Inputs
-from hal_backend_eager import transformer as eager
+from hal_torch import transformer as eager
 
 from ._common import FLOATS, kernel
 

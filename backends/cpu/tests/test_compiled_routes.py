@@ -6,7 +6,7 @@ own node: torch's ops, which Inductor compiles with their neighbours, where thos
   Inductor's code).
 - linear_cross_entropy: eagerly the blocked kernel (the whole logits only where they are one block
   of it); in graphs the LM head and loss as torch's ops while the logits fit
-  ``hal_backend_eager.loss.GRAPH_LOGITS_LIMIT``, beyond it the blocked kernel's opaque node.
+  ``hal_torch.loss.GRAPH_LOGITS_LIMIT``, beyond it the blocked kernel's opaque node.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_rotary_is_hals_node_eagerly_and_torchs_ops_in_compiled_graphs(rng: np.r
 
 @pytest.mark.parametrize("fits", [True, False], ids=["logits-fit", "logits-exceed"])
 def test_lm_head_and_loss_join_compiled_graphs_while_the_logits_fit(fits: bool, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hal_backend_eager import loss
+    from hal_torch import loss
 
     rows, dim, classes = 24, 16, 40
     if not fits:
@@ -70,7 +70,7 @@ def test_eager_lm_head_never_holds_more_logits_than_one_block() -> None:
     from hal.registry import get_op
     from hal_backend_cpu import plugin
     from hal_backend_cpu.loss import BLOCK_ELEMENTS
-    from hal_backend_eager.loss import GRAPH_LOGITS_LIMIT
+    from hal_torch.loss import GRAPH_LOGITS_LIMIT
 
     decl = get_op("linear_cross_entropy")
     torch_lce = next(k for k in plugin.kernels if k.op == "linear_cross_entropy" and k.name == "torch")
@@ -88,7 +88,7 @@ def test_eager_lm_head_never_holds_more_logits_than_one_block() -> None:
         f"would hold the whole logits ({BLOCK_ELEMENTS // 1024 + 1} x 1024), more than {BLOCK_ELEMENTS} elements (one block of the blocked kernel)"]
     assert reasons(4096, 32000, fake=True) == []
     assert reasons(16384, 128256, fake=True) == [
-        f"the whole logits (16384 x 128256) exceed {GRAPH_LOGITS_LIMIT} elements (hal_backend_eager.loss.GRAPH_LOGITS_LIMIT)"]
+        f"the whole logits (16384 x 128256) exceed {GRAPH_LOGITS_LIMIT} elements (hal_torch.loss.GRAPH_LOGITS_LIMIT)"]
 
 
 def test_half_precision_attention_joins_compiled_graphs_and_stays_hals_node_eagerly(rng: np.random.Generator) -> None:

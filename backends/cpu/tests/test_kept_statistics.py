@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import hal
-from hal_backend_eager.conv import KEPT
+from hal_torch.conv import KEPT
 
 
 def _draw(rng: np.random.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:

@@ -33,7 +33,7 @@ def test_backward_matches_autograd_and_leaves_its_inputs(act, scale_kind, rng) -
         gx, gs, gb = hal.ops.scale_shift_act_backward(g, x, scale, shift, act)
     leaves = [x.clone().requires_grad_(), scale.clone().requires_grad_() if scale_kind == "tensor" else torch.tensor(1.7, requires_grad=True),
               shift.clone().requires_grad_()]
-    from hal_backend_eager.elementwise import ACTIVATION_FNS
+    from hal_torch.elementwise import ACTIVATION_FNS
 
     want = torch.autograd.grad(ACTIVATION_FNS[act](leaves[0] * leaves[1] + leaves[2]), leaves, g)
     for name, a, w in zip(("grad_x", "grad_scale", "grad_shift"), (gx, gs, gb), want):

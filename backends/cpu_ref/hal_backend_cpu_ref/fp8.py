@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from hal.arrays import numpy_dtype
+from hal.plugin_sdk.arrays import numpy_dtype
 from hal.ops.fp8 import FORMATS, format_values
 
 from ._common import f64, reference

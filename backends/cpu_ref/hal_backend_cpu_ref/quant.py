@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from hal.arrays import numpy_dtype
+from hal.plugin_sdk.arrays import numpy_dtype
 from hal.plugin import Inputs
 
 from ._common import F64, elements, f64, like, reference

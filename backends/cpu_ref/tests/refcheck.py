@@ -39,7 +39,7 @@ TORCH_ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def canonical(entry: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple:
-    """The canonical argument tuple a kernel (and ``hal_backend_eager``) receives for ``entry(*args, **kwargs)``."""
+    """The canonical argument tuple a kernel (and ``hal_torch``) receives for ``entry(*args, **kwargs)``."""
     decl = entry.op
     bound = inspect.signature(entry).bind(*args, **kwargs)
     bound.apply_defaults()

@@ -1,5 +1,5 @@
 """cpu_ref's softmax and scaled dot-product attention, and their backwards, against PyTorch in
-float64 (and hal_backend_eager's versions)."""
+float64 (and hal_torch's versions)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from refcheck import (
 )
 
 import hal
-from hal_backend_eager import eager
+from hal_torch.table import eager
 
 # --- softmax ---------------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """cpu_ref's conv2d, batch_norm, fused_conv_bn_relu and fused_conv_bn_add_relu, and their backwards,
-against PyTorch in float64 (and hal_backend_eager's versions)."""
+against PyTorch in float64 (and hal_torch's versions)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from refcheck import (
 )
 
 import hal
-from hal_backend_eager import eager
+from hal_torch.table import eager
 
 # torch warns that it copies the input to pad it asymmetrically: expected for these cases.
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths:UserWarning")

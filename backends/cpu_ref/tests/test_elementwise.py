@@ -1,4 +1,4 @@
-"""cpu_ref's scale_shift_act and its backward against PyTorch in float64 (and hal_backend_eager's versions)."""
+"""cpu_ref's scale_shift_act and its backward against PyTorch in float64 (and hal_torch's versions)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from refcheck import (
 )
 
 import hal
-from hal_backend_eager import eager
+from hal_torch.table import eager
 
 #: (id, x shape, scale, shift): a number, or the shape of a tensor broadcast against x.
 AFFINE_CASES = [

@@ -1,5 +1,5 @@
 """cpu_ref's amp_unscale_ and fused_adamw_ against torch's own unscale kernel and torch.optim.AdamW
-(and hal_backend_eager's versions)."""
+(and hal_torch's versions)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from refcheck import randn
 
 import hal
 from hal.arrays import to_numpy, torch_dtype
-from hal_backend_eager import eager
+from hal_torch.table import eager
 
 # --- amp_unscale_ ----------------------------------------------------------------------------------
 

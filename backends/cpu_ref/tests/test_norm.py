@@ -1,5 +1,5 @@
 """cpu_ref's layer_norm and rms_norm, and their backwards, against PyTorch in float64 (and
-hal_backend_eager's versions)."""
+hal_torch's versions)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from refcheck import (
 )
 
 import hal
-from hal_backend_eager import eager
+from hal_torch.table import eager
 
 #: (id, x shape, normalized_shape, affine parameters, non-contiguous x)
 CASES = [

@@ -1,5 +1,5 @@
 """cpu_ref's quantize, dequantize, fake_quantize(+_backward) and int8_linear against PyTorch (and
-hal_backend_eager's versions).
+hal_torch's versions).
 
 quantize / dequantize are checked against torch's quantized tensors (``torch.quantize_per_tensor``
 / ``_per_channel`` and ``.dequantize()``, which follow the same float32 formula), fake_quantize bit
@@ -18,7 +18,7 @@ from refcheck import as_numpy, assert_within_tolerance, canonical, randn, vjp
 
 import hal
 from hal.arrays import dtype_name, from_numpy, torch_dtype
-from hal_backend_eager import eager
+from hal_torch.table import eager
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
 

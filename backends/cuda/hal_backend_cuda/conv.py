@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from hal.plugin import Inputs
 from hal.plugin_sdk.fold import FoldCache, folds_finitely
-from hal_backend_eager import conv as eager
+from hal_torch import conv as eager
 
 from ._common import FLOATS, HALF, NOT_F64, ieee_fp32, kernel, not_float32
 
@@ -86,7 +86,7 @@ def batch_norm_cudnn(x, running_mean, running_var, weight, bias, training, momen
 
 
 # torch's own batch-norm kernels, the training forward keeping its statistics for the backward
-# (hal_backend_eager.conv.kept_batch_norm). Above the Triton kernels (20): measured on the H200 on 2026-12-01
+# (hal_torch.conv.kept_batch_norm). Above the Triton kernels (20): measured on the H200 on 2026-12-01
 # (benchmarks/host_training.py), a training forward costs 24-35 us of host time here against 91-148
 # us for the Triton one (three launches and their planning), and in a graph the backward takes 58 us
 # of device time at ResNet's (64, 64, 56, 56) channels_last against Triton's 117 us; Triton's
@@ -197,7 +197,7 @@ _ADD_RELU_TORCH = eager.add_relu_in_float32(eager.fused_conv_bn_add_relu)
         differentiable=eager.recorded_in_float64_only)
 def fused_conv_bn_add_relu_torch(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
                                  eps, momentum, training):
-    """torch's ops; half precision in float32, rounded once (:func:`hal_backend_eager.conv.add_relu_in_float32`)."""
+    """torch's ops; half precision in float32, rounded once (:func:`hal_torch.conv.add_relu_in_float32`)."""
     with ieee_fp32(eager.compute_dtype(x)):
         return _ADD_RELU_TORCH(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, residual, stride, padding, dilation, groups,
                                eps, momentum, training)
@@ -217,7 +217,7 @@ _ADD_RELU_BACKWARD_TORCH = eager.add_relu_backward_in_float32(eager.fused_conv_b
 @kernel("fused_conv_bn_add_relu_backward", name="torch", priority=1, dtypes=FLOATS, checks=_NATIVE_CHECKS + [eager.padding_in_proportion])
 def fused_conv_bn_add_relu_backward_torch(grad_out, out, x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding,
                                           dilation, groups, eps, training):
-    """Autograd through torch's ops, half precision in float32 (:mod:`hal_backend_eager.conv`): only calls
+    """Autograd through torch's ops, half precision in float32 (:mod:`hal_torch.conv`): only calls
     that force a kernel of the op under autograd reach the backward op (others train through the
     op's decomposition)."""
     with ieee_fp32(eager.compute_dtype(x)):

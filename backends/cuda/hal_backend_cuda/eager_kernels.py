@@ -1,4 +1,4 @@
-"""torch's own implementation of every op (:mod:`hal_backend_eager`) as a kernel of the cuda backend, named
+"""torch's own implementation of every op (:mod:`hal_torch`) as a kernel of the cuda backend, named
 ``eager``, below every other kernel.
 
 Where several kernels can run a call the dispatcher measures them (:mod:`hal.dispatch.measure`), so
@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import torch
 
-from hal_backend_eager import eager, has_eager
 from hal.plugin import Inputs
-from hal.registry import OPS
+from hal.plugin_sdk.declarations import OPS
+from hal_torch.table import eager, has_eager
 
 from . import plugin
 from ._common import ieee_fp32, kernel, not_float32

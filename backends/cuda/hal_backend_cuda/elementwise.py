@@ -12,7 +12,7 @@ gradients) stays with Triton, where the fusion saves passes.
 from __future__ import annotations
 
 from hal.plugin import Inputs
-from hal_backend_eager.elementwise import (EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine, residual_activation,
+from hal_torch.elementwise import (EXACT_ACTS, exact_activation, exact_activation_grad, identity_affine, residual_activation,
                                            residual_activation_reasons)
 
 from ._common import FLOATS, kernel

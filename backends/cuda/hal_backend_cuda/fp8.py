@@ -20,7 +20,7 @@ once on a 128 x 128 x 128 problem and the answer cached (:func:`probe_reason`), 
 them declines with torch's own message and the dispatcher goes on to Triton or the emulation.
 Devices without FP8 are declined with hal.plugin_sdk.fp8_hardware.fp8_device's reasons.
 
-The eager emulation (hal_backend_eager.fp8) is registered here under its own function object with
+The eager emulation (hal_torch.fp8) is registered here under its own function object with
 the same refusal on devices without FP8, so the backend's generic twins (:mod:`.eager_kernels`)
 do not add an unchecked copy.
 """
@@ -34,7 +34,7 @@ import torch
 from hal.plugin import Inputs
 from hal.ops.fp8 import TORCH_DTYPE_NAMES, scale_shape
 from hal.plugin_sdk.fp8_hardware import FP8_CHECKS as EAGER_CHECKS, fp8_arch_reasons, fp8_device
-from hal_backend_eager import eager
+from hal_torch.table import eager
 from hal_triton import autotune
 
 from . import TRITON_KERNELS, plugin

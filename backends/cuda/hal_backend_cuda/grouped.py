@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from hal.plugin import Archs, Inputs
-from hal_backend_eager.gemm import grouped_mm, grouped_mm_backward, grouped_mm_layout
+from hal_torch.gemm import grouped_mm, grouped_mm_backward, grouped_mm_layout
 from hal_triton import autotune
 from hal_triton.checks import triton_check
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 
 from hal.plugin import Inputs
-from hal_backend_eager import loss as eager
+from hal_torch import loss as eager
 from hal_triton.kernels import LCE_BLOCK_ELEMENTS
 
 from ._common import FLOATS, kernel, not_float32

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from hal.arrays import float32_value
+from hal.plugin_sdk.arrays import float32_value
 
 from ._common import FLOATS, kernel
 

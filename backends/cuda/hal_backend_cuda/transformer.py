@@ -23,7 +23,7 @@ the step 11.14 -> 10.86 ms and its peak memory 4.30 -> 4.13 GiB (benchmarks/grap
 from __future__ import annotations
 
 from hal.plugin import Inputs
-from hal_backend_eager import transformer as eager
+from hal_torch import transformer as eager
 from hal_triton.layouts import swiglu_geometry
 
 from ._common import FLOATS, kernel

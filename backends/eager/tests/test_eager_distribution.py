@@ -1,6 +1,7 @@
 """The eager backend is a distribution of its own (hal-backend-eager, backends/eager): its entry
-point comes from it and no longer from the core, the plugins built on its functions declare it, and
-the core works without it, saying what to install where it needs it."""
+point comes from it and no longer from the core, its kernels are the functions of the hal_torch kit
+(shipped with the core, which the other plugins build on instead of this backend), and the core and
+the other plugins work without it, saying what to install where it is needed."""
 
 from __future__ import annotations
 
@@ -24,13 +25,22 @@ def test_the_entry_point_is_the_eager_distributions() -> None:
     assert record.available and record.priority == -10
 
 
+def test_its_kernels_are_the_kits_functions() -> None:
+    """Every function of hal_torch is this backend's ``torch`` kernel of its op, with the kit's check."""
+    from hal_backend_eager import plugin
+    from hal_torch.table import CHECKS, FUNCTIONS
+
+    assert [(k.op, k.name, k.fn, k.check) for k in plugin.kernels] == [(op, "torch", fn, CHECKS.get(op)) for op, fn in FUNCTIONS.items()]
+
+
 @pytest.mark.parametrize("dist", ["hal-backend-cpu", "hal-backend-cuda", "hal-backend-rocm"])
-def test_the_plugins_built_on_it_depend_on_it(dist: str) -> None:
+def test_the_plugins_built_on_its_functions_do_not_depend_on_it(dist: str) -> None:
+    """They import the functions from hal_torch, which ships with hal: no backend depends on another."""
     try:
         requires = importlib.metadata.requires(dist) or []
     except importlib.metadata.PackageNotFoundError:
         pytest.skip(f"{dist} is not installed here")
-    assert any(r.startswith("hal-backend-eager") for r in requires), requires
+    assert not any(r.startswith("hal-backend-") for r in requires), requires
 
 
 def test_without_it_the_eval_fold_of_hal_nn_still_runs() -> None:
@@ -58,7 +68,8 @@ def test_without_it_the_eval_fold_of_hal_nn_still_runs() -> None:
     assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stdout + r.stderr
 
 
-def test_without_it_the_core_imports_and_dispatches_elsewhere() -> None:
+def test_without_it_the_core_imports_and_the_cpu_backend_dispatches() -> None:
+    """The cpu backend builds on hal_torch, not on this backend: it loads and runs without it."""
     code = textwrap.dedent(
         """
         import sys
@@ -66,7 +77,7 @@ def test_without_it_the_core_imports_and_dispatches_elsewhere() -> None:
         import numpy as np
         import hal, hal.nn
         x = np.ones((2, 3), np.float32)
-        assert hal.explain("softmax", x).backend == "cpu_ref"
+        assert hal.explain("softmax", x).backend == "cpu"
         eager = {b.name: b for b in hal.backends()}["eager"]
         assert not eager.available and "hal_backend_eager" in (eager.load_error or ""), eager
         print("ok")

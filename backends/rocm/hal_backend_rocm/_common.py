@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from hal.plugin import Archs, Inputs
-from hal_backend_eager import eager
+from hal_torch.table import eager
 
 from . import plugin
 from ._device import ANY_GFX, XF32, arch
@@ -34,7 +34,7 @@ def kernel(op: str, *, name: str, priority: int, dtypes: Optional[Iterable[str]]
 
 def eager_kernel(op: str, *, name: str, priority: int, dtypes: Optional[Iterable[str]] = None, checks: Iterable[Check] = (),
                  archs: Archs = ANY_GFX, wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda fn: fn) -> Callable[..., Any]:
-    """Register torch's own implementation of ``op`` (:mod:`hal_backend_eager`; on a ROCm build it runs
+    """Register torch's own implementation of ``op`` (:mod:`hal_torch`; on a ROCm build it runs
     MIOpen, hipBLAS(Lt), AOTriton and torch's HIP kernels), ``wrap``-ped, as a kernel of the rocm
     backend with float32 kept IEEE; returns the registered function."""
     fn = wrap(eager(op))

@@ -22,9 +22,9 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from hal.dispatch import prepare
 from hal.plugin import Plugin
-from hal.registry import get_op
+from hal.plugin_sdk.calls import canonical_args
+from hal.plugin_sdk.declarations import get_op
 from hal_triton.kernels import int32_dequant, register
 
 from . import VENDOR, __version__
@@ -136,8 +136,7 @@ def _canonical(op: str, *args: Any, **kwargs: Any) -> tuple:
     """The canonical arguments a kernel of ``op`` receives for this call (validated by the op)."""
     decl = get_op(op)
     full = [kwargs[p.name] if p.name in kwargs else args[i] if i < len(args) else p.default for i, p in enumerate(decl.params)]
-    inputs = prepare(decl, full).inputs
-    return inputs.args
+    return canonical_args(decl, full)
 
 
 def _norm_calls(op: str, rms: bool) -> list[tuple]:

@@ -55,7 +55,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def _forced(backend: SDPBackend, fn: Callable[..., Any], flatten: bool, offset: int) -> Callable[..., Any]:
-    """``fn`` (hal_backend_eager's SDPA, ``offset`` 0, or its backward, 1: it takes grad_out first) run
+    """``fn`` (hal_torch's SDPA, ``offset`` 0, or its backward, 1: it takes grad_out first) run
     with only ``backend`` allowed; q, k, v flattened to (B, 1, L, E) and results shaped back when
     ``flatten``."""
 

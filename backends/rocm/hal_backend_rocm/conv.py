@@ -8,7 +8,7 @@ convolution (:mod:`hal.plugin_sdk.fold`, cached while the parameters are unchang
 only for 4-D NCHW-contiguous float32 inputs and runs three passes otherwise, so the kernel states
 exactly that; half-precision and channels_last inputs take ``miopen_triton`` from
 hal_triton.kernels (MIOpen convolution, then one Triton pass for normalise + ReLU), as does
-training. Padding arrives canonical (top, bottom, left, right); :mod:`hal_backend_eager.conv` applies an
+training. Padding arrives canonical (top, bottom, left, right); :mod:`hal_torch.conv` applies an
 asymmetric one with F.pad first, as PyTorch does for such a "same" convolution.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from hal.plugin import Inputs
 from hal.plugin_sdk.fold import FoldCache, folds_finitely
-from hal_backend_eager.conv import add_relu_backward_in_float32, add_relu_in_float32, torch_bn_eps
+from hal_torch.conv import add_relu_backward_in_float32, add_relu_in_float32, torch_bn_eps
 
 from ._common import FLOATS, NOT_F64, eager_kernel, ieee_fp32, kernel
 
@@ -77,7 +77,7 @@ def fused_conv_bn_add_relu(x, conv_weight, conv_bias, bn_weight, bn_bias, runnin
 
 
 # torch's ops for every other call (training without autograd, asymmetric padding, float64), half
-# precision computed in float32 and rounded once (hal_backend_eager.conv.add_relu_in_float32; fallbacks.py
+# precision computed in float32 and rounded once (hal_torch.conv.add_relu_in_float32; fallbacks.py
 # would register torch's ops as they are, which round the batch norm's output before the add)
 eager_kernel("fused_conv_bn_add_relu", name="torch", priority=1, wrap=add_relu_in_float32)
 eager_kernel("fused_conv_bn_add_relu_backward", name="torch", priority=1, wrap=add_relu_backward_in_float32)

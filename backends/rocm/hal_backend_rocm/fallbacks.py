@@ -1,5 +1,5 @@
 """torch's own kernels for whatever the tuned kernels reject: every op with an implementation in
-:mod:`hal_backend_eager` and no kernel here that takes all its inputs on every AMD GPU gets a ``torch``
+:mod:`hal_torch` and no kernel here that takes all its inputs on every AMD GPU gets a ``torch``
 kernel of the lowest priority. So every op runs on any architecture torch's ROCm build supports
 (gfx1100 included, where no Triton table exists), and on gfx90a/gfx942 for the inputs the Triton
 kernels turn down (non-contiguous optimizer lists, float64 AdamW); ``hal.explain`` names the
@@ -9,9 +9,9 @@ registered."""
 from __future__ import annotations
 
 from hal.plugin import KernelSpec
-from hal.registry import OPS, get_op
-from hal_backend_eager import has_eager
+from hal.plugin_sdk.declarations import OPS, get_op
 from hal.plugin_sdk.fp8_hardware import FP8_CHECKS
+from hal_torch.table import has_eager
 
 from . import plugin
 from ._common import eager_kernel

@@ -137,7 +137,7 @@ def test_compiled_lm_head_and_loss_join_the_graph_where_the_logits_fit(monkeypat
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
 
-    from hal_backend_eager import loss as eager_loss
+    from hal_torch import loss as eager_loss
 
     gen = torch.Generator().manual_seed(fresh_seed())
     x, w = _leaves(gen, (512, 256), (3000, 256))

@@ -14,9 +14,9 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from hal.arrays import torch_dtype
+from hal.plugin_sdk.arrays import torch_dtype
 from hal.ops.fp8 import FORMATS, TORCH_DTYPE_NAMES
-from hal.plugin_sdk.fp8_hardware import FP8_CHECKS as CHECKS  # noqa: F401  (read by the package's __init__)
+from hal.plugin_sdk.fp8_hardware import FP8_CHECKS as CHECKS  # noqa: F401  (read by hal_torch.table)
 
 Scalar = Union[float, torch.Tensor]
 

@@ -8,7 +8,7 @@ from typing import Optional, Union
 
 import torch
 
-from hal.arrays import torch_dtype
+from hal.plugin_sdk.arrays import torch_dtype
 
 Scalar = Union[float, int, torch.Tensor]
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}

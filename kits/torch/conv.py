@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from hal.integration.kept import KeptForBackward
+from hal.plugin_sdk.kept import KeptForBackward
 from hal.plugin import Inputs
 
 from .elementwise import detached, filled_leaf, leaf, masked_grads
@@ -148,7 +148,7 @@ def kept_batch_norm(
 ) -> torch.Tensor:
     """torch's own batch norm (``torch.native_batch_norm``: torch's kernels, as an eager model runs
     them); in training its batch statistics are kept for :func:`kept_batch_norm_backward` of the
-    same x (hal.integration.kept), unless torch's autograd recorded the call (its node saves them itself)."""
+    same x (hal.plugin_sdk.kept), unless torch's autograd recorded the call (its node saves them itself)."""
     if not training:
         return batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps)
     out, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
@@ -414,7 +414,7 @@ __all__ = [
     "fused_conv_bn_add_relu_backward",
 ]
 
-#: capability checks of these functions as kernels of the eager backend: torch would allocate the
+#: capability checks of these functions as kernels (hal_torch.table.CHECKS): torch would allocate the
 #: padded input of a huge padding, far beyond the call's arrays.
 CHECKS = {op: padding_in_proportion for op in ("conv2d", "conv2d_backward", "fused_conv_bn_relu", "fused_conv_bn_relu_backward",
                                                "fused_conv_bn_add_relu", "fused_conv_bn_add_relu_backward")}

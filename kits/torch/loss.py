@@ -48,7 +48,7 @@ def whole_logits_in_graphs(inputs: Inputs) -> list[str]:
         return ["holds the whole logits: only inside torch.compile graphs, where Inductor fuses it (eager calls take the blocked kernels)"]
     rows, classes = inputs["x"].shape[0], inputs["weight"].shape[0]
     if rows * classes > GRAPH_LOGITS_LIMIT:  # symbolic sizes guard on the comparison, not on their values
-        return [f"the whole logits ({rows} x {classes}) exceed {GRAPH_LOGITS_LIMIT} elements (hal_backend_eager.loss.GRAPH_LOGITS_LIMIT)"]
+        return [f"the whole logits ({rows} x {classes}) exceed {GRAPH_LOGITS_LIMIT} elements (hal_torch.loss.GRAPH_LOGITS_LIMIT)"]
     return []
 
 

@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from hal.arrays import dense_alike, flat_runs
+from hal.plugin_sdk.arrays import dense_alike, flat_runs
 
 Scalar = Union[float, torch.Tensor]
 
