@@ -1,10 +1,14 @@
 """The layers point one way (issue 42, DESIGN.md "The layout we aim for"): the core (``hal`` less its
 command line, with ``hal.ops`` and ``hal.conformance``) imports no plugin (``hal_backend_*``) and no
-kit (``hal_triton``, ``hal_cpp``); a kit imports no plugin; no two distributions import each other.
+kit (``hal_triton``, ``hal_cpp``, ``hal_torch``); a kit imports no plugin; no backend imports another;
+no two distributions import each other. A backend imports from hal, besides ``hal.ops``,
+``hal.types`` and ``hal.errors``, at most three modules: the registration module :mod:`hal.plugin`
+and the plugin SDK :mod:`hal.plugin_sdk` (its submodules count as one), plus the kits.
 
 Every ``.py`` file of the source roots is read with the AST, so an import inside a function, under
 ``TYPE_CHECKING`` or through ``importlib.import_module("...")`` counts as much as one at the top.
-What several backends, the kits and the core share lives in the plugin SDK (:mod:`hal.plugin_sdk`).
+What several backends, the kits and the core share lives in the plugin SDK (:mod:`hal.plugin_sdk`)
+or in a kit (:mod:`hal_torch`: every op in eager PyTorch).
 """
 
 from __future__ import annotations
@@ -20,13 +24,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: installed package -> its folder in the checkout (as setup.py maps them; the plugins are added)
-CORE_ROOTS = {"hal": "hal", "hal.ops": "ops", "hal.conformance": "conformance", "hal_triton": "kits/triton", "hal_cpp": "kits/cpp"}
-KITS = ("hal_triton", "hal_cpp")
+CORE_ROOTS = {"hal": "hal", "hal.ops": "ops", "hal.conformance": "conformance", "hal_triton": "kits/triton", "hal_cpp": "kits/cpp",
+              "hal_torch": "kits/torch"}
+KITS = ("hal_triton", "hal_cpp", "hal_torch")
 #: (importer's layer, imported layer) pairs the layering forbids
 FORBIDDEN = {("core", "plugin"), ("core", "kit"), ("kit", "plugin")}
-#: imports of one backend by another still in the tree (issue 42's other target: none). Lower it as
-#: they go; a new one is an error (put what backends share into hal.plugin_sdk or a kit instead).
-PLUGIN_TO_PLUGIN_LEFT = 22
+#: hal modules any backend may import besides its budget (with their submodules)
+FREE_FOR_BACKENDS = ("hal.ops", "hal.types", "hal.errors")
+#: the plugin SDK: its submodules count as one module
+SDK = "hal.plugin_sdk"
+#: how many other hal modules a backend may import (today: hal.plugin and hal.plugin_sdk)
+BACKEND_HAL_MODULES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +77,19 @@ def _constant_prefix(node: ast.expr) -> Optional[str]:
     return None
 
 
+def is_module(name: str, roots: dict[str, Path]) -> bool:
+    """Whether ``name`` is a module or package of the source roots (not a name defined in one)."""
+    owners = [(n, f) for n, f in roots.items() if name == n or name.startswith(n + ".")]
+    if not owners:
+        return False
+    root, folder = max(owners, key=lambda nf: len(nf[0]))
+    path = folder.joinpath(*name[len(root):].split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imports_of(path: Path, roots: dict[str, Path]) -> Iterator[Import]:
-    """Every import in ``path``, wherever it stands, relative ones resolved."""
+    """Every import in ``path``, wherever it stands, relative ones resolved; ``from m import x``
+    imports the module ``m.x`` where there is one, else ``m``."""
     module, package = module_of(path, roots)
     here = module.split(".") if package else module.split(".")[:-1]
     rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
@@ -79,8 +98,7 @@ def imports_of(path: Path, roots: dict[str, Path]) -> Iterator[Import]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else [])) if node.level else node.module
-            # ``from . import x`` imports the module x; ``from .m import y`` the module m
-            names = [f"{base}.{a.name}" for a in node.names] if node.module is None else [str(base)]
+            names = [f"{base}.{a.name}" if is_module(f"{base}.{a.name}", roots) else str(base) for a in node.names]
         elif isinstance(node, ast.Call) and node.args and _called(node) in ("import_module", "__import__"):
             target = _constant_prefix(node.args[0])
             names = [target] if target else []
@@ -124,6 +142,24 @@ def forbidden(imports: list[Import]) -> list[Import]:
 
 def between_plugins(imports: list[Import]) -> list[Import]:
     return [i for i in imports if layer(i.importer) == layer(i.imported) == "plugin" and distribution(i.importer) != distribution(i.imported)]
+
+
+def counted_module(module: str) -> Optional[str]:
+    """The hal module an import by a backend counts as (None: free, not hal's core): the plugin
+    SDK's submodules as the SDK, ``hal.ops``, ``hal.types`` and ``hal.errors`` not at all."""
+    if layer(module) not in ("core", "cli") or any(module == m or module.startswith(m + ".") for m in FREE_FOR_BACKENDS):
+        return None
+    return SDK if module.startswith(SDK + ".") else module
+
+
+def hal_modules_of_backends(imports: list[Import]) -> dict[str, dict[str, list[Import]]]:
+    """Backend distribution -> each hal module it imports (as :func:`counted_module` counts) -> the imports."""
+    found: dict[str, dict[str, list[Import]]] = {}
+    for i in imports:
+        counted = counted_module(i.imported) if layer(i.importer) == "plugin" else None
+        if counted is not None:
+            found.setdefault(distribution(i.importer), {}).setdefault(counted, []).append(i)
+    return found
 
 
 def cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
@@ -174,17 +210,35 @@ def test_the_core_imports_no_plugin_or_kit_and_kits_import_no_plugin(tree: list[
                      + "\n".join(map(str, bad)))
 
 
-def test_no_backend_imports_more_backends_than_are_left(tree: list[Import]) -> None:
+def test_no_backend_imports_another(tree: list[Import]) -> None:
     found = between_plugins(tree)
-    assert len(found) <= PLUGIN_TO_PLUGIN_LEFT, (
-        f"{len(found)} imports of one backend by another, more than the {PLUGIN_TO_PLUGIN_LEFT} left to remove: "
-        "share code through hal.plugin_sdk or a kit instead:\n" + "\n".join(map(str, found)))
+    assert not found, ("imports of one backend by another: share code through hal.plugin_sdk or a kit (hal_torch for "
+                       "eager PyTorch) instead:\n" + "\n".join(map(str, found)))
+
+
+def test_backends_import_few_hal_modules(tree: list[Import]) -> None:
+    """hal.plugin and the plugin SDK (hal.plugin_sdk, one module however many submodules), at most
+    three in all, besides hal.ops, hal.types and hal.errors; kits are free. What else a backend
+    needs from the core belongs in the SDK (a submodule that re-exports it says why)."""
+    over = {dist: modules for dist, modules in hal_modules_of_backends(tree).items() if len(modules) > BACKEND_HAL_MODULES}
+    assert not over, "backends that import more than {} hal modules (besides {}):\n{}".format(
+        BACKEND_HAL_MODULES, ", ".join(FREE_FOR_BACKENDS),
+        "\n".join(f"{dist}: {sorted(modules)}\n  " + "\n  ".join(str(i) for imps in modules.values() for i in imps[:1])
+                  for dist, modules in sorted(over.items())))
 
 
 def test_no_cycle_between_distributions(tree: list[Import]) -> None:
     edges = {(distribution(i.importer), distribution(i.imported)) for i in tree
              if layer(i.imported) is not None and distribution(i.importer) != distribution(i.imported)}
     assert not cycles(edges), f"distributions that import each other: {cycles(edges)}"
+
+
+@pytest.mark.parametrize("package", [*KITS, SDK])
+def test_no_cycle_through_a_kit_or_the_sdk(tree: list[Import], package: str) -> None:
+    """What backends build on imports nothing that imports it back, inside it or through the core."""
+    edges = {(i.importer, i.imported) for i in tree if i.importer != i.imported and layer(i.imported) is not None}
+    inside = [c for c in cycles(edges) if any(m == package or m.startswith(package + ".") for m in c)]
+    assert not inside, f"modules that import each other through {package}: {inside}"
 
 
 def test_no_cycle_in_the_dispatcher(tree: list[Import]) -> None:
@@ -216,6 +270,7 @@ def test_the_scan_finds_imports_in_functions_relative_and_by_name(tmp_path: Path
         "kits/triton/ok.py": "from . import kernels\nfrom hal.plugin_sdk.linear import grads_of_rows\n",
         "backends/x/hal_backend_x/__init__.py": "from hal_triton.kernels import register\n",
         "backends/x/hal_backend_x/fold.py": "from . import g\nimport hal_backend_y\n",
+        "backends/x/hal_backend_x/g.py": "from . import plugin\n",  # a name of the package, not a module
         "backends/y/hal_backend_y/__init__.py": "import importlib\nm = importlib.import_module(f'hal_backend_x.{1}')\n",
     })
     found = all_imports(tmp_path)
@@ -226,6 +281,30 @@ def test_the_scan_finds_imports_in_functions_relative_and_by_name(tmp_path: Path
     ]
     assert sorted((i.importer, i.imported) for i in between_plugins(found)) == [
         ("hal_backend_x.fold", "hal_backend_y"), ("hal_backend_y", "hal_backend_x")]
-    assert ("hal_backend_x.fold", "hal_backend_x.g") in {(i.importer, i.imported) for i in found}  # relative, resolved
+    pairs = {(i.importer, i.imported) for i in found}
+    assert ("hal_backend_x.fold", "hal_backend_x.g") in pairs and ("hal_backend_x.g", "hal_backend_x") in pairs  # relative, resolved
     assert cycles({("hal_backend_x", "hal_backend_y"), ("hal_backend_y", "hal_backend_x"), ("hal", "hal_backend_x")}) == [
         ["hal_backend_x", "hal_backend_y"]]
+
+
+def test_the_scan_counts_the_hal_modules_a_backend_imports(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "hal/__init__.py": "",
+        "hal/arrays.py": "",
+        "hal/errors.py": "",
+        "hal/plugin.py": "",
+        "hal/registry.py": "",
+        "hal/plugin_sdk/__init__.py": "",
+        "hal/plugin_sdk/fold.py": "",
+        "hal/plugin_sdk/kept.py": "",
+        "ops/__init__.py": "",
+        "ops/fp8.py": "",
+        "kits/torch/__init__.py": "",
+        "kits/torch/conv.py": "from hal.registry import OPS\n",  # kits are not counted
+        "backends/x/hal_backend_x/__init__.py": "from hal.plugin import Plugin\nfrom hal.errors import HalError\nfrom hal.ops.fp8 import FORMATS\n",
+        "backends/x/hal_backend_x/a.py": "from hal.plugin_sdk.fold import fold\nfrom hal.plugin_sdk import kept\nfrom hal_torch import conv\n",
+        "backends/x/hal_backend_x/b.py": "def f():\n    from hal import arrays\n    import hal.registry\n",
+        "backends/y/hal_backend_y/__init__.py": "from hal import ops, plugin\n",
+    })
+    counted = {dist: sorted(modules) for dist, modules in hal_modules_of_backends(all_imports(tmp_path)).items()}
+    assert counted == {"hal_backend_x": ["hal.arrays", "hal.plugin", "hal.plugin_sdk", "hal.registry"], "hal_backend_y": ["hal.plugin"]}
