@@ -44,6 +44,8 @@ from hal.arrays import FLOAT_DTYPES, torch_dtype
 from hal.ops._tolerances import INTEGER, QUANTIZED
 from hal.registry import OpDecl, Tolerance
 
+from .xfail import check_given_file
+
 #: (op, dtype or "*") -> (atol, rtol)
 Overrides = dict[tuple[str, str], tuple[float, float]]
 TOLERANCE_DIR = Path(__file__).with_name("tolerances")
@@ -129,8 +131,8 @@ def parse_overrides(text: str, source: str) -> Overrides:
 
 def load_overrides(backend: str, plugin: Any = None, extra_file: Union[None, str, Path] = None) -> Overrides:
     """A backend's tolerance overrides: its plugin's mapping, this package's file, then ``extra_file``."""
-    if extra_file is not None and not Path(extra_file).is_file():
-        raise FileNotFoundError(f"tolerance file {extra_file} does not exist (given with --tolerances)")
+    if extra_file is not None:
+        check_given_file(Path(extra_file), "tolerance file", "--tolerances")
     out: Overrides = {}
     shipped: Mapping[str, Mapping[str, Any]] = getattr(plugin, "conformance_tolerances", None) or {}
     for op, per_dtype in shipped.items():

@@ -49,15 +49,22 @@ def parse(text: str, source: str) -> dict[str, str]:
     return out
 
 
+def check_given_file(path: Path, what: str, option: str) -> None:
+    """Raise FileNotFoundError, saying which, where ``path`` (given with ``option``, a ``what`` such
+    as "xfail file") is a folder or does not exist."""
+    if path.is_dir():
+        raise FileNotFoundError(f"{what} {path} is a folder, not a file (given with {option}): give the path of the file itself")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist (given with {option})")
+
+
 def load(backend: str, extra_file: Union[None, str, Path] = None) -> XfailList:
     """The xfail list of ``backend``: this package's file for it, plus ``extra_file`` if given."""
     xs = XfailList()
+    if extra_file:
+        check_given_file(Path(extra_file), "xfail file", "--xfail")
     for path in (XFAIL_DIR / f"{backend}.txt", Path(extra_file) if extra_file else None):
-        if path is None:
-            continue
-        if not path.is_file():
-            if path != XFAIL_DIR / f"{backend}.txt":
-                raise FileNotFoundError(f"xfail file {path} does not exist")
+        if path is None or not path.is_file():
             continue
         xs.entries.update(parse(path.read_text(), str(path)))
         xs.sources.append(str(path))

@@ -253,10 +253,20 @@ def run_collectives_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m hal.dist.bench``: the options checked as ``hal bench --collectives`` checks them
+    (a bad one is one line on stderr and exit status 2, before any rank starts), then the bench."""
+    from hal.cli.bench_collectives import check
+    from hal.cli.usage import run_command
+
     parser = argparse.ArgumentParser(prog="python -m hal.dist.bench", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
-    return run_collectives_bench(parser.parse_args(argv))
+
+    def checked(args: argparse.Namespace) -> int:
+        check(args)
+        return run_collectives_bench(args)
+
+    return run_command(parser.prog, checked, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

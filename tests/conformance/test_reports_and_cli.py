@@ -63,6 +63,16 @@ def test_xfail_file_errors_name_the_line(tmp_path):
         xfail.parse("softmax  why\n", "x.txt")
 
 
+@pytest.mark.parametrize("option, what", [("--xfail", "xfail file"), ("--tolerances", "tolerance file")])
+def test_a_folder_given_as_a_file_is_called_a_folder(tmp_path, option, what):
+    """Before: a folder given with --xfail or --tolerances was said not to exist."""
+    base = ["--backend", "cpu_ref", "--ops", "softmax", "--quick", "--list"]
+    rc, err = cli(*base, option, str(tmp_path))
+    assert rc == 2 and f"{what} {tmp_path} is a folder, not a file (given with {option})" in err, err
+    rc, err = cli(*base, option, str(tmp_path / "missing.txt"))
+    assert rc == 2 and f"{what} {tmp_path / 'missing.txt'} does not exist (given with {option})" in err, err
+
+
 def test_reports_are_valid_and_failures_come_with_a_working_repro(install, seed, tmp_path):
     install(softmax_backend())
     rc, err = cli("--backend", "buggy", "--ops", "softmax", "--dtypes", "float32", "--seed", str(seed), "--report-dir", str(tmp_path))

@@ -131,6 +131,22 @@ def test_cross_rank_check_names_what_each_rank_passed() -> None:
     assert err is not None and "on rank 2, entry 1" in str(err), err
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["--world-size", "0"], "--world-size 0: give 1 or more"),
+    (["--step-factor", "1"], "--step-factor 1.0: give a factor above 1"),
+    (["--dtype", "float7"], "--dtype float7: give a torch dtype name such as float32 or bfloat16"),
+    (["--collective-ops", "all_reduce,al_gather"], "unknown collective op 'al_gather' (did you mean 'all_gather'?)"),
+])
+def test_bench_module_refuses_bad_options_before_any_rank_starts(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
+    """``python -m hal.dist.bench`` checked none of its options (``hal bench --collectives`` did):
+    --world-size 0 ended in an IndexError, --step-factor 1 never ended, --dtype float7 failed in
+    every rank. Now the same check: one line, exit status 2, nothing run."""
+    assert bench.main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("python -m hal.dist.bench: ") and expected in out.err, out.err
+    assert len(out.err.strip().splitlines()) == 1, out.err
+
+
 def test_bench_sizes_and_factors() -> None:
     assert bench.parse_bytes("8") == 8 and bench.parse_bytes("64K") == 65536 and bench.parse_bytes("256M") == 256 << 20
     assert bench.sizes(8, 256 << 20, 4)[-1] == 256 << 20 and bench.sizes(8, 32, 2) == [8, 16, 32]
