@@ -35,7 +35,7 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   "${pip[@]}" ${HAL_TORCH_INDEX:+--index-url "$HAL_TORCH_INDEX"} "${HAL_TORCH_SPEC:-torch==2.13.0}"
 fi
 
-# backends/eager (every op in eager PyTorch) first: the cpu, cuda and rocm plugins build on it
+# the backends, each its own distribution (eager: every op in eager PyTorch, the hal_torch kit's functions)
 packages=(-e . -e backends/eager -e backends/cpu_ref -e backends/cpu)
 if [ "$test_mode" = 1 ]; then
   packages=(-e ".[test,triton]" build -e backends/eager -e backends/cpu_ref -e backends/cpu)
