@@ -8,13 +8,17 @@ that returns the function unchanged. No device work and no compilation happen at
 runs when hal first needs to know.
 
 A plugin may also add kernels to a backend defined by another plugin (``backend="cuda"``).
+
+Where a kernel serves is data of its registration (:class:`Routing`): the contexts of :data:`CONTEXTS`
+it serves and its priority in each. The dispatcher decides every call in one context and ranks the
+kernels that serve it by their priority there; ``hal.explain`` prints each candidate's table.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from hal.errors import PluginError
 from hal.registry import OpDecl, check_kernel_signature, get_op
@@ -84,6 +88,61 @@ class Archs:
         return None
 
 
+#: The contexts a call is decided in, in the order the dispatcher tests them (the first that applies
+#: is the call's: :func:`hal.dispatch.context.context_of`):
+#:
+#: - ``graph``: inside :func:`hal.graphs.device_bound`, a step to be replayed from a CUDA graph, where
+#:   host time is not paid per call and only device time counts;
+#: - ``compiled``: the call is decided for a torch.compile graph, where Inductor compiles a kernel made
+#:   of torch's ops with its neighbours and any other kernel is one opaque node;
+#: - ``training``: the call needs autograd (grad mode on, an input requires grad, the op trainable);
+#: - ``eager``: any other call.
+CONTEXTS = ("graph", "compiled", "training", "eager")
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """Where a kernel serves, as data: its priority in each context it serves (higher is tried
+    first). A kernel is no candidate for a call made in a context it does not list."""
+
+    #: (context, priority) pairs in the order of :data:`CONTEXTS`.
+    priorities: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, contexts: Mapping[str, int]) -> "Routing":
+        """The routing of ``{context: priority}``; a context hal does not know, a priority that is no
+        int, or no context at all is a ValueError naming what is wrong."""
+        unknown = sorted(set(contexts) - set(CONTEXTS))
+        if unknown or not contexts:
+            raise ValueError(f"contexts must map some of {', '.join(CONTEXTS)} to priorities, not {dict(contexts)!r}")
+        odd = {c: p for c, p in contexts.items() if isinstance(p, bool) or not isinstance(p, int)}
+        if odd:
+            raise ValueError(f"a context's priority is an int, not {odd!r}")
+        return cls(tuple((c, int(contexts[c])) for c in CONTEXTS if c in contexts))
+
+    @classmethod
+    def everywhere(cls, priority: int, graph_priority: Optional[int] = None) -> "Routing":
+        """Every context at ``priority``, but ``graph`` at ``graph_priority`` where one is given
+        (what a registration with ``priority`` and ``graph_priority`` alone means)."""
+        graph = int(priority if graph_priority is None else graph_priority)
+        return cls.of({c: graph if c == "graph" else int(priority) for c in CONTEXTS})
+
+    def priority(self, context: str) -> Optional[int]:
+        """The kernel's priority in ``context`` (None: it does not serve calls made there)."""
+        return next((p for c, p in self.priorities if c == context), None)
+
+    @property
+    def contexts(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.priorities)
+
+    def __str__(self) -> str:
+        """``"20 in every context"``, or each context it serves with its priority (``"eager 35, graph 1"``)."""
+        values = {p for _, p in self.priorities}
+        if len(self.priorities) == len(CONTEXTS) and len(values) == 1:
+            return f"{values.pop()} in every context"
+        return ", ".join(f"{c} {p}" for c, p in self.priorities)
+
+
 @dataclasses.dataclass(eq=False)
 class KernelSpec:
     """A kernel of an op on a backend, with what it supports stated as data."""
@@ -93,7 +152,8 @@ class KernelSpec:
     name: str
     fn: Callable[..., Any]
     plugin: str
-    priority: int = 0
+    #: the contexts the kernel serves and its priority in each.
+    routing: Routing = Routing.everywhere(0)
     dtypes: Optional[frozenset[str]] = None  # None: every dtype the op declares
     archs: Optional[Archs] = None  # None: every architecture of its backend
     check: Optional[Callable[[Inputs], Reasons]] = None
@@ -105,9 +165,19 @@ class KernelSpec:
     #: running the backward op: False, True, or a check of the inputs giving the reasons it may not
     #: (e.g. float32, where torch's backward would round to TF32). See :mod:`hal.dispatch.route`.
     differentiable: Union[bool, Callable[[Inputs], Reasons]] = False
-    #: the kernel's priority in steps replayed from a CUDA graph (:func:`hal.graphs.device_bound`),
-    #: where host time is not paid per call and only device time counts; None: ``priority``.
-    graph_priority: Optional[int] = None
+
+    @property
+    def priority(self) -> int:
+        """Its priority in eager calls, or where it serves none its highest (the order ``hal info``
+        and listings show kernels in)."""
+        eager = self.routing.priority("eager")
+        return eager if eager is not None else max(p for _, p in self.routing.priorities)
+
+    @property
+    def graph_priority(self) -> Optional[int]:
+        """Its priority in steps replayed from a CUDA graph where that differs from :attr:`priority`."""
+        graph = self.routing.priority("graph")
+        return None if graph == self.priority else graph
 
     def rank(self, device_bound: bool) -> int:
         """The priority that orders this kernel among its op's kernels on its backend."""
@@ -218,7 +288,7 @@ class Plugin:
         *,
         name: str,
         backend: Optional[str] = None,
-        priority: int = 0,
+        priority: Optional[int] = None,
         dtypes: Optional[Iterable[str]] = None,
         archs: Optional[Archs] = None,
         check: Optional[Callable[[Inputs], Reasons]] = None,
@@ -226,6 +296,7 @@ class Plugin:
         fused: bool = True,
         differentiable: Union[bool, Callable[[Inputs], Reasons]] = False,
         graph_priority: Optional[int] = None,
+        contexts: Optional[Mapping[str, int]] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register the decorated function as kernel ``name`` of ``op`` and return it unchanged.
 
@@ -239,10 +310,23 @@ class Plugin:
         the op's backward op. Meant for kernels that are torch's own op, where hal's node adds
         host time and nothing else.
 
-        ``graph_priority`` replaces ``priority`` in steps replayed from a CUDA graph
-        (:func:`hal.graphs.device_bound`): a kernel that costs more host time per launch but less
-        device time than the kernel ranked above it can rank first there.
+        ``contexts`` says where the kernel serves: ``{context: priority}`` over :data:`CONTEXTS`
+        (``{"compiled": 2}``: inside torch.compile graphs only; ``{"eager": 35, "training": 35,
+        "compiled": 35, "graph": 1}``: everywhere, ranked last in CUDA-graph replays). Without it
+        the kernel serves every context at ``priority`` (default 0), and at ``graph_priority`` in
+        steps replayed from a CUDA graph (:func:`hal.graphs.device_bound`) where that is given: a
+        kernel that costs more host time per launch but less device time than the kernel ranked
+        above it can rank first there.
         """
+        try:
+            if contexts is None:
+                routing = Routing.everywhere(0 if priority is None else priority, graph_priority)
+            elif priority is not None or graph_priority is not None:
+                raise ValueError("give either contexts or priority (and graph_priority), not both")
+            else:
+                routing = Routing.of(contexts)
+        except (ValueError, TypeError) as exc:
+            raise PluginError(f"plugin {self.name}: kernel {name!r} of op {op}: {exc}") from None
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             try:
@@ -265,14 +349,13 @@ class Plugin:
                     name=name,
                     fn=fn,
                     plugin=self.name,
-                    priority=int(priority),
+                    routing=routing,
                     dtypes=frozenset(dtypes) if dtypes is not None else None,
                     archs=archs,
                     check=check,
                     array_api=array_api,
                     fused=fused,
                     differentiable=differentiable,
-                    graph_priority=None if graph_priority is None else int(graph_priority),
                 )
             )
             return fn

@@ -2,7 +2,8 @@
 
 The modules follow a call: :mod:`~hal.dispatch.entry` (the generated ``hal.ops.<name>`` and its
 cache key) -> :mod:`~hal.dispatch.dispatcher` (the state, and the steps in order) ->
-:mod:`~hal.dispatch.validate` -> :mod:`~hal.dispatch.select` (with :mod:`~hal.dispatch.adapt`)
+:mod:`~hal.dispatch.validate` -> :mod:`~hal.dispatch.select` (in the call's
+:mod:`~hal.dispatch.context`, with :mod:`~hal.dispatch.adapt`)
 -> :mod:`~hal.dispatch.route` -> :mod:`~hal.dispatch.measure` -> :mod:`~hal.dispatch.plan`;
 :mod:`~hal.dispatch.explain` answers ``hal.explain`` with the same steps, and
 :mod:`~hal.dispatch.held` keeps plans for callers that repeat one call.

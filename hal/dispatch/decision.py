@@ -36,6 +36,14 @@ from .select import FALLBACK_WORDS, Candidate
 #: the route reasons of the public contract (``hal.explain``'s ``route``).
 ROUTES = ("kernel", "autograd", "decomposition")
 
+#: what puts a call in each context (:func:`hal.dispatch.context.context_of`), as explain says it.
+_CONTEXT_WORDS = {
+    "graph": "hal.graphs.device_bound: a step replayed from a CUDA graph",
+    "compiled": "decided for a torch.compile graph",
+    "training": "inputs require grad",
+    "eager": "no autograd, no graph",
+}
+
 
 @dataclasses.dataclass
 class Decision:
@@ -52,6 +60,9 @@ class Decision:
     strict: bool = False
     #: kernels ranked by their graph priority (a step replayed from a CUDA graph, hal.graphs)
     device_bound: bool = False
+    #: the context the call was decided in (graph, compiled, training, eager: :mod:`hal.dispatch.context`),
+    #: whose priorities ranked the kernels (None: a collective of hal.dist, which has algorithms)
+    context: Optional[str] = None
     candidates: list[Candidate] = dataclasses.field(default_factory=list)
     #: the error a call with these inputs raises (no kernel, strict mode, missing backend).
     error: Optional[HalError] = None
@@ -115,9 +126,8 @@ class Decision:
             lines.append(f"{pad}forced: " + "; ".join(self.forced))
         if self.strict:
             lines.append(f"{pad}strict mode: fallbacks raise")
-        if self.device_bound:
-            lines.append(f"{pad}device-bound (hal.graphs.device_bound: a step replayed from a CUDA graph): kernels ranked by "
-                         "their graph priority")
+        if self.context is not None:
+            lines.append(f"{pad}context: {self.context} ({_CONTEXT_WORDS[self.context]}): kernels ranked by their {self.context} priority")
         why = f" ({self.route_reason})" if self.route_reason else ""
         lines.append(f"{pad}route: {self.route}{why}")
         if self.measurement is not None:
@@ -136,7 +146,8 @@ class Decision:
             mark = "->" if c.chosen else ("ok" if c.supported else "no")
             note = f" [{c.note}]" if c.note else ""
             timed = f"  {_us(c.time_us)}" if c.time_us is not None else ""
-            lines.append(f"{pad}  {mark} {c.backend}/{c.kernel}{note}{timed}")
+            routing = f"  ({c.routing})" if c.routing else ""
+            lines.append(f"{pad}  {mark} {c.backend}/{c.kernel}{note}{timed}{routing}")
             for r in c.reasons:
                 lines.append(f"{pad}       - {r}")
         for i, step in enumerate(self.steps):

@@ -87,7 +87,7 @@ def decision_of(decl: OpDecl, decided: Decided, *, steps: Sequence[Decision] = (
     sel, route, choice = decided.selection, decided.route, decided.choice
     candidates = list(sel.candidates) + list(unseen)
     common = dict(op=decl.name, inputs=describe_inputs(decl, decided.prepared.inputs), device=sel.device, forced=list(sel.forced),
-                  strict=choice.strict, device_bound=choice.device_bound)
+                  strict=choice.strict, device_bound=choice.device_bound, context=sel.context)
     if route is None:
         return Decision(candidates=candidates, error=sel.error, **common)
     outcome = decided.outcome

@@ -3,9 +3,9 @@
 1. The device picks the backends: the available backends serving it, highest priority first, then
    for device tensors the CPU backends through host copies; ``HAL_BACKEND`` / ``hal.use(backend=)``
    forces one.
-2. In each backend, its kernels in priority order (graph priority inside
-   :func:`hal.graphs.device_bound`); the first whose ``not_supported_reasons`` is empty is chosen,
-   unless a kernel is forced (``HAL_KERNEL_<OP>`` / ``hal.use(kernel=)``). Failing every kernel,
+2. In each backend, the kernels that serve the call's context (:mod:`hal.dispatch.context`: graph,
+   compiled, training or eager) in the order of their priority there (:class:`hal.plugin.Routing`);
+   the first whose ``not_supported_reasons`` is empty is chosen, unless a kernel is forced (``HAL_KERNEL_<OP>`` / ``hal.use(kernel=)``). Failing every kernel,
    the op's composite decomposition runs on that backend; failing that, the next backend. Any
    choice but the first backend's own kernel is a fallback.
 3. The other kernels of the chosen one's backend that support the inputs are its *alternatives*:
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -34,6 +34,7 @@ from hal.runtime import BackendState, Runtime
 from hal.types import ARRAY_KINDS
 
 from .adapt import inputs_as, kernel_runner
+from .context import context_of
 from .validate import has_zero_size
 
 log = logging.getLogger("hal")
@@ -64,6 +65,8 @@ class Candidate:
     note: str = ""  # "host fallback", "forced", ...
     #: the measured time of this candidate in microseconds (see :mod:`hal.dispatch.measure`).
     time_us: Optional[float] = None
+    #: a kernel's contexts and its priority in each (:class:`hal.plugin.Routing`), as explain prints them.
+    routing: str = ""
 
     @property
     def supported(self) -> bool:
@@ -104,6 +107,8 @@ class Selection:
     forced: tuple[str, ...] = ()
     #: the first usable backend of the device (a training decomposition's backend).
     first_backend: Optional[str] = None
+    #: the context the call was decided in (:func:`hal.dispatch.context.context_of`).
+    context: str = "eager"
 
     def with_choice(self, option: Option, note: str) -> "Selection":
         """The same selection with ``option`` (one of :attr:`alternatives`) chosen instead."""
@@ -117,15 +122,16 @@ def select(decl: OpDecl, inputs: Inputs, choice: Choice, runtime: Runtime) -> Se
     """Choose a backend and kernel for validated inputs; never raises (errors go in the Selection)."""
     device = str(inputs.device) if inputs.array_type == "torch" else "cpu (numpy)"
     forced = _forced(choice)
-    found = _Search(decl, inputs, choice, runtime, device)
+    context = context_of(decl, inputs, choice)
+    found = _Search(decl, inputs, choice, runtime, device, context)
     order = found.backend_order()
     if order is None:
-        return Selection(device, tuple(found.candidates), None, error=found.error, forced=forced)
+        return Selection(device, tuple(found.candidates), None, error=found.error, forced=forced, context=context)
     first = order[0][0].name
     for position, (state, mode) in enumerate(order):
         option = found.in_backend(state, mode, position)
         if found.error is not None:
-            return Selection(device, tuple(found.candidates), None, error=found.error, forced=forced, first_backend=first)
+            return Selection(device, tuple(found.candidates), None, error=found.error, forced=forced, first_backend=first, context=context)
         if option is None:
             continue
         if option.fallback and choice.strict:
@@ -134,20 +140,37 @@ def select(decl: OpDecl, inputs: Inputs, choice: Choice, runtime: Runtime) -> Se
                 f"({option.backend}/{option.kernel}) because the preferred kernels cannot run these inputs:"
                 f"{candidate_lines(found.candidates)}\nUnset HAL_STRICT / hal.use(strict=...) to allow fallbacks."
             )
-            return Selection(device, tuple(found.candidates), None, error=error, forced=forced, first_backend=first)
+            return Selection(device, tuple(found.candidates), None, error=error, forced=forced, first_backend=first, context=context)
         alternatives = tuple(found.alternatives)
         if option.kernel != "composite" and decl.empty is not None and has_zero_size(decl, inputs.args):
             option, alternatives = found.empty_instead(decl, option), ()
-        return Selection(device, tuple(found.candidates), option, alternatives, forced=forced, first_backend=first)
+        return Selection(device, tuple(found.candidates), option, alternatives, forced=forced, first_backend=first, context=context)
     error = UnsupportedError(no_kernel_message(decl, device, inputs, found.candidates, runtime))
-    return Selection(device, tuple(found.candidates), None, error=error, forced=forced, first_backend=first)
+    return Selection(device, tuple(found.candidates), None, error=error, forced=forced, first_backend=first, context=context)
+
+
+def ranked(kernels: Sequence[KernelSpec], context: str) -> list[KernelSpec]:
+    """``kernels`` (in their registered priority order) as selection tries them for a call made in
+    ``context``: those serving it by their priority there (ties keep their order), then those that
+    do not (candidates only for explain, which says why)."""
+    serving = [(p, k) for k in kernels for p in (k.routing.priority(context),) if p is not None]
+    serving.sort(key=lambda pk: -pk[0])
+    return [k for _, k in serving] + [k for k in kernels if k.routing.priority(context) is None]
+
+
+def _context_reasons(k: KernelSpec, context: str) -> list[str]:
+    """Why ``k`` is no candidate in ``context`` (empty: it serves calls made there)."""
+    if k.routing.priority(context) is not None:
+        return []
+    return [f"serves no {context} calls (its contexts: {k.routing})"]
 
 
 class _Search:
     """The state of one selection: the candidates seen so far, and the error found, if any."""
 
-    def __init__(self, decl: OpDecl, inputs: Inputs, choice: Choice, runtime: Runtime, device: str) -> None:
+    def __init__(self, decl: OpDecl, inputs: Inputs, choice: Choice, runtime: Runtime, device: str, context: str) -> None:
         self.decl, self.inputs, self.choice, self.runtime, self.device = decl, inputs, choice, runtime, device
+        self.context = context
         self.candidates: list[Candidate] = []
         self.alternatives: list[Option] = []
         self.error: Optional[HalError] = None
@@ -204,7 +227,7 @@ class _Search:
         """The kernel of one backend for the inputs (or its composite); records every candidate, and
         on the first backend tried the other kernels that could run them too."""
         decl, choice = self.decl, self.choice
-        kernels = self.runtime.kernels(decl.name, state.name, choice.device_bound)
+        kernels = ranked(self.runtime.kernels(decl.name, state.name), self.context)
         names = [k.name for k in kernels]
         composite = decl.fallback_composite
         wants_composite = choice.kernel == "composite" and (composite is not None or choice.kernel_required)
@@ -226,12 +249,14 @@ class _Search:
             if forced is not None and k.name != forced:
                 continue
             api = k.array_api or state.info.array_api
-            if choice.traceable_only and not _made_of_torch_ops(k, api, mode, inputs):
-                self.candidates.append(Candidate(state.name, k.name, [UNTRACEABLE], note=note))
+            routing = str(k.routing)
+            elsewhere = _context_reasons(k, self.context)
+            if elsewhere or (choice.traceable_only and not _made_of_torch_ops(k, api, mode, inputs)):
+                self.candidates.append(Candidate(state.name, k.name, elsewhere or [UNTRACEABLE], note=note, routing=routing))
                 continue
             reasons = _reasons(k, inputs_as(inputs, api, views))
             self.candidates.append(Candidate(state.name, k.name, reasons, chosen=not reasons and chosen is None,
-                                             note=note or ("forced" if forced else "")))
+                                             note=note or ("forced" if forced else ""), routing=routing))
             if reasons:
                 continue
             option = self._option(state, k, api, mode, inputs, fallback)
@@ -300,7 +325,7 @@ def passed_over(decl: OpDecl, inputs: Inputs, choice: Choice, runtime: Runtime, 
     others = [(s, "native") for s in runtime.backends_for(inputs.device_kind)]
     if inputs.device_kind != "cpu" and inputs.array_type == "torch":
         others += [(s, "host") for s in runtime.backends_for("cpu")]
-    search = _Search(decl, inputs, choice, runtime, selection.device)
+    search = _Search(decl, inputs, choice, runtime, selection.device, selection.context)
     out: list[Candidate] = []
     for state, mode in others:
         if state.name in tried:
@@ -309,19 +334,21 @@ def passed_over(decl: OpDecl, inputs: Inputs, choice: Choice, runtime: Runtime, 
         if not state.available:
             out.append(Candidate(state.name, "*", [f"backend unavailable: {state.reason}"]))
             continue
-        kernels = runtime.kernels(decl.name, state.name, choice.device_bound)
+        kernels = ranked(runtime.kernels(decl.name, state.name), selection.context)
         if not kernels:
             out.append(Candidate(state.name, "*", [why, f"no kernel of {decl.name} registered"]))
             continue
         note = "host fallback" if mode == "host" else ""
         if mode == "host":
-            out += [Candidate(state.name, k.name, [why], note=note) for k in kernels]
+            out += [Candidate(state.name, k.name, [why, *_context_reasons(k, selection.context)], note=note, routing=str(k.routing))
+                    for k in kernels]
             continue
         native = search._inputs_for(state, "native")
         views: dict[str, Inputs] = {}
         for k in kernels:
             api = k.array_api or state.info.array_api
-            out.append(Candidate(state.name, k.name, [why, *_reasons(k, inputs_as(native, api, views))], note=note))
+            own = _context_reasons(k, selection.context) or _reasons(k, inputs_as(native, api, views))
+            out.append(Candidate(state.name, k.name, [why, *own], note=note, routing=str(k.routing)))
     return out
 
 
