@@ -98,7 +98,7 @@ def imports_of(path: Path, roots: dict[str, Path]) -> Iterator[Import]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else [])) if node.level else node.module
-            names = [f"{base}.{a.name}" if is_module(f"{base}.{a.name}", roots) else str(base) for a in node.names]
+            names = list(dict.fromkeys(f"{base}.{a.name}" if is_module(f"{base}.{a.name}", roots) else str(base) for a in node.names))
         elif isinstance(node, ast.Call) and node.args and _called(node) in ("import_module", "__import__"):
             target = _constant_prefix(node.args[0])
             names = [target] if target else []
