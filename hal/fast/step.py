@@ -21,6 +21,7 @@ numbers), so a compiled step with dropout is a different, equally valid, trainin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import statistics
@@ -34,6 +35,7 @@ from hal.errors import InvalidArgumentError
 from hal.fast import plan
 from hal.fast.plan import Decision
 from hal.fast.state import Snapshot
+from hal.nn.weight_copies import WeightCopies
 
 log = logging.getLogger("hal")
 
@@ -101,6 +103,7 @@ class OptimizeReport:
     rewrite: Decision
     optimizer: Decision
     precision: str
+    weights: str
     compile: Decision
     graph: Decision
     untouched: str = ""
@@ -121,6 +124,7 @@ class Variant:
     name: str
     model: nn.Module
     optimizer: torch.optim.Optimizer
+    copies: Optional[WeightCopies] = None  # half-precision copies of its linear weights (hal's variant under autocast)
 
 
 class OptimizedStep:
@@ -172,7 +176,7 @@ class OptimizedStep:
             yours, untouched = optimizer, f"your model and your {type(optimizer).__name__}, as given"
         self._variants = {"torch": Variant("torch", model, yours)}
         if rewritten is not model or hal_optimizer is not yours:
-            self._variants["hal"] = Variant("hal", rewritten, hal_optimizer)
+            self._variants["hal"] = Variant("hal", rewritten, hal_optimizer, self._weight_copies(rewritten, rewrite_decision, amp))
         else:
             untouched += " (the rewrite changed nothing: no 'hal' variant)"
         chosen_first = self._variants.get("hal", self._variants["torch"])
@@ -189,13 +193,20 @@ class OptimizedStep:
             precision += f" with {type(scaler).__name__}"
         self.scaler = scaler
         self._names, self._skipped, compile_d, graph_d = self._candidates(compile, graph, candidates)
-        self.report = OptimizeReport(type(model).__name__, str(self.device), rewrite_decision, opt_decision, precision, compile_d, graph_d,
+        copies = self._variants["hal"].copies if "hal" in self._variants else None
+        weights = ("as they are (float32 under autocast: cast by each linear, forward and backward)" if amp is not None and copies is None
+                   else "as they are" if copies is None else
+                   f"{len(copies)} nn.Linear weights read as {str(copies.dtype).removeprefix('torch.')} copies ({copies.nbytes / 2**20:.0f} MiB) "
+                   "written after each optimizer step (no cast per linear, forward or backward; weight gradients leave the GEMM "
+                   "in float32) in the 'hal' variant: autocast's numbers (hal.nn.weight_copies)")
+        self.report = OptimizeReport(type(model).__name__, str(self.device), rewrite_decision, opt_decision, precision, weights, compile_d, graph_d,
                                      untouched)
         self._compiled: dict[str, Callable[..., torch.Tensor]] = {}
         self._runs: dict[str, Callable[..., torch.Tensor]] = {}
         self._made_capturable: list[dict] = []  # param groups a graph candidate set capturable (undone unless a graph wins)
         self._run: Optional[Callable[..., torch.Tensor]] = None
         self._graph: Any = None  # the GraphedStep in use, if any
+        self._chosen_copies: Optional[WeightCopies] = None  # the chosen variant's weight copies, if any
 
     # --- the candidates ------------------------------------------------------------------------
 
@@ -244,6 +255,15 @@ class OptimizedStep:
                                  f"{', '.join(possible)}); leave candidates=None to measure them all")
         return sorted(names, key=CANDIDATES.index), skipped, compile_d, graph_d
 
+    @staticmethod
+    def _weight_copies(rewritten: nn.Module, rewrite: Decision, amp: Optional[torch.dtype]) -> Optional[WeightCopies]:
+        """Half-precision copies of the rewritten model's linear weights, where autocast casts them
+        each step and the rewrite is a twin (patched: its modules are hal's to change); None elsewhere."""
+        if amp is None or rewrite.choice != "patch" or not hasattr(rewritten, "_modules"):
+            return None
+        copies = WeightCopies(rewritten, amp)
+        return copies if len(copies) else None
+
     def _forward_loss(self, model: nn.Module) -> Callable[..., torch.Tensor]:
         """The forward and the loss of ``model``, under autocast when ``amp`` is set."""
         def forward_loss(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -267,17 +287,20 @@ class OptimizedStep:
             forward = self._compiled[which]
         else:
             forward = self._forward_loss(variant.model)
-        opt, scaler = variant.optimizer, self.scaler
+        opt, scaler, copies = variant.optimizer, self.scaler, variant.copies
 
         def step(*args: Any, **kwargs: Any) -> torch.Tensor:
-            loss = forward(*args, **kwargs)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
+            with copies.active() if copies is not None else contextlib.nullcontext():
+                loss = forward(*args, **kwargs)
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    opt.step()
+                if copies is not None:
+                    copies.write()
             opt.zero_grad(set_to_none=True)
             return loss.detach()
 
@@ -307,6 +330,8 @@ class OptimizedStep:
         elif self._copy_hyper or self._graph is not None:
             self._watch_optimizer()
         assert self._run is not None
+        if self._graph is not None and self._chosen_copies is not None:
+            self._chosen_copies.refresh()  # a replay runs none of the step's Python: weights changed since are copied here
         loss = self._run(*args, **kwargs)
         if self._copy_hyper:
             # your optimizer no longer steps: tell a learning-rate scheduler on it that a step was
@@ -424,10 +449,13 @@ class OptimizedStep:
             # measured on a twin sharing your parameters; the step runs on your model, patched in
             # place as hal.nn.patch does (a compiled step compiles again, for your model's modules)
             hal.nn.patch(self._user_model)
+            if variant.copies is not None:
+                variant.copies.attach(self._user_model)
             variant.model = self._user_model
             self._runs = {n: run for n, run in self._runs.items() if not n.startswith("hal ")}
             self._compiled.pop("hal", None)
         self.model, self.optimizer = variant.model, variant.optimizer
+        self._chosen_copies = variant.copies
         self._copy_hyper = self._user_optimizer is not None and self.optimizer is not self._user_optimizer
         self._hyper = plan.hyperparameters(self._user_optimizer if self._copy_hyper else self.optimizer)  # type: ignore[arg-type]
         self._run = self._make(name)
@@ -452,6 +480,7 @@ class OptimizedStep:
                  f"  model      {r.rewrite.choice}: {r.rewrite.reason} ({r.rewrite.seconds:.2f} s)",
                  f"  optimizer  {r.optimizer.choice}: {r.optimizer.reason}",
                  f"  precision  {r.precision}",
+                 f"  weights    {r.weights}",
                  f"  compile    {r.compile.choice}: {r.compile.reason}",
                  f"  graph      {r.graph.choice}: {r.graph.reason}"]
         if r.chosen is None:

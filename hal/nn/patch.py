@@ -57,6 +57,7 @@ from hal.nn import patch_hf
 from hal.nn.agreement import has_hooks, probe, random_copy, same, state_is
 from hal.nn.fuse import _ACT_MODULES
 from hal.nn.modules import FusedConvBN2d, FusedConvBNReLU2d, LayerNorm, RMSNorm as HalRMSNorm, fusion_problem, linear_act
+from hal.nn.weight_copies import PLAIN_LINEARS
 
 log = logging.getLogger("hal.nn.patch")
 
@@ -161,7 +162,7 @@ def _plan(children: tuple[nn.Module, ...]) -> tuple[Callable[[torch.Tensor], tor
         elif conv_bn:
             steps.append(FusedConvBN2d.from_modules(m, nxt, borrow=True))
             i += 2
-        elif type(m) is nn.Linear and nxt is not None and _activation(nxt) is not None and not has_hooks(m):
+        elif type(m) in PLAIN_LINEARS and nxt is not None and _activation(nxt) is not None and not has_hooks(m):
             steps.append(_LinearAct(m, _activation(nxt)))
             i += 2
         else:
@@ -183,7 +184,7 @@ def _llama_rms_norm(m: nn.Module) -> Optional[nn.Module]:
 
 def _swiglu_mlp(m: nn.Module) -> Optional[nn.Module]:
     names = ("gate_proj", "up_proj", "down_proj")
-    if not state_is(m, set(), {*names, "act_fn"}) or not all(type(m._modules[n]) is nn.Linear for n in names):
+    if not state_is(m, set(), {*names, "act_fn"}) or not all(type(m._modules[n]) in PLAIN_LINEARS for n in names):
         return None
     if any(has_hooks(c) for c in m.modules()):
         return None

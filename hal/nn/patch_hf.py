@@ -49,6 +49,7 @@ from torch import nn
 import hal
 from hal.nn.agreement import has_hooks, own_state, probe, random_copy, same
 from hal.nn.modules import _cast, autocast_dtype
+from hal.nn.weight_copies import PLAIN_LINEARS
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -130,7 +131,7 @@ def _gemma_rms_norm(m: nn.Module) -> Optional[nn.Module]:
 def _geglu_mlp(m: nn.Module) -> Optional[nn.Module]:
     names = ("gate_proj", "up_proj", "down_proj")
     params, children, buffers = own_state(m)
-    if params or buffers or children != {*names, "act_fn"} or not all(type(m._modules[n]) is nn.Linear for n in names):
+    if params or buffers or children != {*names, "act_fn"} or not all(type(m._modules[n]) in PLAIN_LINEARS for n in names):
         return None
     if any(has_hooks(c) for c in m.modules()) or not _is_function(m._modules["act_fn"], lambda t: F.gelu(t, approximate="tanh")):
         return None
@@ -227,7 +228,7 @@ def _sliding(module: nn.Module) -> bool:
 def _llama_attention(m: nn.Module) -> Optional[nn.Module]:
     names = {"q_proj", "k_proj", "v_proj", "o_proj"}
     params, children, buffers = own_state(m)
-    if params or buffers or children != names or not all(type(m._modules[n]) is nn.Linear for n in names):
+    if params or buffers or children != names or not all(type(m._modules[n]) in PLAIN_LINEARS for n in names):
         return None
     if not type(m).__module__.startswith("transformers.") or isinstance(m, _HalAttention):
         return None

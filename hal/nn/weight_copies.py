@@ -1,0 +1,168 @@
+"""Half-precision copies of a model's ``nn.Linear`` weights, written once per optimizer step.
+
+Under ``torch.autocast`` every ``nn.Linear`` casts its float32 weight to the autocast dtype in the
+forward (read 4 bytes, write 2 per element), ``torch.compile`` casts it again in the backward
+rather than keep the cast, and the weight's gradient leaves the GEMM in the autocast dtype to be
+cast to float32 (write 2, read 2, write 4). At Llama-3.2-1B's shape these casts took 4.9 ms of a
+79 ms compiled step on an H100 (``benchmarks/results``): they move about 16 bytes per weight each
+step. Here the copy is made where the weight changes instead, after the optimizer step (read 4,
+write 2), the forward and backward read it, and the weight-gradient GEMM writes float32 itself
+(``torch.mm(..., out_dtype=torch.float32)`` on CUDA: cuBLAS accumulates in float32 either way).
+
+The numbers are autocast's: the copy is the float32 weight rounded as autocast's cast rounds it;
+the input is cast as autocast casts it; the gradient of the input is the same GEMM; the weight's
+gradient is the float32 accumulator before it would have been rounded (at least as exact as
+autocast's, equal where the GEMM's float32 result is already a half-precision number).
+
+Who may use a copy is narrow, so that a copy is never stale where it is read: :class:`WeightCopies`
+swaps the class of eligible ``nn.Linear`` modules to :class:`CopyLinear`, which reads its copy only
+inside :meth:`WeightCopies.active` (``hal.optimize``'s step, which refreshes every copy whose weight
+changed outside the step before it runs, by the weight's version counter) and under autocast to the
+copy's dtype; anywhere else it is ``nn.Linear``. Eligible: exactly ``nn.Linear``, a float32 weight
+that requires grad, owned by no other module (a weight tied to an embedding is left: the embedding
+reads it in float32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: whether :class:`CopyLinear` reads its copy (set by :meth:`WeightCopies.active`; torch.compile
+#: guards on it, so a graph compiled inside the step and one compiled outside stay apart)
+_ACTIVE = False
+
+
+def _gemm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of half-precision matrices, in float32: cuBLAS writes its float32 accumulator on
+    CUDA; elsewhere (torch has no such CPU kernel) the half-precision product is widened, which is
+    what autocast's weight gradient is."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a, b).float()
+
+
+class _LinearOnCopy(torch.autograd.Function):
+    """``F.linear`` under autocast with the weight's half-precision copy (module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], copy: torch.Tensor) -> torch.Tensor:
+        x_half = x.to(copy.dtype)
+        ctx.save_for_backward(x_half, copy)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return F.linear(x_half, copy, None if bias is None else bias.to(copy.dtype))
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
+        x_half, copy = ctx.saved_tensors
+        grad_out = grad_out.to(copy.dtype)
+        grad_x = grad_out @ copy if ctx.needs_input_grad[0] else None
+        rows = grad_out.reshape(-1, grad_out.shape[-1])
+        grad_w = _gemm_float32(rows.t(), x_half.reshape(-1, x_half.shape[-1])) if ctx.needs_input_grad[1] else None
+        grad_b = rows.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None
+
+
+class CopyLinear(nn.Linear):
+    """``nn.Linear`` that, inside :meth:`WeightCopies.active` and under autocast to its copy's
+    dtype, computes with the half-precision copy of its weight (``weight_copy``); ``nn.Linear``
+    everywhere else. Its state_dict, parameters and hooks are ``nn.Linear``'s."""
+
+    weight_copy: torch.Tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        copy = getattr(self, "weight_copy", None)
+        if _ACTIVE and copy is not None and torch.is_autocast_enabled(x.device.type) \
+                and torch.get_autocast_dtype(x.device.type) == copy.dtype:
+            return _LinearOnCopy.apply(x, self.weight, self.bias, copy)
+        return F.linear(x, self.weight, self.bias)
+
+
+#: the module classes hal.nn's matchers take for a plain linear (a CopyLinear is one)
+PLAIN_LINEARS = (nn.Linear, CopyLinear)
+
+
+@dataclasses.dataclass
+class _Entry:
+    param: nn.Parameter
+    copy: torch.Tensor
+    version: int
+
+
+def _eligible(model: nn.Module) -> list[nn.Linear]:
+    """``model``'s ``nn.Linear`` modules whose float32 weight no other module holds."""
+    owners: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return [m for m in model.modules()
+            if type(m) in PLAIN_LINEARS and m.weight.dtype == torch.float32 and m.weight.requires_grad
+            and owners[id(m.weight)] == 1]
+
+
+class WeightCopies:
+    """The half-precision copies of a model's eligible ``nn.Linear`` weights (module docstring)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"weight copies are bfloat16 or float16, not {dtype}")
+        self.dtype = dtype
+        self._entries: list[_Entry] = []
+        self.attach(model)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.copy.numel() * e.copy.element_size() for e in self._entries)
+
+    def attach(self, model: nn.Module) -> None:
+        """Give ``model``'s eligible linears their copies (made now, or the ones their weights
+        already have here: the same weights in another module tree share them); the modules'
+        class becomes :class:`CopyLinear`."""
+        by_param = {id(e.param): e for e in self._entries}
+        for m in _eligible(model):
+            entry = by_param.get(id(m.weight))
+            if entry is None:
+                with torch.no_grad():
+                    entry = _Entry(m.weight, m.weight.detach().to(self.dtype), m.weight._version)
+                self._entries.append(entry)
+                by_param[id(m.weight)] = entry
+            m.__class__ = CopyLinear
+            m.__dict__["weight_copy"] = entry.copy
+
+    def refresh(self) -> int:
+        """Re-make the copies whose weights changed since they were written (loaded weights, an
+        update by another optimizer, a snapshot put back); returns how many."""
+        stale = [e for e in self._entries if e.param._version != e.version]
+        if stale:
+            with torch.no_grad():
+                torch._foreach_copy_([e.copy for e in stale], [e.param.detach() for e in stale])
+            for e in stale:
+                e.version = e.param._version
+        return len(stale)
+
+    def write(self) -> None:
+        """Write every copy from its weight (after the optimizer step): one multi-tensor copy."""
+        if self._entries:
+            with torch.no_grad():
+                torch._foreach_copy_([e.copy for e in self._entries], [e.param.detach() for e in self._entries])
+            for e in self._entries:
+                e.version = e.param._version
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """While inside, :class:`CopyLinear` modules read their copies (fresh ones: refreshed on entry)."""
+        global _ACTIVE
+        self.refresh()
+        before, _ACTIVE = _ACTIVE, True
+        try:
+            yield
+        finally:
+            _ACTIVE = before

@@ -1,0 +1,175 @@
+"""hal.nn.weight_copies: linears that read a half-precision copy of their weight compute autocast's
+numbers, never read a stale copy, leave tied weights alone, compile without a graph break, and carry
+hal.optimize's step at autocast's losses.
+
+On the CPU torch has no GEMM with a float32 output for bfloat16 operands, so the weight gradient is
+the bfloat16 product widened, as autocast's is: outputs and the input's and weight's gradients are
+compared bit for bit; the bias gradient is summed in float32 here (bfloat16 under autocast), so it
+agrees to bfloat16 rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hal
+from hal.nn.weight_copies import CopyLinear, WeightCopies
+
+
+def _autocast():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def _grads(layer: nn.Linear, x: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    x = x.detach().requires_grad_()
+    layer.zero_grad(set_to_none=True)
+    with _autocast():
+        y = layer(x)
+    y.backward(gy)
+    return y.detach(), x.grad, layer.weight.grad, None if layer.bias is None else layer.bias.grad
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(6, 24), (2, 5, 24)])
+def test_linear_on_its_copy_computes_autocasts_numbers(bias: bool, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    plain = nn.Linear(24, 40, bias=bias)
+    model = nn.Sequential(copy.deepcopy(plain))
+    copies = WeightCopies(model, torch.bfloat16)
+    assert len(copies) == 1 and type(model[0]) is CopyLinear
+    x, gy = torch.randn(shape), torch.randn(*shape[:-1], 40)
+    x[..., 3] = float("nan")  # NaN propagates as in autocast's linear
+    want = _grads(plain, x, gy)
+    with copies.active():
+        got = _grads(model[0], x, gy)
+    for i, (g, w) in enumerate(zip(got, want)):
+        if w is None:
+            assert g is None
+            continue
+        assert g.dtype == w.dtype and g.shape == w.shape, i
+        if i == 3:  # bias gradient: float32 sum against autocast's bfloat16 sum
+            torch.testing.assert_close(g, w, rtol=1e-2, atol=1e-2, equal_nan=True)
+        else:
+            assert torch.equal(g.isnan(), w.isnan()), i
+            assert torch.equal(g.nan_to_num(), w.nan_to_num()), i
+
+
+def test_outside_the_step_it_is_nn_linear() -> None:
+    torch.manual_seed(1)
+    plain = nn.Linear(16, 8)
+    model = nn.Sequential(copy.deepcopy(plain))
+    copies = WeightCopies(model, torch.bfloat16)
+    with torch.no_grad():
+        copies._entries[0].copy.zero_()  # a copy that is wrong on purpose: must not be read outside active()
+        copies._entries[0].version = model[0].weight._version
+    x = torch.randn(4, 16)
+    with _autocast():
+        assert torch.equal(model[0](x), plain(x))
+    assert torch.equal(model[0](x), plain(x))  # no autocast: float32
+    with copies.active(), torch.autocast("cpu", dtype=torch.float16):  # autocast to another dtype than the copy's
+        assert torch.equal(model[0](x), plain(x))
+
+
+def test_a_weight_changed_outside_the_step_is_copied_again() -> None:
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(16, 8))
+    copies = WeightCopies(model, torch.bfloat16)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        model[0].weight.mul_(-3.0)  # in place: the version counter moves
+    with copies.active(), _autocast():
+        got = model[0](x)
+    with _autocast():
+        want = F.linear(x, model[0].weight, model[0].bias)
+    assert torch.equal(got, want)
+    model.load_state_dict({"0.weight": torch.randn(8, 16), "0.bias": torch.randn(8)})  # loaded weights too
+    assert copies.refresh() == 1
+    assert torch.equal(copies._entries[0].copy, model[0].weight.detach().to(torch.bfloat16))
+    assert copies.refresh() == 0
+
+
+def test_tied_and_non_float32_weights_have_no_copy() -> None:
+    emb = nn.Embedding(10, 8)
+    head = nn.Linear(8, 10, bias=False)
+    head.weight = emb.weight
+    half = nn.Linear(8, 8).to(torch.bfloat16)
+    frozen = nn.Linear(8, 8).requires_grad_(False)
+    model = nn.ModuleDict({"emb": emb, "head": head, "low": half, "frozen": frozen, "free": nn.Linear(8, 8)})
+    copies = WeightCopies(model, torch.bfloat16)
+    assert len(copies) == 1
+    assert [type(m) for m in (head, half, frozen)] == [nn.Linear] * 3 and type(model["free"]) is CopyLinear
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        WeightCopies(model, torch.float32)
+
+
+def test_compiles_without_a_graph_break_and_matches_eager() -> None:
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    copies = WeightCopies(model, torch.bfloat16)
+    x = torch.randn(8, 16)
+
+    def loss_of(m: nn.Module) -> torch.Tensor:
+        with _autocast():
+            return m(x).float().square().mean()
+
+    compiled = torch.compile(loss_of, fullgraph=True)
+    with copies.active():
+        want = loss_of(model)
+        want.backward()
+        want_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        got = compiled(model)
+        got.backward()
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
+    for g, w in zip((p.grad for p in model.parameters()), want_grads):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-3)
+
+
+def _tiny_llama(seed: int) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=32, tie_word_embeddings=True,
+                                   initializer_range=0.3)  # logits far from uniform: the loss feels every weight
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def test_optimize_runs_hf_llama_on_copies_at_autocasts_losses() -> None:
+    model = _tiny_llama(4)
+    reference = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(4)
+    batches = [torch.randint(0, 64, (2, 8), generator=gen) for _ in range(4)]
+    step = hal.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-2), amp=torch.bfloat16, compile=False, candidates=["hal eager"])
+    losses = [float(step(ids, labels=ids)) for ids in batches[:2]]
+    # 7 linears a layer (q, k, v, o, gate, up, down) x 2 layers; the LM head is tied to the embedding: left alone
+    assert "14 nn.Linear weights read as bfloat16 copies" in step.explain()
+    linears = [m for m in model.modules() if isinstance(m, CopyLinear)]
+    assert len(linears) == 14 and not isinstance(model.lm_head, CopyLinear)
+    for m in linears:  # written after each optimizer step: the weight as autocast would cast it
+        assert torch.equal(m.weight_copy, m.weight.detach().to(torch.bfloat16))
+    name = "model.layers.0.mlp.down_proj.weight"
+    new_weight = 0.3 * torch.randn(32, 48, generator=gen)  # changed between steps, as loading weights would: the next step reads it
+    with torch.no_grad():
+        dict(model.named_parameters())[name].copy_(new_weight)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    want = []
+    for i, ids in enumerate(batches):
+        if i == 2:
+            with torch.no_grad():
+                dict(reference.named_parameters())[name].copy_(new_weight)
+        ref_opt.zero_grad(set_to_none=True)
+        with _autocast():
+            loss = reference(ids, labels=ids).loss
+        loss.backward()
+        ref_opt.step()
+        want.append(float(loss))
+    losses += [float(step(ids, labels=ids)) for ids in batches[2:]]
+    assert losses == pytest.approx(want, rel=2e-2)  # bfloat16 activations, hal's kernels: about 3 significant digits
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=5e-2, msg=name)  # 4 AdamW steps of lr 1e-2: a missed or wrong step moves by ~1e-2 each
