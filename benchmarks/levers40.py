@@ -291,10 +291,20 @@ def _top_kernels(prof, n=12) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda r: -r[1])[:n]
 
 
+def _anatomy(step: Callable[[], Any], steps: int = 3) -> tuple[dict[str, float], list[tuple[str, float, int]]]:
+    """Device milliseconds per step by kernel class, and every kernel (name, ms, launches) per step."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    classes = {k: v / steps for k, v in _kernel_classes(prof).items()}
+    return classes, [(k[:160], t / steps, c // steps) for k, t, c in _top_kernels(prof, n=400)]
+
+
 def part_step(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16,
               variants: tuple[str, ...] = ("eager", "hal", "compile", "hal+compile")) -> None:
     import hal
-    from torch.profiler import ProfilerActivity, profile
     print(f"\n== step: HF Llama at Llama-3.2-1B's shape ({layers} layers, d 2048, GQA 32/8, vocab 128256, tied), T {seq}, batch {batch}")
     for label in variants:
         torch.cuda.empty_cache()
@@ -319,12 +329,7 @@ def part_step(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16,
         torch.cuda.reset_peak_memory_stats()
         ms = _bench(step, reps=10, warm=2)
         peak = torch.cuda.max_memory_allocated() / 2**30
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-        classes = {k: v / 3 for k, v in _kernel_classes(prof).items()}
-        kernels = [(k[:160], t / 3, c // 3) for k, t, c in _top_kernels(prof, n=400)]
+        classes, kernels = _anatomy(step)
         top = kernels[:12]
         results.setdefault("step", {})[label] = {"ms": ms, "peak_gib": peak, "first_s": first, "classes": classes, "top": top, "kernels": kernels}
         print(f"  {label}: {ms:.2f} ms/step, peak {peak:.1f} GiB, first 3 steps {first:.0f} s; device ms by class:",
@@ -352,9 +357,13 @@ def part_optimize(results: dict, seq: int = 2048, batch: int = 2, layers: int = 
     torch.cuda.reset_peak_memory_stats()
     ms = _bench(lambda: fast(input_ids=tokens, labels=tokens), reps=10, warm=2)
     peak = torch.cuda.max_memory_allocated() / 2**30
+    classes, kernels = _anatomy(lambda: fast(input_ids=tokens, labels=tokens))
     print(fast.explain())
-    print(f"  hal.optimize: {ms:.2f} ms/step, peak {peak:.1f} GiB, first 2 calls {first:.0f} s")
-    results["optimize"] = {"ms": ms, "peak_gib": peak, "first_s": first, "explain": fast.explain()}
+    print(f"  hal.optimize: {ms:.2f} ms/step, peak {peak:.1f} GiB, first 2 calls {first:.0f} s; device ms by class:",
+          ", ".join(f"{k} {v:.2f}" for k, v in sorted(classes.items(), key=lambda kv: -kv[1])))
+    for k, t, c in kernels[:12]:
+        print(f"     {t:7.3f} ms x{c:4d}  {k[:90]}")
+    results["optimize"] = {"ms": ms, "peak_gib": peak, "first_s": first, "explain": fast.explain(), "classes": classes, "kernels": kernels}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
