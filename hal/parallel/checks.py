@@ -63,6 +63,8 @@ CALLS = (
     "VocabParallelEmbedding",
     "vocab_parallel_linear_cross_entropy",
     "ExpertParallelMoE",
+    "ParallelRMSNorm",
+    "ParallelLayerNorm",
 )
 SLOTS = 40  # integers per row: the same for every call, so that the ranks' rows always gather
 _DIMS = 4  # leading dims shown in full; the rest are covered by a hash of the whole shape
@@ -146,6 +148,23 @@ def out_of_range(values: torch.Tensor, size: int, ignore: Optional[int] = None) 
     if not bool(bad.any()):
         return None
     return int(values[bad][0])
+
+
+def count(call: str, arg: str, value: Any, low: int) -> int:
+    """``value`` where it is an int (no bool) of at least ``low``, else :class:`hal.InvalidArgumentError`
+    (a size given to a layer: torch.empty raised "negative dimension" or a TypeError for a float)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidArgumentError(call, arg, f"an int of at least {low}", repr(value))
+    return value
+
+
+def on_device(call: str, arg: str, t: Optional[torch.Tensor], device: torch.device) -> None:
+    """Raise :class:`hal.InvalidArgumentError` where tensor ``t`` (argument ``arg`` of ``call``) is not
+    on ``device``, the layer's (torch's own errors there named neither: "unknown device type for
+    autocast" for a meta input, "unsupported scalarType" in the loss). A local check: a rank whose
+    input alone is elsewhere raises by itself, its peers in their next collective (CommError)."""
+    if t is not None and t.device != device:
+        raise InvalidArgumentError(call, arg, f"a tensor on the layer's device, {device}", f"a {t.dtype} tensor on {t.device}")
 
 
 def content_code(values: torch.Tensor) -> int:
@@ -246,4 +265,4 @@ def _compare(call: str, rows: list[list[int]], fields: Sequence[Field], encoded:
 
 
 __all__ = ["IndexOutOfRangeError", "Bounds", "set_checks", "refresh", "enabled", "exchanged", "agree", "out_of_range",
-           "content_code", "config_code"]
+           "count", "on_device", "content_code", "config_code"]

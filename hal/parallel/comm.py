@@ -62,12 +62,33 @@ def group_rank(group: Any = None) -> int:
     return member(group)[1]
 
 
+def axis_of(x: torch.Tensor, dim: Any) -> Optional[int]:
+    """``dim`` as an index into ``x``'s dimensions (``-1`` -> ``x.dim() - 1``), or None where it is
+    none of them (out of range, or not an int)."""
+    n = x.dim()
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -n <= dim < n:
+        return None
+    return dim % n
+
+
+def axis(x: torch.Tensor, dim: Any, op: str, arg: str = "dim", of: str = "x") -> int:
+    """:func:`axis_of`, or :class:`hal.InvalidArgumentError` naming ``op`` and ``arg`` where ``dim``
+    is no dimension of ``x`` (``of`` says what ``x`` is to the caller). torch's ``movedim`` raised a
+    bare IndexError there, and an index wrapped around split another dimension than the one asked for."""
+    found = axis_of(x, dim)
+    if found is None:
+        n = x.dim()
+        raise InvalidArgumentError(op, arg, f"a dimension of {of}, an int in [{-n}, {n}) for its shape {tuple(x.shape)}", repr(dim))
+    return found
+
+
 def _agree(call: str, x: torch.Tensor, group: Any, check: bool, dim: Optional[int] = None) -> None:
-    """The cross-rank check of a function below: x's dtype and shape (and the split dimension)."""
+    """The cross-rank check of a function below: x's dtype and shape (and the split dimension, None
+    where it is no dimension of x: every rank then raises that error after the check)."""
     if check:
         fields: list[checks.Field] = [("x", x)]
         if dim is not None:
-            fields.append(("dim", dim % max(1, x.dim())))
+            fields.append(("dim", axis_of(x, dim)))
         checks.agree(call, group, x.device, fields)
 
 
@@ -212,20 +233,20 @@ def gather_from_parallel(x: torch.Tensor, dim: int, group: Any = None, *, grad_r
     (``grad_reduce=False``: each rank used the gathered value alike, as gathering a column-parallel
     output does)."""
     _agree("gather_from_parallel", x, group, check, dim)
-    return _Gather.apply(x, dim, group, grad_reduce)
+    return _Gather.apply(x, axis(x, dim, "gather_from_parallel"), group, grad_reduce)
 
 
 def reduce_scatter_to_parallel(x: torch.Tensor, dim: int, group: Any = None, *, check: bool = True) -> torch.Tensor:
     """Forward: ``x`` summed over ranks, this rank's slice of ``dim`` kept. Backward: the gradient
     gathered along ``dim``. The exit of a row-parallel region under sequence parallelism."""
     _agree("reduce_scatter_to_parallel", x, group, check, dim)
-    return _ReduceScatter.apply(x, dim, group)
+    return _ReduceScatter.apply(x, axis(x, dim, "reduce_scatter_to_parallel"), group)
 
 
 def scatter_to_parallel(x: torch.Tensor, dim: int, group: Any = None, *, check: bool = True) -> torch.Tensor:
     """Forward: this rank's slice of ``dim`` of a replicated ``x``. Backward: the gradient gathered."""
     _agree("scatter_to_parallel", x, group, check, dim)
-    return _Split.apply(x, dim, group)
+    return _Split.apply(x, axis(x, dim, "scatter_to_parallel"), group)
 
 
 def all_to_all(

@@ -45,6 +45,8 @@ _SEED_STRIDE = 1_000_003
 
 def resolve_group(group: GroupLike, what: str) -> Optional[dist.ProcessGroup]:
     """A ProcessGroup from a ProcessGroup, a 1-D DeviceMesh (``mesh["ep"]``), or None."""
+    if group is dist.GroupMember.NON_GROUP_MEMBER:  # what new_group returns on the ranks it leaves out
+        raise comm._not_member(group, what)
     if group is None or isinstance(group, dist.ProcessGroup):
         return group
     get_group = getattr(group, "get_group", None)
@@ -317,6 +319,7 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.dim:
             raise InvalidArgumentError("ExpertParallelMoE", "x", f"a tensor whose last dimension is dim={self.dim}", f"shape {tuple(x.shape)}")
+        checks.on_device("ExpertParallelMoE", "x", x, self.router.device)
         if self.group is not None:  # every exchange below follows from these: one check covers them, forward and backward
             checks.agree("ExpertParallelMoE", self.group, x.device, [
                 ("x.dtype", x.dtype), ("x.shape[-1]", x.shape[-1]),

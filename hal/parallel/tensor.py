@@ -39,6 +39,7 @@ from hal.errors import InvalidArgumentError
 from hal.nn.modules import _cast, autocast_dtype
 from hal.parallel import checks
 from hal.parallel.comm import (
+    axis,
     copy_to_parallel,
     gather_from_parallel,
     group_size,
@@ -155,8 +156,9 @@ class ColumnParallelLinear(_Sharded):
         if overlap and not sequence_parallel:
             raise InvalidArgumentError("ColumnParallelLinear", "overlap", "False without sequence_parallel (there is no all-gather "
                                        "to overlap: the input is already whole on every rank)", "True")
-        if not isinstance(chunks, int) or chunks < 1:
-            raise InvalidArgumentError("ColumnParallelLinear", "chunks", "a positive int", repr(chunks))
+        checks.count("ColumnParallelLinear", "chunks", chunks, 1)
+        for arg, size in (("in_features", in_features), ("out_features", out_features)):
+            checks.count("ColumnParallelLinear", arg, size, 0)
         self.in_features, self.out_features, self.act = in_features, out_features, act
         self.gather_output, self.sequence_parallel, self.sequence_dim = gather_output, sequence_parallel, sequence_dim
         self.overlap, self.chunks = overlap, chunks
@@ -202,6 +204,7 @@ def column_parallel_linears(x: torch.Tensor, layers: Sequence[ColumnParallelLine
         if not same:
             raise InvalidArgumentError("column_parallel_linears", "layers", "layers of one group with the same sequence "
                                        "parallelism, sequence_dim and overlap", f"{first!r} and {layer!r}")
+    checks.on_device("ColumnParallelLinear", "x", x, first.local("weight").device)
     dtype = autocast_dtype(x)
     x = _cast(x, dtype)
     settings = checks.config_code(*(layer.config() for layer in layers))
@@ -210,10 +213,10 @@ def column_parallel_linears(x: torch.Tensor, layers: Sequence[ColumnParallelLine
     biases = [_cast(layer.local("bias"), dtype) for layer in layers]
     acts = tuple(layer.act for layer in layers)
     if first.sequence_parallel:
+        dim = axis(x, first.sequence_dim, "ColumnParallelLinear", "sequence_dim")
         if first.overlap and first.tp_size > 1:
-            dim = first.sequence_dim % x.dim()
             return list(_GatherLinear.apply(x, dim, first.group, first.chunks, acts, *weights, *biases))
-        x = gather_from_parallel(x, first.sequence_dim, first.group, grad_reduce=True, check=False)
+        x = gather_from_parallel(x, dim, first.group, grad_reduce=True, check=False)
     else:
         x = copy_to_parallel(x, first.group, check=False)
     return [hal.ops.linear(x, w, b, a) for w, b, a in zip(weights, biases, acts)]
@@ -342,6 +345,8 @@ class RowParallelLinear(_Sharded):
                  dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
         self._setup(mesh, dtensor)
+        for arg, size in (("in_features", in_features), ("out_features", out_features)):
+            checks.count("RowParallelLinear", arg, size, 0)
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel, self.sequence_parallel, self.sequence_dim = input_is_parallel, sequence_parallel, sequence_dim
         local_in = self._divisible("in_features", in_features)
@@ -363,10 +368,13 @@ class RowParallelLinear(_Sharded):
                 self.sequence_parallel, self.sequence_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        checks.on_device("RowParallelLinear", "x", x, self.local("weight").device)
         dtype = autocast_dtype(x)
         x, weight, bias = _cast(x, dtype), _cast(self.local("weight"), dtype), _cast(self.local("bias"), dtype)
         # one check covers every collective below, forward and backward: their shapes follow from x's and the settings
         checks.agree("RowParallelLinear", self.group, x.device, [("x", x), ("layers", checks.config_code(self.config()), _SAME_LAYERS)])
+        if self.sequence_parallel:  # y has x's dimensions
+            axis(x, self.sequence_dim, "RowParallelLinear", "sequence_dim")
         if not self.input_is_parallel:
             x = scatter_to_parallel(x, -1, self.group, check=False)
         if self.tp_size == 1:
@@ -399,7 +407,21 @@ class _ParallelNorm(_Sharded):
         self._param("bias", make(0.0) if affine and bias else None, None)
 
     def _params(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
-        return norm_inputs(x, self.local("weight"), self.local("bias"), self.group, self.sequence_parallel)
+        weight, bias = self.local("weight"), self.local("bias")
+        if weight is not None:
+            checks.on_device(type(self).__name__, "x", x, weight.device)
+        if weight is not None and self.sequence_parallel and torch.is_grad_enabled() and (
+                weight.requires_grad or (bias is not None and bias.requires_grad)):
+            # the backward sums the parameters' gradients over the group: gloo aborts a rank whose
+            # parameters differ in size or dtype from a peer's (the next layer's check compares x,
+            # which a weight of another dtype need not change)
+            checks.agree(type(self).__name__, self.group, x.device, [
+                ("weight", weight),
+                ("bias", bias is not None, "a bias on every rank of the group, or on none"),
+                ("settings", checks.config_code(self.eps, weight.requires_grad, None if bias is None else (str(bias.dtype), bias.requires_grad)),
+                 "the same eps, bias dtype and trained parameters on every rank of the group (under sequence parallelism "
+                 "the backward sums the parameters' gradients over the group)")])
+        return norm_inputs(x, weight, bias, self.group, self.sequence_parallel)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, tp={self.tp_size}, sequence_parallel={self.sequence_parallel}"

@@ -81,9 +81,8 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, embedding_dim: int, group: Any = None, *, padding_idx: Optional[int] = None,
                  sequence_dim: Optional[int] = None, device: Any = None, dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
-        if vocab_size < 1 or embedding_dim < 1:
-            raise InvalidArgumentError("VocabParallelEmbedding", "vocab_size, embedding_dim", "positive sizes",
-                                       f"{vocab_size}, {embedding_dim}")
+        checks.count("VocabParallelEmbedding", "vocab_size", vocab_size, 1)
+        checks.count("VocabParallelEmbedding", "embedding_dim", embedding_dim, 1)
         if padding_idx is not None and not -vocab_size <= padding_idx < vocab_size:
             raise InvalidArgumentError("VocabParallelEmbedding", "padding_idx", f"an id in [-{vocab_size}, {vocab_size})", repr(padding_idx))
         self.vocab_size, self.embedding_dim, self.group = vocab_size, embedding_dim, group
@@ -119,16 +118,21 @@ class VocabParallelEmbedding(nn.Module):
         return p - self.vocab_start
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.is_floating_point() or ids.is_complex():
-            raise InvalidArgumentError("VocabParallelEmbedding", "ids", "an integer tensor of token ids", f"a {ids.dtype} tensor")
+        if ids.dtype not in (torch.int64, torch.int32):  # bool and uint8 too: nn.Embedding takes these two only
+            raise InvalidArgumentError("VocabParallelEmbedding", "ids", "an int64 or int32 tensor of token ids (as nn.Embedding)",
+                                       f"a {ids.dtype} tensor")
+        checks.on_device("VocabParallelEmbedding", "ids", ids, self.weight.device)
         self._check(ids)
         inside = (ids >= self.vocab_start) & (ids < self.vocab_start + self.vocab_real)
         local = torch.where(inside, ids - self.vocab_start, 0)
         out = F.embedding(local, self.weight, self._local_padding())
-        out = out * inside.unsqueeze(-1).to(out.dtype)
+        # zeros where another rank holds the id: filled, not multiplied by the mask, so that a NaN or
+        # Inf in the row looked up in their place (local row 0) does not reach the sum of every rank
+        out = out.masked_fill(~inside.unsqueeze(-1), 0)
         if self.sequence_dim is None:  # (out's shape and dtype agree: ids, the table and the settings were checked)
             return comm.reduce_from_parallel(out, self.group, check=False)
-        return comm.reduce_scatter_to_parallel(out, self.sequence_dim, self.group, check=False)
+        dim = comm.axis(out, self.sequence_dim, "VocabParallelEmbedding", "sequence_dim", of="the output (the ids' dimensions, then the embedding's)")
+        return comm.reduce_scatter_to_parallel(out, dim, self.group, check=False)
 
     def _check(self, ids: torch.Tensor) -> None:
         """Every id in [0, vocab_size), as ``nn.Embedding`` requires (an :class:`IndexError`), and, with
@@ -327,13 +331,17 @@ def vocab_parallel_linear_cross_entropy(
     if x.dim() != 2 or weight_shard.dim() != 2 or weight_shard.shape[1] != x.shape[1]:
         raise InvalidArgumentError(op, "x, weight_shard", "(N, K) and (per_rank, K) tensors",
                                    f"{tuple(x.shape)} and {tuple(weight_shard.shape)}")
-    if target.dim() != 1 or target.shape[0] != x.shape[0] or target.is_floating_point():
+    if target.dim() != 1 or target.shape[0] != x.shape[0] or target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         raise InvalidArgumentError(op, "target", f"an integer tensor of shape ({x.shape[0]},) (one class id per row of x)",
                                    f"{target.dtype} {tuple(target.shape)}")
+    for arg, t in (("x", x), ("target", target), ("bias_shard", bias_shard)):
+        checks.on_device(op, arg, t, weight_shard.device)
     if reduction not in REDUCTIONS:
         raise InvalidArgumentError(op, "reduction", "one of none, mean, sum", repr(reduction))
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise InvalidArgumentError(op, "label_smoothing", "a number in [0, 1]", repr(label_smoothing))
+    if chunk_rows is not None:
+        checks.count(op, "chunk_rows", chunk_rows, 1)
     ranks = comm.group_size(group)
     per_rank = weight_shard.shape[0]
     vocab = per_rank * ranks if vocab_size is None else int(vocab_size)
@@ -390,6 +398,8 @@ class VocabParallelLMHead(nn.Module):
                  label_smoothing: float = 0.0, reduction: str = "mean", sequence_parallel: bool = False,
                  chunk_rows: Optional[int] = None, device: Any = None, dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
+        checks.count("VocabParallelLMHead", "in_features", in_features, 0)
+        checks.count("VocabParallelLMHead", "vocab_size", vocab_size, 1)
         self.in_features, self.vocab_size, self.group = in_features, vocab_size, group
         self.ignore_index, self.label_smoothing, self.reduction = ignore_index, label_smoothing, reduction
         self.sequence_parallel, self.chunk_rows = sequence_parallel, chunk_rows
@@ -419,6 +429,7 @@ class VocabParallelLMHead(nn.Module):
                 ignore_index=self.ignore_index, label_smoothing=self.label_smoothing, reduction=self.reduction,
                 sequence_parallel=self.sequence_parallel, chunk_rows=self.chunk_rows)
             return loss.reshape(target.shape) if self.reduction == "none" else loss
+        checks.on_device("VocabParallelLMHead", "x", x, self.weight.device)
         if self.sequence_parallel:
             rows = comm.gather_from_parallel(rows, 0, self.group, grad_reduce=True)
         else:

@@ -5,8 +5,10 @@ One launch runs every case in turn on both ranks (a case's error is caught and r
 class's bases and its message); the tests then assert, case by case, what each rank saw. Before the
 fix the ids and targets out of range gave numbers, the layer built on a group without the rank
 raised "negative dimension -8", and the shape and dtype mismatches killed rank 0 with SIGABRT
-(gloo's size enforcement) while rank 1 returned a wrongly shaped gather. Every input is drawn from
-the module's seed.
+(gloo's size enforcement) while rank 1 returned a wrongly shaped gather. The second round's cases
+(:func:`_edge_cases`, run first in the same launch) compare views, empty and non-finite input with
+torch in one process and refuse bad dimensions, dtypes, devices and sizes. Every input is drawn
+from the module's seed.
 """
 
 from __future__ import annotations
@@ -141,6 +143,148 @@ def _cases(rank: int, seed: int) -> dict[str, Callable[[], Any]]:
     }
 
 
+def _same(got: torch.Tensor, want: torch.Tensor) -> str:
+    """"" when ``got`` is ``want`` (shape, dtype, NaN and infinities where torch has them, the finite
+    values to float64 rounding), else what differs."""
+    try:
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-9, atol=1e-12, equal_nan=True)
+    except AssertionError as exc:
+        return str(exc)
+    return ""
+
+
+def _edge_cases(rank: int, seed: int) -> dict[str, Callable[[], Any]]:
+    """Input a new user passes (the second round of issue 41's attacks): views, empty and non-finite
+    tensors compared with one process's torch result ("" when equal); out-of-range dimensions,
+    parameters that differ across ranks in a layer without a forward collective, ids and targets of
+    the wrong dtype, inputs on another device than the layer, bad sizes. Run before the cases of
+    :func:`_cases`, whose last one checks that the group still works."""
+    import torch.distributed as dist
+
+    from hal.parallel import (ColumnParallelLinear, ExpertParallelMoE, ParallelLayerNorm, ParallelRMSNorm, RowParallelLinear,
+                              VocabParallelEmbedding, VocabParallelLMHead, comm, vocab_parallel_linear_cross_entropy)
+
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    column_full, row_full, head_full = (torch.nn.Linear(*io, dtype=torch.float64) for io in ((8, 6), (6, 8), (5, V)))
+    table = torch.nn.Embedding(V, 5, dtype=torch.float64)
+    with torch.no_grad():
+        for param in [*column_full.parameters(), *row_full.parameters(), *head_full.parameters(), table.weight]:
+            param.copy_(draw(*param.shape))
+    column = ColumnParallelLinear.from_linear(column_full, gather_output=True)
+    row = RowParallelLinear.from_linear(row_full, input_is_parallel=False)
+    emb = VocabParallelEmbedding.from_embedding(table)
+    head = VocabParallelLMHead.from_linear(head_full, reduction="none")
+    ids = torch.randint(0, V, (4, 3), generator=g)
+    x8, x6, x5 = draw(8, 4).t(), draw(6, 4).t(), draw(12, 5)[::2]  # views: transposed, strided
+    target = torch.randint(0, V, (6,), generator=g)
+    only_rank0 = dist.new_group([0])
+
+    def nonfinite(t: torch.Tensor, *where: tuple[int, ...]) -> torch.Tensor:
+        out = t.clone()
+        for i, w in enumerate(where):
+            out[w] = (float("nan"), float("inf"), -float("inf"))[i % 3]
+        return out
+
+    def embedding_nonfinite_rows() -> str:
+        """A NaN in rank 0's first row (id 0) and an Inf in rank 1's (id 6): only those ids' rows."""
+        bad = torch.nn.Embedding(V, 5, dtype=torch.float64)
+        with torch.no_grad():
+            bad.weight.copy_(nonfinite(table.weight, (0, 1), (6, 2)))
+        lookup = torch.tensor([[0, 3, 6], [9, 10, 1]])
+        return _same(VocabParallelEmbedding.from_embedding(bad)(lookup), bad(lookup))
+
+    def column_grad_of_empty() -> str:
+        mine, theirs = (torch.empty(0, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        ColumnParallelLinear.from_linear(column_full, gather_output=True, act="gelu")(mine).sum().backward()
+        F.gelu(column_full(theirs)).sum().backward()
+        return _same(mine.grad, theirs.grad)
+
+    def overlapped(x: torch.Tensor) -> str:
+        """Sequence parallelism with the overlapped gather: each rank passes its half of dim 1."""
+        layer = ColumnParallelLinear.from_linear(column_full, gather_output=True, sequence_parallel=True, overlap=True)
+        return _same(layer(x.chunk(N, 1)[rank]), column_full(x))
+
+    def moe_uneven() -> str:
+        """Rank 0 routes 3 tokens, rank 1 none: each gets the one-process layer's output for its own."""
+        tokens = draw(3, 4)[: 3 * (1 - rank)]
+        return _same(ExpertParallelMoE(4, 6, 4, 2, group=dist.group.WORLD, dtype=torch.float64)(tokens),
+                     ExpertParallelMoE(4, 6, 4, 2, dtype=torch.float64)(tokens))
+
+    def loss(x: torch.Tensor, t: torch.Tensor, **options: Any) -> str:
+        return _same(vocab_parallel_linear_cross_entropy(x, head.weight, t, vocab_size=V, bias_shard=head.bias, **options),
+                     F.cross_entropy(head_full(x), t.long(), **options))
+
+    def norm_backward(make: Callable[[], torch.nn.Module], width: int = 8) -> tuple[int, ...]:
+        x = torch.randn(2, width, requires_grad=True)
+        make()(x).sum().backward()
+        return tuple(x.grad.shape)
+
+    def norm_without_grad() -> tuple[int, ...]:
+        """Widths that differ, no backward to come: no check (it would cost inference a collective)."""
+        with torch.no_grad():
+            return tuple(ParallelRMSNorm(8 + 2 * rank)(torch.randn(2, 8 + 2 * rank)).shape)
+
+    meta = {"device": "meta"}
+    return {
+        # --- compared with torch in one process ---------------------------------------------------------------
+        "same_embedding_nonfinite_rows": embedding_nonfinite_rows,
+        "same_column_transposed": lambda: _same(column(x8), column_full(x8)),
+        "same_column_expanded": lambda: _same(column(x8[:1].expand(3, 8)), column_full(x8[:1].expand(3, 8))),
+        "same_row_transposed": lambda: _same(row(x6), row_full(x6)),
+        "same_embedding_transposed": lambda: _same(emb(ids.t()), table(ids.t())),
+        "same_loss_strided": lambda: loss(x5, torch.stack([target, target], 1)[:, 0], reduction="none"),
+        "same_overlap_transposed": lambda: overlapped(draw(4, 2, 8).transpose(0, 1)),
+        "same_column_empty_grad": column_grad_of_empty,
+        "same_loss_empty_sum": lambda: loss(x5[:0], target[:0], reduction="sum"),
+        "same_loss_empty_mean": lambda: loss(x5[:0], target[:0]),
+        "same_embedding_empty": lambda: _same(emb(ids[:, :0]), table(ids[:, :0])),
+        "same_overlap_empty": lambda: overlapped(draw(3, 0, 8)),
+        "same_moe_uneven": moe_uneven,
+        "same_column_nonfinite": lambda: _same(column(nonfinite(x8, (0, 1), (1, 2), (2, 0))), column_full(nonfinite(x8, (0, 1), (1, 2), (2, 0)))),
+        "same_row_nonfinite": lambda: _same(row(nonfinite(x6, (0, 1), (0, 4), (1, 3))), row_full(nonfinite(x6, (0, 1), (0, 4), (1, 3)))),
+        "same_loss_nonfinite": lambda: loss(nonfinite(x5, (0, 1), (2, 2), (4, 0)), target, reduction="none"),
+        "same_reduce_nonfinite": lambda: _same(comm.reduce_from_parallel(nonfinite(x8, (0, 0), (1, 1), (2, 2))),
+                                               2 * nonfinite(x8, (0, 0), (1, 1), (2, 2))),
+        # --- dimensions that are none of x's ------------------------------------------------------------------
+        "dim_gather": lambda: comm.gather_from_parallel(x8, 5),
+        "dim_scatter": lambda: comm.scatter_to_parallel(x8, -3),
+        "dim_reduce_scatter": lambda: comm.reduce_scatter_to_parallel(x8, 2),
+        "dim_bad_on_rank0": lambda: comm.gather_from_parallel(x8, 5 if rank == 0 else 1),
+        "dim_column_overlap": lambda: ColumnParallelLinear(8, 6, sequence_parallel=True, sequence_dim=3, overlap=True)(torch.randn(2, 3, 8)),
+        "dim_row": lambda: RowParallelLinear(8, 6, sequence_parallel=True, sequence_dim=4)(torch.randn(2, 4, 4)),
+        "dim_embedding": lambda: VocabParallelEmbedding(V, 4, sequence_dim=3)(ids),
+        # --- norms whose parameters differ across ranks, then backward -----------------------------------------
+        "norm_width_differs": lambda: norm_backward(lambda: ParallelRMSNorm(8 + 2 * rank), 8 + 2 * rank),
+        "norm_dtype_differs": lambda: norm_backward(lambda: ParallelRMSNorm(8, dtype=torch.float64 if rank else torch.float32)),
+        "norm_bias_differs": lambda: norm_backward(lambda: ParallelLayerNorm(8, bias=rank == 0)),
+        "norm_width_differs_no_grad": norm_without_grad,
+        # --- dtypes and devices ----------------------------------------------------------------------------
+        "ids_bool": lambda: emb(ids > 5),
+        "ids_uint8": lambda: emb(ids.to(torch.uint8)),
+        "target_bool": lambda: loss(x5, target > 5),
+        "meta_column": lambda: column(torch.empty(3, 8, dtype=torch.float64, **meta)),
+        "meta_column_layer": lambda: ColumnParallelLinear(8, 6, **meta)(torch.randn(3, 8)),
+        "meta_row": lambda: row(torch.empty(3, 6, dtype=torch.float64, **meta)),
+        "meta_ids": lambda: emb(ids.to("meta")),
+        "meta_loss_target": lambda: loss(x5, target.to("meta")),
+        "meta_head": lambda: head(torch.empty(3, 5, dtype=torch.float64, **meta)),
+        "meta_norm": lambda: ParallelRMSNorm(8)(torch.empty(3, 8, **meta)),
+        "meta_moe": lambda: ExpertParallelMoE(4, 6, 2, 1, group=dist.group.WORLD)(torch.empty(3, 4, **meta)),
+        # --- sizes --------------------------------------------------------------------------------------------
+        "size_negative": lambda: ColumnParallelLinear(-8, 6),
+        "size_float": lambda: RowParallelLinear(8, 6.0),
+        "size_embedding_float": lambda: VocabParallelEmbedding(V, 4.5),
+        "size_head_vocab_zero": lambda: VocabParallelLMHead(4, 0),
+        "size_chunk_rows_zero": lambda: loss(x5, target, chunk_rows=0),
+        "size_chunks_bool": lambda: ColumnParallelLinear(8, 6, sequence_parallel=True, overlap=True, chunks=True),
+        "moe_outside_group": lambda: repr(ExpertParallelMoE(4, 6, 2, 1, group=only_rank0)),
+    }
+
+
 def _switch_cases(rank: int, seed: int) -> dict[str, Callable[[], Any]]:
     """The same checks with hal.parallel.set_checks(False): only the local ones remain."""
     import hal.parallel
@@ -172,7 +316,7 @@ def _run(rank: int, n: int, seed: int, which: str) -> dict[str, dict[str, Any]]:
     import hal.dist as hd
 
     hd.set_timeout(WAIT_S)
-    cases = _cases(rank, seed) if which == "cases" else _switch_cases(rank, seed)
+    cases = {**_edge_cases(rank, seed), **_cases(rank, seed)} if which == "cases" else _switch_cases(rank, seed)
     return {name: _outcome(fn) for name, fn in cases.items()}
 
 
@@ -276,6 +420,86 @@ def test_group_still_works_after_the_errors(outcomes: list) -> None:
         got = outcomes[rank]["layers_after_errors"]
         assert not got["raised"], got["message"]
         assert got["value"] < 1e-12, f"rank {rank}: differs from one process by {got['value']}"
+
+
+SAME_AS_TORCH = [
+    "same_embedding_nonfinite_rows", "same_column_transposed", "same_column_expanded", "same_row_transposed",
+    "same_embedding_transposed", "same_loss_strided", "same_overlap_transposed", "same_column_empty_grad", "same_loss_empty_sum",
+    "same_loss_empty_mean", "same_embedding_empty", "same_overlap_empty", "same_moe_uneven", "same_column_nonfinite",
+    "same_row_nonfinite", "same_loss_nonfinite", "same_reduce_nonfinite",
+]
+
+
+@pytest.mark.parametrize("case", SAME_AS_TORCH)
+def test_views_empty_and_nonfinite_input_give_torchs_result(outcomes: list, case: str) -> None:
+    """Transposed, strided and expanded views, empty tensors, NaN and infinities: torch's result in
+    one process, NaN and Inf where it has them, on both ranks. Before: a NaN or Inf in the first row
+    of a rank's slice of the embedding table (the row it looks up in place of ids its peers hold,
+    then multiplied by a zero mask) made NaN of every such id's embedding."""
+    for rank in (0, 1):
+        got = outcomes[rank][case]
+        assert not got["raised"], f"{case}, rank {rank}: {got['message']}"
+        assert got["value"] == "", f"{case}, rank {rank}: {got['value']}"
+
+
+#: (case, the error's start, a detail); every one an InvalidArgumentError on both ranks
+BAD_EDGES = [
+    ("dim_gather", "gather_from_parallel: argument 'dim' must be a dimension of x, an int in [-2, 2)", "got 5"),
+    ("dim_scatter", "scatter_to_parallel: argument 'dim' must be a dimension of x", "got -3"),
+    ("dim_reduce_scatter", "reduce_scatter_to_parallel: argument 'dim' must be a dimension of x", "got 2"),
+    ("dim_bad_on_rank0", "gather_from_parallel: argument 'dim' must be the same value on every rank", "rank 0: None; rank 1: 1"),
+    ("dim_column_overlap", "ColumnParallelLinear: argument 'sequence_dim' must be a dimension of x, an int in [-3, 3)", "got 3"),
+    ("dim_row", "RowParallelLinear: argument 'sequence_dim' must be a dimension of x", "got 4"),
+    ("dim_embedding", "VocabParallelEmbedding: argument 'sequence_dim' must be a dimension of the output", "got 3"),
+    ("norm_width_differs", "ParallelRMSNorm: argument 'weight' must be the same dtype and shape", "rank 0: float32 (8,); rank 1: float32 (10,)"),
+    ("norm_dtype_differs", "ParallelRMSNorm: argument 'weight' must be the same dtype and shape", "rank 0: float32 (8,); rank 1: float64 (8,)"),
+    ("norm_bias_differs", "ParallelLayerNorm: argument 'bias' must be a bias on every rank of the group, or on none", "rank 0: 1; rank 1: 0"),
+    ("ids_bool", "VocabParallelEmbedding: argument 'ids' must be an int64 or int32 tensor", "torch.bool"),
+    ("ids_uint8", "VocabParallelEmbedding: argument 'ids' must be an int64 or int32 tensor", "torch.uint8"),
+    ("target_bool", "vocab_parallel_linear_cross_entropy: argument 'target' must be an integer tensor", "torch.bool"),
+    ("meta_column", "ColumnParallelLinear: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
+    ("meta_column_layer", "ColumnParallelLinear: argument 'x' must be a tensor on the layer's device, meta", "tensor on cpu"),
+    ("meta_row", "RowParallelLinear: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
+    ("meta_ids", "VocabParallelEmbedding: argument 'ids' must be a tensor on the layer's device, cpu", "tensor on meta"),
+    ("meta_loss_target", "vocab_parallel_linear_cross_entropy: argument 'target' must be a tensor on the layer's device", "tensor on meta"),
+    ("meta_head", "VocabParallelLMHead: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
+    ("meta_norm", "ParallelRMSNorm: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
+    ("meta_moe", "ExpertParallelMoE: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
+    ("size_negative", "ColumnParallelLinear: argument 'in_features' must be an int of at least 0", "got -8"),
+    ("size_float", "RowParallelLinear: argument 'out_features' must be an int of at least 0", "got 6.0"),
+    ("size_embedding_float", "VocabParallelEmbedding: argument 'embedding_dim' must be an int of at least 1", "got 4.5"),
+    ("size_head_vocab_zero", "VocabParallelLMHead: argument 'vocab_size' must be an int of at least 1", "got 0"),
+    ("size_chunk_rows_zero", "vocab_parallel_linear_cross_entropy: argument 'chunk_rows' must be an int of at least 1", "got 0"),
+    ("size_chunks_bool", "ColumnParallelLinear: argument 'chunks' must be an int of at least 1", "got True"),
+]
+
+
+@pytest.mark.parametrize("case, head, detail", BAD_EDGES, ids=[c[0] for c in BAD_EDGES])
+def test_bad_edges_are_invalid_argument_errors_on_every_rank(outcomes: list, case: str, head: str, detail: str) -> None:
+    """Before: a bare IndexError from movedim for a dimension out of range, and with the overlapped
+    gather a sequence_dim one past the last wrapped to dim 0 and gathered the batch (a wrong result);
+    norms whose weights differ in width or dtype (or a bias on one rank) aborted both ranks in the
+    backward's gradient all-reduce (SIGABRT); bool and uint8 ids or bool targets raised torch's
+    "Subtraction ... with a bool tensor"; a meta input raised "unknown device type for autocast"
+    or "unsupported scalarType"; negative or float sizes raised torch.empty's RuntimeError or
+    TypeError, and chunk_rows=0, chunks=True and an LM head of vocab_size 0 were taken."""
+    _raised(outcomes, case, "InvalidArgumentError", head, detail)
+    if case.startswith(("dim_bad", "norm_")):  # the ranks differ: the same error, from the shared table
+        assert outcomes[0][case]["message"] == outcomes[1][case]["message"]
+
+
+def test_norms_check_only_where_a_backward_will_sum_gradients(outcomes: list) -> None:
+    """Without grad there is no collective to protect, and no check to pay: each rank its own width."""
+    for rank in (0, 1):
+        got = outcomes[rank]["norm_width_differs_no_grad"]
+        assert not got["raised"] and got["value"] == (2, 8 + 2 * rank), got
+
+
+def test_moe_on_a_group_without_this_rank(outcomes: list) -> None:
+    """Before: "argument 'group' must be a torch.distributed ProcessGroup ...; got -100"."""
+    _raised(outcomes, "moe_outside_group", "InvalidArgumentError", "ExpertParallelMoE: argument 'group' must be a process group "
+            "that contains this rank (global rank 1)", "NON_GROUP_MEMBER", ranks=(1,))
+    assert "ExpertParallelMoE(" in outcomes[0]["moe_outside_group"]["value"]
 
 
 @pytest.mark.parametrize("env", [(), (("HAL_PARALLEL_CHECK", "0"),)], ids=["set_checks", "HAL_PARALLEL_CHECK=0"])
