@@ -5,7 +5,9 @@
     print(hal.explain("fused_conv_bn_relu", x, w, None, gamma, beta, mean, var, padding=1))
 
 Plugins (``hal-backend-cpu-ref``, ``hal-backend-cuda``, ``hal-backend-rocm``) are found through the
-entry-point group ``hal.backends`` on first use; importing hal loads none of them.
+entry-point group ``hal.backends`` on first use; importing hal loads none of them. Importing hal
+puts the core together (:func:`hal.wiring.wire`): the op declarations, the dispatcher and the torch
+integration.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, 
 from hal.plugin import DeviceInfo
 from hal.version import API_VERSION, __version__
 
-from hal import integration as _integration  # noqa: F401  (plugs autograd and torch.compile into a call's path)
-from hal import ops
-from hal.dispatch import DISPATCHER, EXPLAINERS, OPS, explain_call, list_ops, reset_stats, stats
-from hal.overrides import use
+from hal.wiring import wire
+
+wire()
+
+from hal import ops  # noqa: E402  (declared by wire())
+from hal.dispatch import DISPATCHER, explain_call, list_ops, reset_stats, stats  # noqa: E402
+from hal.overrides import use  # noqa: E402
 
 configure_logging()
 
@@ -33,8 +38,6 @@ def explain(op_name: str, *args: Any, **kwargs: Any) -> Any:
     and kernel, every candidate with the reasons it was passed over, the measured times where
     several could run the call, and the decisions of a decomposition's steps or of the backward.
     Works for the collectives of :mod:`hal.dist` too."""
-    if isinstance(op_name, str) and op_name not in OPS and op_name not in EXPLAINERS:
-        import hal.dist  # noqa: F401  (registers the collectives' explainers: all_reduce, ...)
     return explain_call(DISPATCHER, op_name, *args, **kwargs)
 
 
@@ -104,7 +107,7 @@ def _notes(state: Any) -> tuple[str, ...]:
         return (f"its notes could not be read ({type(exc).__name__}: {exc})",)
 
 
-_LAZY = {"dist", "nn", "amp", "optim", "quant", "conformance", "graphs", "tuning", "library", "parallel", "fp8"}
+_LAZY = {"nn", "amp", "optim", "quant", "conformance", "graphs", "tuning", "library", "parallel", "fp8"}
 
 
 def __getattr__(name: str) -> Any:

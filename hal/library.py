@@ -28,10 +28,13 @@ What each step gives:
   declaration from a typed function, ``hal.ops.<name>``, ``torch.ops.hal.<name>`` with its fake
   kernel (``@op.fake``) and, when it names a ``backward`` op declared the same way, autograd and
   torch.compile (``fullgraph=True``) through it. ``@op.checker``, ``@op.composite``, ``@op.empty``
-  and ``@op.values`` complete a declaration as in ``ops/``.
+  and ``@op.values`` complete a declaration as in ``ops/``, before the op's first call, which
+  seals it (:mod:`hal.registry`: a decorator attached later raises ``FrozenInstanceError``).
 - :func:`register_kernel`: a kernel of any op (yours or hal's) on a backend that exists here, an
-  installed one (``cpu``, ``cuda`` ...) or one defined with :func:`define_backend`; its signature
-  and dtypes are checked against the declaration at once. Decisions made before are dropped, so
+  installed one (``cpu``, ``cuda`` ...) or one defined with :func:`define_backend`, ranked by a
+  ``priority`` or by the ``contexts`` it serves (``{"eager": 30, "compiled": 5}``, as
+  :meth:`hal.plugin.Plugin.kernel`); its signature and dtypes are checked against the declaration
+  at once. Decisions made before are dropped, so
   the next call decides again with the new kernel among the candidates; ``hal.explain`` lists it.
 - :func:`define_backend`: a backend of this process (a device type, a priority, an availability
   probe), whose kernels are registered with :func:`register_kernel`.
@@ -70,7 +73,7 @@ from hal.dispatch import DISPATCHER
 from hal.dispatch.adapt import fake_results
 from hal.errors import HalError, InvalidArgumentError, PluginError
 from hal.ops import _tolerances as _presets
-from hal.plugin import Archs, DeviceInfo, Inputs, Plugin, Reasons
+from hal.plugin import CONTEXTS, Archs, DeviceInfo, Inputs, Plugin, Reasons, Routing
 from hal.integration.schema import codec
 from hal.registry import OPS, Autocast, OpDecl, Tolerance, _params_of
 from hal.registry import declare as _declare
@@ -196,22 +199,27 @@ def register_kernel(
     *,
     backend: str,
     name: str,
-    priority: int = 0,
+    priority: Optional[int] = None,
     dtypes: Optional[Iterable[str]] = None,
     archs: Optional[Archs] = None,
     check: Optional[Callable[[Inputs], Reasons]] = None,
     array_api: Optional[str] = None,
     fused: bool = True,
     differentiable: Union[bool, Callable[[Inputs], Reasons]] = False,
+    contexts: Optional[Mapping[str, int]] = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as kernel ``name`` of ``op`` on ``backend`` and return it
     unchanged (the arguments of :meth:`hal.plugin.Plugin.kernel`, which checks the function's
     parameters and dtypes against the op's declaration now). ``backend`` must exist here: an
     installed backend or one made with :func:`define_backend`; ``name`` must be new for the op on
-    that backend. The dispatcher forgets its decisions, so the kernel is a candidate from the next
-    call on."""
+    that backend. ``contexts`` (``{"eager": 30, "compiled": 5}``: the contexts of
+    :data:`hal.plugin.CONTEXTS` it serves, with its priority in each) or ``priority`` (every
+    context, default 0) ranks it. The dispatcher forgets its decisions, so the kernel is a
+    candidate from the next call on."""
 
-    _check_priority("hal.library.register_kernel", priority)
+    if priority is not None:
+        _check_priority("hal.library.register_kernel", priority)
+    _check_contexts(priority, contexts)
     _check_callable("hal.library.register_kernel", "check", check)
     if not isinstance(differentiable, bool):
         _check_callable("hal.library.register_kernel", "differentiable", differentiable)
@@ -235,7 +243,7 @@ def register_kernel(
             plugin = own if own is not None else IN_PROCESS.setdefault(KERNELS_PLUGIN, Plugin(KERNELS_PLUGIN, __version__))
             try:
                 plugin.kernel(op, name=name, backend=backend, priority=priority, dtypes=dtypes, archs=archs, check=check,
-                              array_api=array_api, fused=fused, differentiable=differentiable)(kernel)
+                              array_api=array_api, fused=fused, differentiable=differentiable, contexts=contexts)(kernel)
             except PluginError as exc:
                 raise InvalidArgumentError("hal.library.register_kernel", "fn", "a kernel matching the op's declaration",
                                            str(exc)) from None
@@ -249,6 +257,21 @@ def _check_priority(where: str, priority: Any) -> None:
     """A priority is an int (it is compared with the other kernels' and backends' at each decision)."""
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidArgumentError(where, "priority", "an int (higher is tried first)", repr(priority))
+
+
+def _check_contexts(priority: Optional[int], contexts: Optional[Mapping[str, int]]) -> None:
+    """``contexts`` is None or a routing :class:`hal.plugin.Routing` takes, and comes without a
+    ``priority`` (each context has its own)."""
+    if contexts is None:
+        return
+    if priority is not None:
+        raise InvalidArgumentError("hal.library.register_kernel", "priority", "no priority beside contexts (each context has its "
+                                   "priority there)", f"priority={priority!r} and contexts={contexts!r}")
+    try:
+        Routing.of(contexts)
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgumentError("hal.library.register_kernel", "contexts", f"a mapping of some of {', '.join(CONTEXTS)} to int "
+                                   "priorities", f"{contexts!r} ({exc})") from None
 
 
 def _check_callable(where: str, name: str, fn: Any) -> None:

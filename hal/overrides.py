@@ -14,17 +14,8 @@ from typing import Iterator, Mapping, Optional, Union
 
 from hal import config
 from hal.config import Overrides
-from hal.dispatch import FORCEABLE, OPS
-from hal.dispatch import kernel_names as _kernel_names
+from hal.dispatch import kernel_names
 from hal.errors import InvalidArgumentError
-
-
-def kernel_names(op: str) -> set[str]:
-    """What may be forced for ``op``: its kernels on every installed backend (and "composite"), or
-    for a collective of hal.dist its algorithms (hal.dist registers them when first imported)."""
-    if op not in OPS and op not in FORCEABLE:
-        import hal.dist  # noqa: F401  (registers the collectives' algorithms)
-    return _kernel_names(op)
 
 
 def _check_kernels(kernel: Mapping[str, str]) -> dict[str, str]:

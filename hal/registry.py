@@ -18,17 +18,24 @@ call as ``hal.ops.matmul``. That function carries decorators for the rest of the
 - ``@matmul.empty``: the results for inputs with a zero-size dimension (kernels never see those);
 - ``@matmul.values``: a check of argument values run on every call whose arrays are in host memory.
 
-The core reads these fields and nothing else about an op: it holds no table keyed by op names and
-never imports ``hal.ops``. Modules that need to know about every declaration (the dispatcher builds
-the public function, the torch integration registers ``torch.ops.hal.<name>``) subscribe with
-:func:`on_declare` and :func:`set_entry_factory`; this module imports neither.
+A declaration is *open* while the module declaring it attaches these, and *sealed* (immutable:
+assigning a field raises :class:`dataclasses.FrozenInstanceError`, and so does a decorator) once it
+is registered with the dispatcher: hal's own ops when ``import hal`` completes
+(:func:`hal.wiring.wire` seals every op declared by then), an op declared later (``hal.library``)
+by its first call, its first ``hal.explain`` or its first trace. What the dispatcher caches for a
+call is therefore made from the declaration every later call sees.
+
+The core reads these fields and nothing else about an op: it holds no table keyed by op names. This
+module imports neither the dispatcher nor the torch integration: :func:`hal.wiring.wire` installs
+the dispatcher's builder of public functions (:func:`set_entry_factory`) and subscribes the torch
+integration to every declaration (:func:`on_declare`) before hal's own ops are declared.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import sys
+import types
 import typing
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -223,6 +230,46 @@ class OpDecl:
     def __repr__(self) -> str:
         return f"<op {self.name}{self.signature}>"
 
+    # --- sealing: immutable once registered ------------------------------------------------------
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the declaration is complete and immutable (see the module docstring)."""
+        return self.__dict__.get("_sealed", False)
+
+    def seal(self) -> None:
+        """Make the declaration immutable (again a no-op once sealed): its fields can no longer be
+        assigned, its tables no longer changed, and its decorators raise."""
+        if self.sealed:
+            return
+        object.__setattr__(self, "tolerances", types.MappingProxyType(dict(self.tolerances)))
+        object.__setattr__(self, "volatile", types.MappingProxyType(dict(self.volatile)))
+        object.__setattr__(self, "_sealed", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._refuse_if_sealed(name)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._refuse_if_sealed(name)
+        object.__delattr__(self, name)
+
+    def _refuse_if_sealed(self, name: str) -> None:
+        if self.sealed:
+            raise dataclasses.FrozenInstanceError(
+                f"cannot assign to field {name!r} of op {self.name}: its declaration is sealed (registered with the dispatcher "
+                f"when `import hal` completed, or by the first call of an op declared later); complete a declaration, "
+                f"@{self.name}.checker, .fake, .composite, .empty, .values included, where the op is declared, before its first call")
+
+    def __copy__(self) -> "OpDecl":
+        return self  # a declaration is one object: decisions are cached by its identity
+
+    def __deepcopy__(self, memo: dict) -> "OpDecl":
+        return self
+
+    def __reduce__(self) -> tuple:
+        return get_op, (self.name,)  # pickled by name: the receiving process has its own declaration
+
 
 #: Every declared op, by name, in declaration order.
 OPS: dict[str, OpDecl] = {}
@@ -250,8 +297,15 @@ def on_declare(listener: Callable[[OpDecl], None]) -> None:
 
 
 def set_entry_factory(factory: Callable[[OpDecl, Callable[..., Any]], Callable[..., Any]]) -> None:
-    """Install the function that builds an op's public function (the dispatcher does, on import)."""
+    """Install the function that builds an op's public function (:func:`hal.wiring.wire` installs
+    the dispatcher's, :func:`hal.dispatch.entry.make_entry`)."""
     _ENTRY_FACTORY[:] = [factory]
+
+
+def seal_declared() -> None:
+    """Seal every op declared so far (:func:`hal.wiring.wire`, once hal's own ops are declared)."""
+    for decl in list(OPS.values()):
+        decl.seal()
 
 
 def _params_of(fn: Callable[..., Any]) -> tuple[Param, ...]:
@@ -341,14 +395,11 @@ def declare(
             autocast=_autocast_of(autocast, params),
         )
         if not _ENTRY_FACTORY:
-            raise RuntimeError("hal.registry.declare needs the dispatcher: import hal first")
+            raise RuntimeError("hal.registry.declare needs the dispatcher's entry builder, which hal.wiring.wire installs: import hal first")
         entry = _ENTRY_FACTORY[0](decl, fn)
         attach_decorators(entry, decl)
         decl.entry = entry
-        OPS[name] = decl
-        ops_namespace = sys.modules.get("hal.ops")  # an op declared outside ops/ is hal.ops.<name> too
-        if ops_namespace is not None and not hasattr(ops_namespace, name):
-            setattr(ops_namespace, name, entry)
+        OPS[name] = decl  # hal.ops.<name> too, for an op declared outside ops/ (hal.ops' __getattr__)
         for listener in list(_LISTENERS):
             listener(decl)
         return entry

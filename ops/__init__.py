@@ -1,10 +1,15 @@
 """hal.ops: every op of hal, declared once (this folder is installed as the package ``hal.ops``).
 
 Each name is the public, dispatching function of an op; ``hal.ops.<name>.op`` is its declaration.
-Backward ops (``<op>_backward``) are ops too. Only declarations live here: no kernel code.
+Backward ops (``<op>_backward``) are ops too. Only declarations live here: no kernel code. An op
+declared elsewhere (``hal.library.declare``) is ``hal.ops.<name>`` too, read from the registry.
+``import hal`` imports this package (:func:`hal.wiring.wire`), once the dispatcher can build the
+public functions.
 """
 
-from hal import dispatch as _dispatch  # noqa: F401  (builds each declared op's public function)
+from typing import Any
+
+from hal.registry import OPS
 
 # Declaration order is the order of API.md (and of `hal info` and the conformance reports).
 from .conv import batch_norm, batch_norm_backward, conv2d, conv2d_backward, fused_conv_bn_relu, fused_conv_bn_relu_backward  # isort: skip
@@ -65,3 +70,15 @@ __all__ = [
     "linear_cross_entropy_backward",
     "ACTIVATIONS",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The public function of an op declared outside this package (``hal.library.declare``)."""
+    decl = OPS.get(name)
+    if decl is None:
+        raise AttributeError(f"module 'hal.ops' has no attribute {name!r}")
+    return decl.entry
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(OPS))

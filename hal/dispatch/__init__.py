@@ -15,13 +15,13 @@ from hal.registry import OPS, OpDecl
 
 from .adapt import map_outputs
 from .decision import Decision
-from .dispatcher import DISPATCHER, FORCEABLE, HOOKS, Decided, Dispatcher, install, kernel_names, list_ops, reset, reset_stats, stats
+from .dispatcher import DISPATCHER, FORCEABLE, Decided, Dispatcher, Integration, install, kernel_names, list_ops, reset, reset_stats, stats
 from .entry import make_entry
 from .explain import EXPLAINERS, explain_call
 from .held import Bound, Held, bind, layout_of
 from .validate import Prepared, needs_autograd, prepare
 
 
-__all__ = ["DISPATCHER", "Dispatcher", "Decided", "Decision", "HOOKS", "EXPLAINERS", "FORCEABLE", "OPS", "OpDecl", "Prepared",
+__all__ = ["DISPATCHER", "Dispatcher", "Decided", "Decision", "Integration", "EXPLAINERS", "FORCEABLE", "OPS", "OpDecl", "Prepared",
            "Bound", "Held", "bind", "layout_of", "explain_call", "stats", "reset_stats", "list_ops", "install", "reset", "prepare",
            "needs_autograd", "map_outputs", "kernel_names", "make_entry"]

@@ -32,7 +32,7 @@ from hal.runtime import Runtime
 from . import measure, memory
 from .decided import Decided
 from .explain import recording_plan
-from .plan import NO_COUNT, Counter, Plan, build, observed
+from .plan import NO_COUNT, AutogradHook, Counter, Plan, build, observed
 from .route import Route, routes
 from .select import FALLBACK_WORDS, Selection, select
 from .validate import Prepared, prepare
@@ -43,27 +43,30 @@ log = logging.getLogger("hal")
 MAX_CACHE_ENTRIES = 8192
 
 
-class Hooks:
-    """What the torch integration plugs into a call's path (set by :mod:`hal.integration` when
-    ``import hal`` loads it; the dispatcher does not import it)."""
+@dataclasses.dataclass(frozen=True)
+class Integration:
+    """What the torch integration plugs into a call's path (:mod:`hal.integration`). The
+    dispatcher does not import it: :func:`hal.wiring.wire` connects it (:meth:`Dispatcher.connect`)
+    when ``import hal`` runs."""
 
     #: ``autograd(decl, run) -> apply``: the kernel runner ``run`` as the forward of hal's autograd
     #: node, whose backward runs the op's backward op.
-    autograd: Optional[Callable[[OpDecl, Callable[..., Any]], Callable[..., Any]]] = None
+    autograd: AutogradHook
     #: ``traced(decl, args) -> result``: the call under torch.compile (a ``torch.ops.hal`` node).
-    traced: Optional[Callable[[OpDecl, tuple], Any]] = None
+    traced: Callable[[OpDecl, tuple], Any]
     #: ``loaded(runtime)``: called when a runtime is installed or decisions are reset (the
     #: integration keys torch.compile's caches on what decides hal's calls).
-    loaded: Optional[Callable[[Runtime], None]] = None
+    loaded: Callable[[Runtime], None]
     #: ``for_compile(decl, args, decided)``: inside :func:`hal.tuning.for_compile`, after an eager
     #: decision: measure what a torch.compile graph should run for the call.
-    for_compile: Optional[Callable[[OpDecl, Sequence[Any], Decided], None]] = None
+    for_compile: Callable[[OpDecl, Sequence[Any], Decided], None]
+    #: ``compiled(decl, args, decided) -> Decided | None``: the decision of the call inside a
+    #: torch.compile graph where it differs from ``decided`` (what ``hal.explain`` shows).
+    compiled: Callable[[OpDecl, Sequence[Any], Decided], Optional[Decided]]
 
-
-HOOKS = Hooks()
 
 #: Names beyond the registry's ops that ``hal.use(kernel={name: ...})`` may force, with the names
-#: they accept (hal.dist registers its collectives and their algorithms here).
+#: they accept (:func:`hal.wiring.wire` adds hal.dist's collectives and their algorithms).
 FORCEABLE: dict[str, Callable[[], set[str]]] = {}
 
 
@@ -71,6 +74,8 @@ class Dispatcher:
     """Chooses and runs kernels; one per process (``hal.dispatch.DISPATCHER``)."""
 
     def __init__(self) -> None:
+        #: the torch integration (None until :meth:`connect`: ``import hal`` connects it).
+        self.integration: Optional[Integration] = None
         self._runtime: Optional[Runtime] = None
         self._cache: dict[Any, Plan] = {}
         self._lock = threading.RLock()
@@ -81,6 +86,12 @@ class Dispatcher:
         self.generation = 0
 
     # --- state ------------------------------------------------------------------------------
+
+    def connect(self, integration: Integration) -> None:
+        """Plug the torch integration into every call's path (:func:`hal.wiring.wire` does, once)."""
+        with self._lock:
+            self.integration = integration
+            self._loaded()
 
     def runtime(self) -> Runtime:
         """The loaded plugins, discovered on first use."""
@@ -149,8 +160,13 @@ class Dispatcher:
         self.generation += 1
 
     def _loaded(self) -> None:
-        if HOOKS.loaded is not None and self._runtime is not None:
-            HOOKS.loaded(self._runtime)
+        if self.integration is not None and self._runtime is not None:
+            self.integration.loaded(self._runtime)
+
+    def _connected(self) -> Integration:
+        if self.integration is None:
+            raise RuntimeError("hal's torch integration is not connected: import hal (hal.wiring.wire connects it)")
+        return self.integration
 
     def _counter(self, op: str, backend: str, kernel: str) -> Counter:
         with self._lock:
@@ -162,7 +178,10 @@ class Dispatcher:
                prepared: Optional[Prepared] = None) -> Decided:
         """Steps 1-4 of a call (raises InvalidArgumentError for bad arguments; other errors are
         part of the result). ``may_measure`` False: alternatives are ranked by what is cached, else
-        by priority (a capture, a trace, explain's walk through a decomposition)."""
+        by priority (a capture, a trace, explain's walk through a decomposition). The op's
+        declaration is sealed by its first decision, if the wiring has not sealed it already (an op
+        declared after ``import hal``)."""
+        decl.seal()
         prepared = prepared or prepare(decl, args)
         selection = select(decl, prepared.inputs, choice, self.runtime())
         traced = tracing.traced(prepared.inputs.args)
@@ -178,9 +197,18 @@ class Dispatcher:
                                  self.runtime(), lambda route: self.plan_of(decl, route, prepared, counted=False)[1],
                                  nested=choice.measuring)
         decided = Decided(prepared, choice, selection, outcome.route, options, outcome)
-        if choice.for_compile and may_measure and not choice.measuring and HOOKS.for_compile is not None:
-            HOOKS.for_compile(decl, args, decided)
+        if choice.for_compile and may_measure and not choice.measuring:
+            self._connected().for_compile(decl, args, decided)
         return decided
+
+    def compiled(self, decl: OpDecl, args: Sequence[Any], decided: Decided) -> Optional[Decided]:
+        """The decision of a call inside a torch.compile graph where it differs from ``decided``
+        (the torch integration's :func:`hal.integration.compile.traced_alternative`)."""
+        return self._connected().compiled(decl, args, decided)
+
+    def traced(self, decl: OpDecl, args: tuple) -> Any:
+        """A call torch.compile traces: the torch integration's graph node(s) for it."""
+        return self._connected().traced(decl, args)
 
     # --- plans --------------------------------------------------------------------------------
 
@@ -191,7 +219,7 @@ class Dispatcher:
         config.check_environment()
         overrides = config.current()
         if tracing.traced(args):
-            return NO_COUNT, lambda *a: traced_call(decl, a)
+            return NO_COUNT, lambda *a: self.traced(decl, a)
         if overrides is not None and overrides.explaining:
             return recording_plan(self, decl)
         choice = choice_for(decl.name, overrides)
@@ -216,7 +244,7 @@ class Dispatcher:
         """The plan of one route for calls of ``prepared``'s signature (``counted`` False: it counts
         nothing, as routes being timed do)."""
         counter = self._counter(decl.name, route.backend, route.kernel) if counted else None
-        return build(decl, route, prepared, counter, HOOKS.autograd)
+        return build(decl, route, prepared, counter, self._connected().autograd)
 
     def _warn_fallback(self, decl: OpDecl, route: Route, selection: Selection) -> None:
         """Log a fallback once per (op, backend, kernel), with every rejected candidate's reasons."""
@@ -231,14 +259,6 @@ class Dispatcher:
             decl.name, FALLBACK_WORDS[route.fallback or "composite"], route.backend, route.kernel, selection.device,
             " | ".join(rejected) or "none",
         )
-
-
-def traced_call(decl: OpDecl, args: tuple) -> Any:
-    """A call torch.compile traces: the torch integration's graph node(s) for it."""
-    traced = HOOKS.traced
-    if traced is None:
-        raise RuntimeError("hal's torch integration is not loaded (import hal, not hal.dispatch alone)")
-    return traced(decl, args)
 
 
 DISPATCHER = Dispatcher()

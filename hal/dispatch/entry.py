@@ -1,5 +1,12 @@
 """Where a call enters: ``hal.ops.<name>``, generated from the op's declaration, and its cache key.
 
+``inspect.getsource(hal.ops.softmax)`` shows the function (its source is registered with
+``linecache``, so tracebacks and debuggers show it too); its first lines say where each name it uses
+comes from. It leads to the dispatcher in two places: :meth:`Dispatcher.plan
+<hal.dispatch.dispatcher.Dispatcher.plan>` on a cache miss, and the plan the dispatcher cached for
+the call's key on a hit. :func:`make_entry` builds it; :func:`hal.registry.declare` asks for it
+through the factory :func:`hal.wiring.wire` installs.
+
 A call's key holds, for every argument, what can change the decision: for arrays their type,
 dtype, device, shape, strides and requires_grad (and, for NumPy arrays an op writes, whether they
 are writeable); for other values their type and value; plus the ``hal.use`` scope and grad mode.
@@ -11,9 +18,12 @@ so that validation says what is wrong with it, not the key. Fake and functional 
 
 Why generated: the entry function is the hot path of every op call, and generating it from the
 declaration lets Python itself bind the arguments and computes the key inline (no
-``inspect.Signature.bind``, no per-argument function calls). Under ``torch.autocast`` a call leaves
-the hot path for :mod:`hal.dispatch.autocast` (one C call tells). Its source is registered with
-``linecache`` so tracebacks show it.
+``inspect.Signature.bind``, no per-argument function calls). A plain ``def entry(*args,
+**kwargs)`` shared by every op, keying each argument in a loop, cost 2-3.5 us more per call on the
+2-core CI VM (softmax on a (4, 4) tensor 6.1 -> 9.6 us, NumPy 5.5 -> 7.8 us, the trivial-kernel rows
+of benchmarks/dispatch_overhead.py, 2026-12-07), and one forwarding to the generated function
+about 1 us (10% of a softmax call through the CPU backend). Under ``torch.autocast`` a call leaves
+the hot path for :mod:`hal.dispatch.autocast` (one C call tells).
 """
 
 from __future__ import annotations
@@ -26,12 +36,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hal import arrays, config, registry, tracing
+from hal import arrays, config, tracing
 from hal.registry import OpDecl, Param
 from hal.types import Kind
 
 from . import autocast
-from .dispatcher import DISPATCHER, traced_call
+from .dispatcher import DISPATCHER
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -178,8 +188,9 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
         [
             f"def {decl.name}({', '.join(params)}):",
             doc,
+            *_NAMES_COMMENT,
             "    if _is_compiling():  # Dynamo is tracing: one torch.ops.hal.<name> node",
-            f"        return _traced(_decl, {arg_tuple})",
+            f"        return _DISPATCHER.traced(_decl, {arg_tuple})",
             "    if _autocast_any():  # torch.autocast is on: cast as torch casts the function the op names (hal.dispatch.autocast)",
             f"        kind = _autocast_device(_decl, {arg_tuple})",
             "        if kind is not None:",
@@ -190,23 +201,22 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
             "        plan = _cache_get(key)",
             "    except Exception:  # unhashable, or a tensor without strides (sparse, nested): validation refuses it",
             "        key = plan = None",
-            "    if plan is None:",
-            f"        plan = _plan(_decl, {arg_tuple}, key)",
-            "    plan[0]()",
-            f"    return plan[1]({arg_list})",
+            "    if plan is None:  # decided once per key: the dispatcher validates, selects, routes and caches",
+            f"        plan = _DISPATCHER.plan(_decl, {arg_tuple}, key)",
+            "    plan[0]()  # counts the call in hal.stats()",
+            f"    return plan[1]({arg_list})  # the route: the kernel, hal's autograd node or a decomposition",
             "",
         ]
     )
     filename = f"<hal.ops.{decl.name}>"
     namespace: dict[str, Any] = {
-        "_plan": DISPATCHER.plan,
+        "_DISPATCHER": DISPATCHER,
         "_cache_get": DISPATCHER._cache.get,
         "_decl": decl,
         "_is_compiling": tracing.is_compiling,
         "_autocast_any": autocast.any_enabled,
         "_autocast_device": autocast.device_type,
         "_autocast_run": autocast.run,
-        "_traced": traced_call,
         "_local": config._local,
         "_scopes": config.ACTIVE_SCOPES,
         "_grad_enabled": torch.is_grad_enabled,
@@ -226,8 +236,13 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
     entry.__qualname__ = decl.name
     entry.__signature__ = sig
     entry.__annotations__ = dict(getattr(fn, "__annotations__", {}))
-    entry.__hal_source__ = src
     return entry
 
 
-registry.set_entry_factory(make_entry)
+#: The first lines of every generated entry's body: where the names it uses come from.
+_NAMES_COMMENT = (
+    "    # _DISPATCHER: hal.dispatch.DISPATCHER; _cache_get: the get of its cached plans (key -> (count, run));",
+    "    # _decl: the op's declaration (hal.ops.<name>.op); _is_compiling: hal.tracing.is_compiling;",
+    "    # _autocast_*: hal.dispatch.autocast; _local, _scopes: the hal.use scopes (hal.config);",
+    "    # _argkey, _written_key: hal.dispatch.entry; _d_<name>: the declared defaults.",
+)

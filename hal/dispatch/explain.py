@@ -38,14 +38,13 @@ class Decider(Protocol):
 
     def decide(self, decl: OpDecl, args: Sequence[Any], choice: Choice, may_measure: bool = True) -> Decided: ...
 
+    def compiled(self, decl: OpDecl, args: Sequence[Any], decided: Decided) -> Optional[Decided]: ...
+
     def runtime(self) -> Runtime: ...
 
 
-#: Explainers for names that are not registry ops (hal.dist registers its collectives here).
+#: Explainers for names that are not registry ops (:func:`hal.wiring.wire` adds hal.dist's collectives).
 EXPLAINERS: dict[str, Callable[..., Any]] = {}
-#: How the compiled graph's decision of a call is found (set by the torch integration):
-#: ``compiled(decl, args, decided) -> Decided | None``.
-COMPILED: list[Callable[..., Any]] = []
 
 
 class _Walk(threading.local):
@@ -73,7 +72,7 @@ def explain(dispatcher: Decider, decl: OpDecl, args: Sequence[Any], may_measure:
         elif decided.route.kind in ("node", "recorded"):
             backward = _backward_decision(dispatcher, decl, decided, args)
         # compiled calls inside a hal.use scope stay opaque nodes
-        alternative = COMPILED[0](decl, args, decided) if COMPILED and not (scope is not None and scope.forces) else None
+        alternative = dispatcher.compiled(decl, args, decided) if not (scope is not None and scope.forces) else None
         if alternative is not None:
             compiled = decision_of(decl, alternative, reason=alternative.route.reason)
     unseen = passed_over(decl, decided.prepared.inputs, decided.choice, dispatcher.runtime(), decided.selection)

@@ -14,16 +14,16 @@ all_reduce algorithms: ``native`` (the engine's own), ``hierarchical`` (needs th
 transfers, fp32 sums). ``auto`` asks the cost model (:func:`set_cost_model`). Settings:
 :func:`set_timeout` (``HAL_DIST_TIMEOUT``), :func:`set_debug` (``HAL_DIST_CHECK=1``: cross-rank
 argument check); the environment is read once (``hal.dist.settings.refresh()`` re-reads it).
+:data:`EXPLAINERS` explains each collective's choice; ``import hal`` makes them ``hal.explain``'s
+and lets ``hal.use(kernel={"all_reduce": ...})`` force an algorithm (:func:`hal.wiring.wire`).
 Failures of the transfer raise :class:`CommError`, bad arguments :class:`hal.InvalidArgumentError`.
 """
 
 from __future__ import annotations
 
-from hal.dispatch import EXPLAINERS as _EXPLAINERS
-from hal.dispatch import FORCEABLE as _FORCEABLE
 from hal.dist import hierarchical as _hierarchical  # noqa: F401  (registers hierarchical, before the compressed ones)
 from hal.dist.algorithms import algorithms
-from hal.dist.collectives import EXPLAINERS as _COLLECTIVE_EXPLAINERS
+from hal.dist.collectives import EXPLAINERS
 from hal.dist.collectives import all_gather, all_reduce, all_to_all, broadcast, recv, reduce_scatter, send
 from hal.dist.compressed import clear_workspaces  # (registers compressed_fp16, compressed_bf16)
 from hal.dist.cost import CostModel, cost_model, reset_cost_model, set_cost_model
@@ -31,9 +31,6 @@ from hal.dist.ddp import comm_hook
 from hal.dist.engine import Work
 from hal.dist.errors import CommError
 from hal.dist.settings import set_debug, set_timeout, set_topology
-
-_EXPLAINERS.update(_COLLECTIVE_EXPLAINERS)
-_FORCEABLE.update({name: (lambda name=name: set(algorithms(name))) for name in _COLLECTIVE_EXPLAINERS})
 
 __all__ = [
     "all_reduce",
@@ -52,6 +49,7 @@ __all__ = [
     "cost_model",
     "CostModel",
     "algorithms",
+    "EXPLAINERS",
     "clear_workspaces",
     "Work",
     "CommError",

@@ -9,8 +9,10 @@
 - :mod:`~hal.integration.kept`: what a forward kernel keeps for the backward kernel of the same call;
 - :mod:`~hal.integration.errors`: hal's errors met while torch.compile traces, raised as hal errors.
 
-The dispatcher does not import this package; importing it installs its hooks
-(:data:`hal.dispatch.HOOKS`). ``import hal`` does.
+The dispatcher does not import this package, and importing it changes nothing:
+:func:`hal.wiring.wire` connects its functions to the dispatcher (:class:`hal.dispatch.Integration`)
+and registers every op with torch (:func:`~hal.integration.library.register_op`) when ``import
+hal`` runs.
 """
 
 from __future__ import annotations

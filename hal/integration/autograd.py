@@ -32,7 +32,6 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from hal import arrays, config
-from hal.dispatch import HOOKS
 from hal.gradients import OUT, gradients_of
 from hal.registry import Kind, OpDecl
 
@@ -223,5 +222,3 @@ def autograd_runner(decl: OpDecl, run: Callable[..., Any]) -> Callable[..., Any]
 
     return apply_halves
 
-
-HOOKS.autograd = autograd_runner

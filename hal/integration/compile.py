@@ -31,8 +31,7 @@ import torch
 
 from hal import config
 from hal.config import Choice, choice_for, env_flag
-from hal.dispatch import DISPATCHER, HOOKS, Decided, measure
-from hal.dispatch.explain import COMPILED
+from hal.dispatch import DISPATCHER, Decided, measure
 from hal.dispatch.plan import canonical, rebatching
 from hal.dispatch.route import Route
 from hal.dispatch.validate import Prepared, prepare
@@ -247,7 +246,3 @@ def tag_compile_caches(runtime: Runtime) -> None:
 def _no_decision_on_fakes(decl: OpDecl, exc: Exception) -> None:
     log.debug("hal: %s under torch.compile: no decision on fake tensors (%s: %s)", decl.name, type(exc).__name__, exc)
 
-
-HOOKS.loaded = tag_compile_caches
-HOOKS.for_compile = measure_for_compile
-COMPILED[:] = [traced_alternative]

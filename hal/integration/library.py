@@ -14,9 +14,10 @@ other call becomes the opaque ``torch.ops.hal.<name>`` node. Its fake kernel is 
 compiled code runs, a node runs the op's kernel route (:func:`hal.integration.compile.direct`). Eager calls
 never come here: they take the dispatcher's direct path or :mod:`hal.integration.autograd`.
 
-Operators are registered as ops are declared (:func:`hal.registry.on_declare`), so an op declared
-in any module, after ``import hal``, is a torch operator at once; a forward's autograd formula is
-attached as soon as both it and its backward op exist.
+Operators are registered as ops are declared (:func:`register_op`, which :func:`hal.wiring.wire`
+subscribes with :func:`hal.registry.on_declare`), so an op declared in any module, after ``import
+hal``, is a torch operator at once; a forward's autograd formula is attached as soon as both it and
+its backward op exist.
 
 How a hal signature becomes a torch schema (each parameter keeps its name): :mod:`hal.integration.schema`.
 
@@ -51,9 +52,9 @@ except ImportError:  # pragma: no cover - depends on the torch version
     from torch.fx.experimental.symbolic_shapes import hint_int as optimization_hint
 
 from hal import config
-from hal.dispatch import HOOKS, autocast, needs_autograd
+from hal.dispatch import autocast, needs_autograd
 from hal.gradients import OUT, gradients_of
-from hal.registry import OPS, OpDecl, on_declare
+from hal.registry import OPS, OpDecl
 
 from hal.errors import HalError, UnsupportedError
 
@@ -381,7 +382,10 @@ def _link_autograd(decl: OpDecl) -> None:
             _register_autograd(fwd, top)
 
 
-def _on_declare(decl: OpDecl) -> None:
+def register_op(decl: OpDecl) -> None:
+    """Make ``decl`` ``torch.ops.hal.<name>`` (with its autograd formula, where its backward op is
+    registered too): :func:`hal.wiring.wire` calls it for every op, as it is declared. A backward op
+    declared before its forward op is registered with its forward op."""
     with _LOCK:
         if decl.name in TORCH_OPS:
             return
@@ -390,7 +394,7 @@ def _on_declare(decl: OpDecl) -> None:
         TORCH_OPS[decl.name] = _define(decl)
         _link_autograd(decl)
         if decl.trainable and decl.backward in OPS and decl.backward not in TORCH_OPS:
-            _on_declare(OPS[decl.backward])
+            register_op(OPS[decl.backward])
 
 
 # --- routing under torch.compile ----------------------------------------------------------------
@@ -430,7 +434,4 @@ def _traced_node(decl: OpDecl, args: tuple) -> Any:
     return top.opaque(*top.encode(args))
 
 
-on_declare(_on_declare)
-HOOKS.traced = traced_call
-
-__all__ = ["TORCH_OPS", "TorchOp", "Codec", "canonical", "traced_call", "OUT"]
+__all__ = ["TORCH_OPS", "TorchOp", "Codec", "canonical", "register_op", "traced_call", "OUT"]

@@ -1,0 +1,147 @@
+"""Explicit wiring (issue 42 item 3): ``import hal`` puts the core together in one place
+(:func:`hal.wiring.wire`); no module of the core fills a slot of another as a side effect of being
+imported; the op declarations are sealed (immutable) once registered; ``hal.ops.<name>`` shows its
+source, signature and docstring and leads to the dispatcher; the core's modules import each other
+one way."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import inspect
+import pickle
+import pydoc
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import hal
+from hal import dispatch, registry
+from hal.integration import autograd, compile, library
+from hal.types import Tensor
+from tests.core.test_layers import ROOT, all_imports, cycles, layer
+
+#: the modules that run at ``import hal`` by design: the package, the wiring, ``python -m hal``
+ENTRY_MODULES = ("hal/__init__.py", "hal/wiring.py", "hal/__main__.py")
+
+
+def _side_effects(path: Path) -> list[str]:
+    """Statements at a module's top level that act on something else when it is imported: a call
+    whose result is dropped, or an assignment into an attribute or item (``HOOKS.autograd = f``)."""
+    found = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)) or any(isinstance(t, (ast.Attribute, ast.Subscript)) for t in targets):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:90]}")
+    return found
+
+
+def test_importing_a_module_of_the_core_fills_no_slot_of_another() -> None:
+    """Before: the entry builder (hal.dispatch.entry), the autograd, traced and compile hooks
+    (hal.integration.*), torch.library's subscription to declarations and hal.dist's explainers
+    were installed by importing the modules that define them."""
+    found = [line for path in sorted((ROOT / "hal").rglob("*.py")) if str(path.relative_to(ROOT)) not in ENTRY_MODULES
+             for line in _side_effects(path)]
+    assert not found, "module-level statements acting on other modules (connect them in hal.wiring.wire):\n" + "\n".join(found)
+
+
+def test_import_hal_connects_every_layer() -> None:
+    """The dispatcher's integration, the entry builder and the collectives' names are in place once
+    ``import hal`` returns (before, hal.explain("all_reduce") imported hal.dist to register them)."""
+    connected = dispatch.DISPATCHER.integration
+    assert connected == dispatch.Integration(autograd.autograd_runner, library.traced_call, compile.tag_compile_caches,
+                                             compile.measure_for_compile, compile.traced_alternative)
+    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv"} <= set(dispatch.EXPLAINERS)
+    assert dispatch.kernel_names("all_reduce") >= {"native", "hierarchical", "compressed_fp16", "compressed_bf16"}
+    assert set(library.TORCH_OPS) == {d.name for d in hal.list_ops()}
+
+
+def test_declarations_are_sealed_once_registered() -> None:
+    """Before: an OpDecl stayed mutable, so a rule could change under the decisions cached from it."""
+    decl = hal.ops.softmax.op
+    assert all(d.sealed for d in hal.list_ops())
+    with pytest.raises(dataclasses.FrozenInstanceError, match="op softmax: its declaration is sealed"):
+        decl.check = None
+    with pytest.raises(dataclasses.FrozenInstanceError, match="field 'fake' of op softmax"):
+        hal.ops.softmax.fake(lambda a: a["x"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del decl.doc
+    with pytest.raises(TypeError):
+        decl.tolerances["float32"] = decl.tolerances["float64"]  # type: ignore[index]
+    assert copy.deepcopy(decl) is decl and pickle.loads(pickle.dumps(decl)) is decl
+
+
+def test_hal_ops_functions_show_source_signature_and_doc_and_lead_to_the_dispatcher() -> None:
+    for decl in hal.list_ops():
+        entry = getattr(hal.ops, decl.name)
+        source = inspect.getsource(entry)
+        assert source.startswith(f"def {decl.name}(") and "_DISPATCHER.plan(_decl" in source, decl.name
+        assert "_DISPATCHER: hal.dispatch.DISPATCHER" in source, decl.name
+        assert tuple(inspect.signature(entry).parameters) == decl.param_names, decl.name
+        assert inspect.cleandoc(entry.__doc__ or "") == decl.doc and entry.__module__ == "hal.ops", decl.name
+    text = pydoc.render_doc(hal.ops.softmax, renderer=pydoc.plaintext)
+    assert "softmax(x: 'Tensor', dim: 'int' = -1) -> 'Tensor'" in text and hal.ops.softmax.op.doc.splitlines()[0] in text
+
+
+def _in_fresh_interpreter(script: str) -> None:
+    """Run ``script`` in a new interpreter (its ops must not leak into this process's registry)."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_op_declared_later_is_complete_until_its_first_call_and_hal_ops_reads_it_from_the_registry() -> None:
+    """Before: hal.registry wrote the op into the hal.ops module (sys.modules), and its declaration
+    stayed open for good."""
+    _in_fresh_interpreter("""
+        import dataclasses, torch, hal, hal.library
+        from hal.types import Tensor
+
+        @hal.library.declare(dtypes=("float32",), tolerances=hal.library.ELEMENTWISE)
+        def triple(x: Tensor) -> Tensor:
+            '''3 x'''
+
+        @triple.fake
+        def _(a):
+            return torch.empty_like(a["x"])
+
+        hal.library.register_kernel("triple", backend="cpu", name="torch")(lambda x: 3 * x)
+        assert hal.ops.triple is triple and "triple" not in vars(hal.ops) and "triple" in dir(hal.ops)
+        assert not triple.op.sealed and hasattr(torch.ops.hal, "triple")
+        assert torch.equal(hal.ops.triple(torch.ones(2)), torch.full((2,), 3.0)) and triple.op.sealed
+        try:
+            triple.checker(lambda x: None)
+        except dataclasses.FrozenInstanceError as exc:
+            assert "op triple: its declaration is sealed" in str(exc)
+        else:
+            raise AssertionError("a checker attached after the first call was accepted")
+    """)
+
+
+def test_no_import_cycle_in_the_core() -> None:
+    """The core's modules (``hal`` and ``hal.ops``, every import counted wherever it stands) import
+    each other one way. A module importing its own package (``hal.ops.conv`` calling ``hal.ops.*``
+    in a decomposition) is no cycle: the package has run before its module."""
+    edges = {(i.importer, i.imported) for i in all_imports(ROOT)
+             if layer(i.importer) == layer(i.imported) == "core" and not i.importer.startswith(i.imported + ".") and i.importer != i.imported}
+    # hal.parallel's own (its checks and comm modules call each other), not the wiring's
+    known = [["hal.parallel.checks", "hal.parallel.comm"]]
+    assert [c for c in cycles(edges) if c not in known] == []
+
+
+def test_declaring_before_the_wiring_is_refused_with_the_reason() -> None:
+    """A declaration needs the dispatcher's entry builder, which only the wiring installs."""
+    def unwired(x: Tensor) -> Tensor:
+        """x"""
+
+    saved = list(registry._ENTRY_FACTORY)
+    registry._ENTRY_FACTORY.clear()
+    try:
+        with pytest.raises(RuntimeError, match="entry builder, which hal.wiring.wire installs"):
+            registry.declare(dtypes=("float32",), tolerances={})(unwired)
+    finally:
+        registry._ENTRY_FACTORY[:] = saved
+    assert "unwired" not in registry.OPS
