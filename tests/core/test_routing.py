@@ -139,7 +139,9 @@ def _kit_plugin() -> Plugin:
 
 def _reasons_on_cases(kernel: Any) -> dict[str, Any]:
     """The kernel's rejection reasons on the quick conformance cases of its op, per dtype (CPU
-    tensors seen as on an sm_90 device)."""
+    tensors seen as on an sm_90 device), but Triton's absence (recorded where it is installed)."""
+    from hal_triton import unavailable_reason
+
     from hal.conformance.cases import cases_for, draw_call
     from hal.dispatch import prepare
     from hal.registry import get_op
@@ -150,7 +152,8 @@ def _reasons_on_cases(kernel: Any) -> dict[str, Any]:
         for spec in cases_for(kernel.op, dtype, quick=True):
             given = draw_call(kernel.op, dtype, spec, 0, "cpu").args
             p = prepare(decl, tuple(given.get(q.name, q.default) for q in decl.params)).inputs
-            out[f"{dtype}/{spec.name}"] = kernel.not_supported_reasons(Inputs(decl, p.args, "cuda", p.device, p.dtype, "torch", "sm_90"))
+            reasons = kernel.not_supported_reasons(Inputs(decl, p.args, "cuda", p.device, p.dtype, "torch", "sm_90"))
+            out[f"{dtype}/{spec.name}"] = [r for r in reasons if r != unavailable_reason()]
     return out
 
 
