@@ -175,3 +175,14 @@ def test_the_triton_kit_has_one_registration_file_per_kernel_family() -> None:
     assert [m.__name__.rsplit(".", 1)[1] for m in REGISTRATIONS] == list(hal_triton.FAMILIES)
     kit_dir = Path(hal_triton.__file__).parent / "kernels"
     assert sorted(p.stem for p in kit_dir.glob("*.py")) == sorted([*hal_triton.FAMILIES, "__init__", "kit"])
+
+
+@pytest.mark.parametrize("options, argument", [
+    ({"contexts": {"eager": 1}, "priority": 2}, "argument 'priority'"),
+    ({"contexts": {"jit": 1}}, "argument 'contexts'"),
+])
+def test_hal_library_refuses_a_bad_routing_before_registering(options: dict, argument: str) -> None:
+    import hal.library
+
+    with pytest.raises(hal.InvalidArgumentError, match=argument):
+        hal.library.register_kernel("softmax", backend="cpu", name="never", **options)
