@@ -176,7 +176,7 @@ class OptimizedStep:
             yours, untouched = optimizer, f"your model and your {type(optimizer).__name__}, as given"
         self._variants = {"torch": Variant("torch", model, yours)}
         if rewritten is not model or hal_optimizer is not yours:
-            self._variants["hal"] = Variant("hal", rewritten, hal_optimizer, self._weight_copies(rewritten, rewrite_decision, amp))
+            self._variants["hal"] = Variant("hal", rewritten, hal_optimizer, self._weight_copies(model, rewritten, rewrite_decision, amp))
         else:
             untouched += " (the rewrite changed nothing: no 'hal' variant)"
         chosen_first = self._variants.get("hal", self._variants["torch"])
@@ -256,10 +256,11 @@ class OptimizedStep:
         return sorted(names, key=CANDIDATES.index), skipped, compile_d, graph_d
 
     @staticmethod
-    def _weight_copies(rewritten: nn.Module, rewrite: Decision, amp: Optional[torch.dtype]) -> Optional[WeightCopies]:
+    def _weight_copies(model: nn.Module, rewritten: nn.Module, rewrite: Decision, amp: Optional[torch.dtype]) -> Optional[WeightCopies]:
         """Half-precision copies of the rewritten model's linear weights, where autocast casts them
-        each step and the rewrite is a twin (patched: its modules are hal's to change); None elsewhere."""
-        if amp is None or rewrite.choice != "patch" or not hasattr(rewritten, "_modules"):
+        each step and the rewrite is a patched twin (its modules are hal's to change, yours are not
+        touched before hal's variant wins); None elsewhere."""
+        if amp is None or rewrite.choice != "patch" or rewritten is model:
             return None
         copies = WeightCopies(rewritten, amp)
         return copies if len(copies) else None
@@ -377,13 +378,16 @@ class OptimizedStep:
         first_log, started = len(LOG), time.perf_counter()
         modules = _unique([v.model for v in self._variants.values()] + ([self.loss_fn] if isinstance(self.loss_fn, nn.Module) else []))
         snap = Snapshot(modules, _unique([v.optimizer for v in self._variants.values()]), [self.scaler] if self.scaler is not None else [])
-        trials = []
-        for name in names:
-            trials.append(self._trial(name, args, kwargs))
-            run = self._runs.get(name)
-            if hasattr(run, "reset"):
-                run.reset()  # its graph holds the measured steps' memory; the real steps capture afresh
-            snap.restore()
+        trials = self._trials(names, args, kwargs, snap)
+        hal_trials = [t for t in trials if t.name.startswith("hal ")]
+        copies = self._variants["hal"].copies if "hal" in self._variants else None
+        if copies is not None and hal_trials and all(t.median_ms is None for t in hal_trials):
+            # the weight copies are the newest part of hal's variant: where every hal candidate failed
+            # with them, hal's variant is measured again without them before torch's can win by default
+            failed = hal_trials[0].error or "failed"
+            self._drop_weight_copies(f"every 'hal' candidate failed with them ({failed})")
+            again = self._trials([t.name for t in hal_trials], args, kwargs, snap)
+            trials = [t for t in trials if not t.name.startswith("hal ")] + again
         r.trials = sorted(trials + skipped, key=lambda t: CANDIDATES.index(t.name))
         r.measuring_s = time.perf_counter() - started
         r.kernel_measurements = len(LOG) - first_log
@@ -402,6 +406,28 @@ class OptimizedStep:
             why = (f"{best.name} measured {best.median_ms:.2f} ms/step, within {self.margin:.0%} of {chosen.name}'s "
                    f"{chosen.median_ms:.2f}: not worth it (the simpler candidate is kept)")
         self._settle(chosen.name, why)
+
+    def _trials(self, names: list[str], args: tuple, kwargs: dict, snap: Snapshot) -> list[Trial]:
+        """Each candidate of ``names`` measured in turn, the state put back after each."""
+        trials = []
+        for name in names:
+            trials.append(self._trial(name, args, kwargs))
+            run = self._runs.get(name)
+            if hasattr(run, "reset"):
+                run.reset()  # its graph holds the measured steps' memory; the real steps capture afresh
+            snap.restore()
+        return trials
+
+    def _drop_weight_copies(self, why: str) -> None:
+        """hal's variant without weight copies from now on (its linears are nn.Linear again)."""
+        variant = self._variants["hal"]
+        assert variant.copies is not None
+        variant.copies.detach(variant.model)
+        variant.copies = None
+        self._runs = {n: run for n, run in self._runs.items() if not n.startswith("hal ")}
+        self._compiled.pop("hal", None)
+        self.report.weights = f"as they are: {why}; measured again without copies"
+        log.warning("hal.optimize: weight copies dropped: %s", why)
 
     def _trial(self, name: str, args: tuple, kwargs: dict) -> Trial:
         """Run candidate ``name``: its warm-up calls (compilation; a graph's eager calls and capture),

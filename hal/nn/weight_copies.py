@@ -137,6 +137,15 @@ class WeightCopies:
             m.__class__ = CopyLinear
             m.__dict__["weight_copy"] = entry.copy
 
+    def detach(self, model: nn.Module) -> None:
+        """Undo :meth:`attach` on ``model``: its copy-reading linears become ``nn.Linear`` again,
+        and these copies are let go."""
+        for m in model.modules():
+            if type(m) is CopyLinear:
+                m.__class__ = nn.Linear
+                m.__dict__.pop("weight_copy", None)
+        self._entries.clear()
+
     def refresh(self) -> int:
         """Re-make the copies whose weights changed since they were written (loaded weights, an
         update by another optimizer, a snapshot put back); returns how many."""

@@ -173,3 +173,53 @@ def test_optimize_runs_hf_llama_on_copies_at_autocasts_losses() -> None:
     assert losses == pytest.approx(want, rel=2e-2)  # bfloat16 activations, hal's kernels: about 3 significant digits
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=5e-2, msg=name)  # 4 AdamW steps of lr 1e-2: a missed or wrong step moves by ~1e-2 each
+
+
+class _ExactClasses(nn.Module):
+    """A model that insists on its head being exactly nn.Linear (as code checking types does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if type(self.head) is not nn.Linear:
+            raise TypeError(f"head must be exactly nn.Linear, not {type(self.head).__name__}")
+        return self.head(self.body(x))
+
+
+def test_optimize_measures_hal_again_without_copies_where_they_fail() -> None:
+    torch.manual_seed(5)
+    model = _ExactClasses()
+    x, y = torch.randn(6, 8), torch.randint(0, 3, (6,))
+    step = hal.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loss_fn=F.cross_entropy, amp=torch.bfloat16,
+                        rewrite="patch", compile=False, candidates=["torch eager", "hal eager"])
+    step(x, y)
+    r = step.report
+    assert "every 'hal' candidate failed with them (TypeError: head must be exactly nn.Linear, not CopyLinear)" in r.weights
+    assert {t.name: t.median_ms is not None for t in r.trials} == {"torch eager": True, "hal eager": True}
+    assert not any(isinstance(m, CopyLinear) for m in [*model.modules(), *step.model.modules()])
+
+
+class _TwoLinears(nn.Module):
+    """Nothing hal.nn.patch knows (no Sequential, no transformers module): hal's variant is your
+    model with hal's optimizer, and its linears are yours."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.softsign(self.fc1(x)))
+
+
+def test_your_linears_get_no_copies_where_nothing_was_patched() -> None:
+    torch.manual_seed(6)
+    model = _TwoLinears()
+    step = hal.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loss_fn=F.cross_entropy, amp=torch.bfloat16,
+                        rewrite="patch", compile=False)
+    assert "hal.nn.patch found no module it knows" in step.report.rewrite.reason
+    assert step.report.weights.startswith("as they are")
+    step(torch.randn(4, 8), torch.randint(0, 3, (4,)))
+    assert type(model.fc1) is nn.Linear and type(model.fc2) is nn.Linear
