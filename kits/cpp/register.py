@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from hal.arrays import flat_runs
-from hal.plugin import Inputs, Plugin
+from hal.plugin import CONTEXTS, Inputs, Plugin
 
 from . import batchnorm as bn
 from . import norm, optim
@@ -62,17 +62,22 @@ def _unit_stride(inputs: Inputs, names: tuple[str, ...]) -> list[str]:
     return [f"{', '.join(bad)} must have unit stride (the kernels index them in place)"] if bad else []
 
 
-def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None, priority: int = 15,
-             convolution: Optional[Convolution] = None, graph_priorities: Optional[Mapping[str, int]] = None,
+#: where the kit's kernels serve unless a plugin says otherwise: every context, below the Triton
+#: kernels (20) and torch's (25), whose launches cost less host time.
+EVERYWHERE = {c: 15 for c in CONTEXTS}
+
+
+def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None, contexts: Mapping[str, int] = EVERYWHERE,
+             convolution: Optional[Convolution] = None, op_contexts: Optional[Mapping[str, Mapping[str, int]]] = None,
              **kernel_options: Any) -> Kit:
     """Register the C++ kernels of batch_norm, batch_norm_backward, layer_norm_backward,
-    rms_norm_backward and fused_adamw_ as kernel "cpp" of ``backend`` (default: the plugin's own)
-    with ``priority``, and with a ``convolution`` those of fused_conv_bn_relu and its backward as
-    "<convolution.name>_cpp" (the library's convolution, then the C++ batch norm + ReLU);
-    ``graph_priorities`` ranks the kernels of the named ops in graph replays (``Plugin.kernel``'s
-    ``graph_priority``, measured per vendor); ``kernel_options`` go to :meth:`Plugin.kernel` (the
-    architecture predicate, for one). Returns
-    the kit (its compiled modules and scratch buffers) the kernels launch through."""
+    rms_norm_backward and fused_adamw_ as kernel "cpp" of ``backend`` (default: the plugin's own),
+    and with a ``convolution`` those of fused_conv_bn_relu and its backward as
+    "<convolution.name>_cpp" (the library's convolution, then the C++ batch norm + ReLU). Each serves
+    ``contexts`` (``{context: priority}``, :meth:`Plugin.kernel`'s), or where ``op_contexts`` names
+    its op, those (a plugin's routing measured per vendor: the batch norm first in graph replays,
+    say); ``kernel_options`` go to :meth:`Plugin.kernel` (the architecture predicate, for one).
+    Returns the kit (its compiled modules and scratch buffers) the kernels launch through."""
     kit = Kit(runtime)
     available = runtime_check(runtime)
 
@@ -85,8 +90,8 @@ def register(plugin: Plugin, runtime: Runtime, *, backend: Optional[str] = None,
         return check
 
     def kernel(op: str, check, dtypes=FLOATS, name: str = "cpp"):
-        return plugin.kernel(op, name=name, backend=backend, priority=priority, dtypes=dtypes, check=check,
-                             graph_priority=(graph_priorities or {}).get(op), **kernel_options)
+        return plugin.kernel(op, name=name, backend=backend, contexts=(op_contexts or {}).get(op, contexts), dtypes=dtypes, check=check,
+                             **kernel_options)
 
     @kernel("batch_norm", bn_check("running_mean", "running_var", "weight", "bias"))
     def batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps):

@@ -3,7 +3,7 @@ IEEE float32 guard around cuDNN and cuBLAS calls."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
 
@@ -19,19 +19,19 @@ NOT_F64 = ("float16", "bfloat16", "float32")
 Check = Callable[[Inputs], Optional[list[str]]]
 
 
-def kernel(op: str, *, name: str, priority: int, dtypes: Optional[Iterable[str]] = None, checks: Iterable[Check] = (),
+def kernel(op: str, *, name: str, priority: Optional[int] = None, dtypes: Optional[Iterable[str]] = None, checks: Iterable[Check] = (),
            archs: Archs = SM80, differentiable: Union[bool, Check] = False,
-           graph_priority: Optional[int] = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+           contexts: Optional[Mapping[str, int]] = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a kernel of the cuda backend (sm_80 and newer unless ``archs`` says otherwise);
-    ``differentiable``: made of torch's differentiable ops, ``graph_priority``: its rank in graph
-    replays (see :meth:`hal.plugin.Plugin.kernel`)."""
+    ``differentiable``: made of torch's differentiable ops; ``priority`` in every context, or
+    ``contexts``: the contexts it serves with its priority in each (see :meth:`hal.plugin.Plugin.kernel`)."""
     all_checks = list(checks)
 
     def check(inputs: Inputs) -> list[str]:
         return [r for c in all_checks for r in (c(inputs) or [])]
 
     return plugin.kernel(op, name=name, priority=priority, dtypes=dtypes, archs=archs, check=check if all_checks else None,
-                         differentiable=differentiable, graph_priority=graph_priority)
+                         differentiable=differentiable, contexts=contexts)
 
 
 def not_float32(inputs: Inputs) -> list[str]:

@@ -139,7 +139,10 @@ def _training_only(inputs: Inputs) -> list[str]:
 # In a step replayed from a CUDA graph (hal.graphs) it ranks last: host time is not paid there, and
 # the decomposition with the C++ batch norm (hal_backend_cuda.cpp_kernels) made ResNet-50's graphed
 # training step 15.47 -> 13.66 ms on the H200 (benchmarks/graph_ab.py, 2026-12-02).
-@kernel("fused_conv_bn_relu", name="torch", priority=35, dtypes=FLOATS, graph_priority=1,
+# _training_only stays a check: it reads the batch norm's ``training`` argument (batch statistics or
+# running ones), which is no context: eval-mode calls train (a frozen batch norm under autograd) and
+# train-mode calls run without autograd, in every context.
+@kernel("fused_conv_bn_relu", name="torch", contexts={"eager": 35, "training": 35, "compiled": 35, "graph": 1}, dtypes=FLOATS,
         checks=_NATIVE_CHECKS + [eager.padding_in_proportion, _training_only], differentiable=not_float32)
 def fused_conv_bn_relu_torch(x, conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var, stride, padding, dilation, groups, eps, momentum, training):
     with ieee_fp32(x.dtype):
@@ -166,6 +169,10 @@ def fused_conv_bn_relu_cudnn(x, conv_weight, conv_bias, bn_weight, bn_bias, runn
 # half precision, as the compiled model without hal has them; Inductor fuses the batch norm, the add
 # and the ReLU into one pass computed in float32 and rounded once. Eagerly they decline: there torch's
 # ops would round between the steps (the float32 ``torch`` kernels exist for that).
+# A check rather than ``contexts={"compiled": 2}``: a compiled step that hal.graphs.graphed warms up
+# and captures is traced inside device_bound, a ``graph`` call, where these kernels must still join
+# the graph (tests/core/test_backend_routing.py records it); ``graph: 2`` would also offer them to
+# eager captures.
 
 
 _GRAPH_CHECKS = _NATIVE_CHECKS + [eager.padding_in_proportion, eager.in_compiled_graphs_only("cudnn_fused or torch's float32 ops")]

@@ -18,18 +18,16 @@ here rejects with the runtime's reason and the dispatcher takes the next one.
 from __future__ import annotations
 
 import hal_cpp
-from hal_cpp.register import Convolution
+from hal_cpp.register import EVERYWHERE, Convolution
 
 from . import plugin
 from ._device import SM80
 from .conv import conv, conv_grads
 from .cpp_runtime import CupyRuntime
 
-PRIORITY = 15
-
 RUNTIME = CupyRuntime()
-#: measured first in graph replays (module docstring)
-GRAPH_PRIORITIES = {"batch_norm": 30, "batch_norm_backward": 30, "fused_adamw_": 30}
+#: 15 in every context, but measured first in graph replays (module docstring)
+GRAPH_FIRST = {**EVERYWHERE, "graph": 30}
+OP_CONTEXTS = {"batch_norm": GRAPH_FIRST, "batch_norm_backward": GRAPH_FIRST, "fused_adamw_": GRAPH_FIRST}
 
-KIT = hal_cpp.register(plugin, RUNTIME, priority=PRIORITY, archs=SM80, convolution=Convolution("cudnn", conv, conv_grads),
-                       graph_priorities=GRAPH_PRIORITIES)
+KIT = hal_cpp.register(plugin, RUNTIME, archs=SM80, convolution=Convolution("cudnn", conv, conv_grads), op_contexts=OP_CONTEXTS)

@@ -39,7 +39,9 @@ TRITON_FROM = 1 << 25
 
 def _small_or_beyond_triton(inputs: Inputs) -> list[str]:
     """Declines what the Triton kernel takes from TRITON_FROM elements on, except inside a
-    torch.compile trace (:func:`hal.plugin.traced`), where Inductor fuses torch's ops into its own one pass."""
+    torch.compile trace (:func:`hal.plugin.traced`), where Inductor fuses torch's ops into its own one pass.
+    A check, not ``contexts=``: the kernel serves every context, and what it declines depends on the
+    inputs' size; a trace inside ``hal.graphs.device_bound`` is a ``graph`` call that takes any size too."""
     gate, up = inputs["gate"], inputs["up"]
     if gate.numel() >= TRITON_FROM and not inputs.traced and swiglu_geometry(gate, up) is not None:
         return [f"{gate.numel()} elements (at least 2**25): the Triton kernel's one pass each way moves less memory "
@@ -47,5 +49,5 @@ def _small_or_beyond_triton(inputs: Inputs) -> list[str]:
     return []
 
 
-kernel("swiglu", name="torch", priority=25, graph_priority=15, dtypes=FLOATS, differentiable=True,
+kernel("swiglu", name="torch", contexts={"eager": 25, "training": 25, "compiled": 25, "graph": 15}, dtypes=FLOATS, differentiable=True,
        checks=(_small_or_beyond_triton,))(eager.swiglu)
