@@ -43,5 +43,8 @@ say "checking the installed hal from $work/run"
 mkdir "$work/run"
 cp scripts/check_installed.py "$work/run/"
 cd "$work/run"
-env -u PYTHONPATH -u HAL_COMMIT -u HAL_DIRTY "$work/venv/bin/python" check_installed.py --source "$source_dir" --commit "$commit"
+# PYTHONDONTWRITEBYTECODE unset: the venv was installed without byte-compiling, so the first process
+# compiles what it imports once for the rest (with it set, as on the project's VMs, every `hal`
+# command compiled the sources of torch it imports again, about 7 s a process on that VM)
+env -u PYTHONPATH -u HAL_COMMIT -u HAL_DIRTY -u PYTHONDONTWRITEBYTECODE "$work/venv/bin/python" check_installed.py --source "$source_dir" --commit "$commit"
 say "done"
