@@ -155,6 +155,10 @@ class HFCausalLMTrain(Workload):
         super().__init__(size)
         self.amp_dtype: Optional[torch.dtype] = None if size == "tiny" else torch.bfloat16
         self.lr, self.eps = lr, eps
+        #: further keyword arguments of hal.optimize in the hal.optimize column (none: it measures every
+        #: candidate; the CPU test of the column passes compile=False, its compiled candidates being
+        #: tests/training/test_optimize.py's)
+        self.optimize_options: dict[str, Any] = {}
 
     @abc.abstractmethod
     def build_model(self, seed: int, device: torch.device) -> nn.Module:
@@ -189,7 +193,7 @@ class HFCausalLMTrain(Workload):
         if impl == "hal.optimize":
             import hal
 
-            fast = hal.optimize(model, opt, amp=amp)
+            fast = hal.optimize(model, opt, amp=amp, **self.optimize_options)
             return Step(lambda: fast(input_ids=tokens, labels=tokens), model, fast.optimizer)
         forward = compiled(model, compile_mode)
 
