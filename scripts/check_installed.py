@@ -11,12 +11,17 @@ installed from their wheels (not editable), from a folder outside the checkout:
   passes against cpu_ref, none is skipped;
 - a few steps of each example in the checkout's examples/, copied here first.
 
+The imports and the commands run in one lane, the template and the examples in another, the two
+lanes at once.
+
     python check_installed.py --source CHECKOUT --commit SHA
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
 import importlib
 import importlib.metadata
 import json
@@ -27,7 +32,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 #: the ops the backend template (examples/backend_template) has a kernel for
 TEMPLATE_OPS = ("swiglu", "softmax", "rms_norm", "rms_norm_backward")
@@ -159,6 +164,12 @@ def check_examples(source: Path, work: Path) -> None:
             raise CheckFailed(f"{example.name} printed no loss:\n{out[-3000:]}")
 
 
+def _in_turn(checks: Sequence[Callable[[], None]]) -> None:
+    """Each check, one after the other (CheckFailed from the first that fails)."""
+    for check in checks:
+        check()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, required=True, help="the checkout the wheels were built from (for its examples)")
@@ -168,12 +179,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if work == source or source in work.parents:
         print(f"check_installed: run it outside the checkout {source}", file=sys.stderr)
         return 2
+    bin_dir = Path(sys.executable).parent
+    # two lanes of checks at once (about 50 s each): most of each is waiting on the commands it runs
+    lanes: list[list[Callable[[], None]]] = [
+        [check_imports, functools.partial(check_commands, bin_dir, work, args.commit)],
+        [functools.partial(check_template, bin_dir, work, args.commit), functools.partial(check_examples, source, work)],
+    ]
     try:
         check_where_hal_is(source)
-        check_imports()
-        check_commands(Path(sys.executable).parent, work, args.commit)
-        check_template(Path(sys.executable).parent, work, args.commit)
-        check_examples(source, work)
+        with concurrent.futures.ThreadPoolExecutor(len(lanes)) as pool:
+            for lane in [pool.submit(_in_turn, checks) for checks in lanes]:
+                lane.result()
     except CheckFailed as exc:
         print(f"check_installed: FAILED: {exc}", file=sys.stderr)
         return 1
