@@ -105,6 +105,15 @@ def _eligible(model: nn.Module) -> list[nn.Linear]:
             and owners[id(m.weight)] == 1]
 
 
+def _copy(entries: list[_Entry]) -> None:
+    """Each entry's copy written from its weight (one multi-tensor copy), its version noted."""
+    if entries:
+        with torch.no_grad():
+            torch._foreach_copy_([e.copy for e in entries], [e.param.detach() for e in entries])
+        for e in entries:
+            e.version = e.param._version
+
+
 class WeightCopies:
     """The half-precision copies of a model's eligible ``nn.Linear`` weights (module docstring)."""
 
@@ -150,20 +159,12 @@ class WeightCopies:
         """Re-make the copies whose weights changed since they were written (loaded weights, an
         update by another optimizer, a snapshot put back); returns how many."""
         stale = [e for e in self._entries if e.param._version != e.version]
-        if stale:
-            with torch.no_grad():
-                torch._foreach_copy_([e.copy for e in stale], [e.param.detach() for e in stale])
-            for e in stale:
-                e.version = e.param._version
+        _copy(stale)
         return len(stale)
 
     def write(self) -> None:
         """Write every copy from its weight (after the optimizer step): one multi-tensor copy."""
-        if self._entries:
-            with torch.no_grad():
-                torch._foreach_copy_([e.copy for e in self._entries], [e.param.detach() for e in self._entries])
-            for e in self._entries:
-                e.version = e.param._version
+        _copy(self._entries)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
