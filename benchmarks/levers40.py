@@ -340,11 +340,19 @@ def part_step(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16,
         torch._dynamo.reset()
 
 
-def part_optimize(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16, candidates: Optional[list[str]] = None) -> None:
+def part_optimize(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16, candidates: Optional[list[str]] = None,
+                  weight_copies: bool = True) -> None:
     """hal.optimize at Llama-3.2-1B's shape, as a user calls it: the model as built and torch's fused
-    AdamW; its explain (every candidate's time) and its step time afterwards."""
+    AdamW; its explain (every candidate's time) and its step time afterwards. ``weight_copies=False``
+    measures hal's variant without its half-precision weight copies (hal.nn.weight_copies), the A/B
+    of that lever in one process."""
     import hal
-    print(f"\n== optimize: hal.optimize on HF Llama at Llama-3.2-1B's shape, T {seq}, batch {batch}")
+    from hal.fast.step import OptimizedStep as _Optimizer
+    label = "optimize" if weight_copies else "optimize-no-copies"
+    print(f"\n== {label}: hal.optimize on HF Llama at Llama-3.2-1B's shape, T {seq}, batch {batch}")
+    kept = _Optimizer.__dict__["_weight_copies"]
+    if not weight_copies:
+        _Optimizer._weight_copies = staticmethod(lambda *a, **k: None)
     torch.cuda.empty_cache()
     model = hf_llama(layers, 2048, 32, 8, 8192, 128256, seq, True)
     tokens = torch.randint(0, 128256, (batch, seq), device="cuda")
@@ -363,7 +371,10 @@ def part_optimize(results: dict, seq: int = 2048, batch: int = 2, layers: int = 
           ", ".join(f"{k} {v:.2f}" for k, v in sorted(classes.items(), key=lambda kv: -kv[1])))
     for k, t, c in kernels[:12]:
         print(f"     {t:7.3f} ms x{c:4d}  {k[:90]}")
-    results["optimize"] = {"ms": ms, "peak_gib": peak, "first_s": first, "explain": fast.explain(), "classes": classes, "kernels": kernels}
+    results[label] = {"ms": ms, "peak_gib": peak, "first_s": first, "explain": fast.explain(), "classes": classes, "kernels": kernels}
+    _Optimizer._weight_copies = kept
+    del fast, model
+    torch._dynamo.reset()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -390,7 +401,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             else:
                 {"attention": part_attention, "lmhead": part_lmhead, "capture": part_capture,
                  "optimize": lambda r: part_optimize(r, args.seq, args.batch, args.layers,
-                                                     args.optimize_candidates.split(",") if args.optimize_candidates else None)}[part](results)
+                                                     args.optimize_candidates.split(",") if args.optimize_candidates else None),
+                 "optimize-no-copies": lambda r: part_optimize(r, args.seq, args.batch, args.layers,
+                                                               args.optimize_candidates.split(",") if args.optimize_candidates else None,
+                                                               weight_copies=False)}[part](results)
         except Exception:  # noqa: BLE001 - the next part still runs
             traceback.print_exc()
         print(f"-- {part}: {time.perf_counter() - t0:.0f} s", flush=True)
