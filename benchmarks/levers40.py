@@ -14,7 +14,7 @@ Parts (``--parts``, comma-separated; each prints its own table):
 * ``capture``: a small Hugging Face Llama with GQA and tied embeddings, compiled, its whole step
   captured with ``hal.graphs.graphed``; on failure, the synchronising calls a step makes
   (``torch.cuda.set_sync_debug_mode``) and the traceback.
-* ``step``: Llama-3.2-1B's shape (16 layers, d 2048, GQA 32/8, vocab 128256, tied) at T 2048, batch
+* ``step``: Llama-3.2-1B's shape (16 layers, d 2048, GQA 32/8, vocab 128256, tied; ``--shape 8b``: Llama-3-8B's layers) at T 2048, batch
   2: ``--step-variants`` among eager, compile, compile+graph (the compiled step, optimizer included,
   captured whole in a CUDA graph), hal (hal.nn.patch + hal.optim.AdamW), hal+compile,
   hal+compile+graph: step time, peak memory, the device time per kernel class and every kernel
@@ -197,6 +197,19 @@ def part_lmhead(results: dict, n: int = 4096, d: int = 2048, vocab: int = 128256
 
 # --- Hugging Face models ---------------------------------------------------------------------------
 
+#: the decoder shapes of ``--shape``: (d, heads, kv heads, ffn, vocab, tied embeddings)
+SHAPES = {
+    "1b": (2048, 32, 8, 8192, 128256, True),  # Llama-3.2-1B (16 layers)
+    "8b": (4096, 32, 8, 14336, 128256, False),  # Llama-3-8B's layers (32 in the model; as many as fit here)
+}
+SHAPE = SHAPES["1b"]
+
+
+def _shape_name(layers: int) -> str:
+    d, h, kv, ffn, vocab, tied = SHAPE
+    return f"HF Llama, {layers} layers, d {d}, ffn {ffn}, GQA {h}/{kv}, vocab {vocab}, {'tied' if tied else 'untied'}"
+
+
 def hf_llama(layers: int, dim: int, heads: int, kv: int, ffn: int, vocab: int, seq: int, tied: bool, seed: int = 0):
     import transformers
     torch.manual_seed(seed)
@@ -305,10 +318,10 @@ def _anatomy(step: Callable[[], Any], steps: int = 3) -> tuple[dict[str, float],
 def part_step(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16,
               variants: tuple[str, ...] = ("eager", "hal", "compile", "hal+compile")) -> None:
     import hal
-    print(f"\n== step: HF Llama at Llama-3.2-1B's shape ({layers} layers, d 2048, GQA 32/8, vocab 128256, tied), T {seq}, batch {batch}")
+    print(f"\n== step: {_shape_name(layers)}, T {seq}, batch {batch}")
     for label in variants:
         torch.cuda.empty_cache()
-        model = hf_llama(layers, 2048, 32, 8, 8192, 128256, seq, True)
+        model = hf_llama(layers, *SHAPE[:5], seq, SHAPE[5])
         graph = label.endswith("+graph")
         if label.startswith("hal"):
             hal.nn.patch(model)
@@ -340,21 +353,40 @@ def part_step(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16,
         torch._dynamo.reset()
 
 
+#: hal.optimize's levers a part named ``optimize-no-<lever>`` switches off (several: optimize-no-a-no-b),
+#: each by putting its function back to the identity, for the A/B of that lever in one process
+LEVERS = {
+    "copies": ("hal.fast.step", "OptimizedStep._weight_copies", staticmethod(lambda *a, **k: None)),  # hal.nn.weight_copies
+    "realized": ("hal.nn.patch_hf", "realized", lambda x: x),  # the rotary angles written once (hal.nn.realized)
+}
+
+
+def _switched_off(levers: list[str]) -> list[tuple[Any, str, Any]]:
+    """Switch ``levers`` off; returns what to put back."""
+    import importlib
+    kept = []
+    for lever in levers:
+        module, path, off = LEVERS[lever]
+        owner: Any = importlib.import_module(module)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        kept.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, off)
+    return kept
+
+
 def part_optimize(results: dict, seq: int = 2048, batch: int = 2, layers: int = 16, candidates: Optional[list[str]] = None,
-                  weight_copies: bool = True) -> None:
+                  without: tuple[str, ...] = ()) -> None:
     """hal.optimize at Llama-3.2-1B's shape, as a user calls it: the model as built and torch's fused
-    AdamW; its explain (every candidate's time) and its step time afterwards. ``weight_copies=False``
-    measures hal's variant without its half-precision weight copies (hal.nn.weight_copies), the A/B
-    of that lever in one process."""
+    AdamW; its explain (every candidate's time) and its step time afterwards; ``without``: levers of
+    :data:`LEVERS` switched off."""
     import hal
-    from hal.fast.step import OptimizedStep as _Optimizer
-    label = "optimize" if weight_copies else "optimize-no-copies"
-    print(f"\n== {label}: hal.optimize on HF Llama at Llama-3.2-1B's shape, T {seq}, batch {batch}")
-    kept = _Optimizer.__dict__["_weight_copies"]
-    if not weight_copies:
-        _Optimizer._weight_copies = staticmethod(lambda *a, **k: None)
+    label = "-".join(("optimize", *(f"no-{lever}" for lever in without)))
+    kept = _switched_off(list(without))
+    print(f"\n== {label}: hal.optimize on {_shape_name(layers)}, T {seq}, batch {batch}")
     torch.cuda.empty_cache()
-    model = hf_llama(layers, 2048, 32, 8, 8192, 128256, seq, True)
+    model = hf_llama(layers, *SHAPE[:5], seq, SHAPE[5])
     tokens = torch.randint(0, 128256, (batch, seq), device="cuda")
     t0 = time.perf_counter()
     fast = hal.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True), amp=torch.bfloat16, candidates=candidates)
@@ -372,7 +404,8 @@ def part_optimize(results: dict, seq: int = 2048, batch: int = 2, layers: int = 
     for k, t, c in kernels[:12]:
         print(f"     {t:7.3f} ms x{c:4d}  {k[:90]}")
     results[label] = {"ms": ms, "peak_gib": peak, "first_s": first, "explain": fast.explain(), "classes": classes, "kernels": kernels}
-    _Optimizer._weight_copies = kept
+    for owner, name, value in kept:
+        setattr(owner, name, value)
     del fast, model
     torch._dynamo.reset()
 
@@ -384,12 +417,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1b", help="the decoder's layer shape (SHAPES) for step and optimize")
     ap.add_argument("--optimize-candidates", default="", help="hal.optimize's candidates= (comma separated); all by default")
     ap.add_argument("--step-variants", default="eager,hal,compile,hal+compile")
     ap.add_argument("--attn-shapes", default="all", help="all, or indices into ATTN_SHAPES_ALL (0,1)")
     args = ap.parse_args(argv)
     print(torch.__version__, torch.cuda.get_device_name(), "cuDNN", torch.backends.cudnn.version())
-    global ATTN_SHAPES
+    global ATTN_SHAPES, SHAPE
+    SHAPE = SHAPES[args.shape]
     if args.attn_shapes != "all":
         ATTN_SHAPES = [ATTN_SHAPES_ALL[int(i)] for i in args.attn_shapes.split(",")]
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -398,13 +433,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             if part == "step":
                 part_step(results, args.seq, args.batch, args.layers, tuple(args.step_variants.split(",")))
+            elif part.startswith("optimize"):  # optimize, optimize-no-copies, optimize-no-copies-no-realized, ...
+                part_optimize(results, args.seq, args.batch, args.layers,
+                              args.optimize_candidates.split(",") if args.optimize_candidates else None,
+                              tuple(part.split("-no-")[1:]))
             else:
-                {"attention": part_attention, "lmhead": part_lmhead, "capture": part_capture,
-                 "optimize": lambda r: part_optimize(r, args.seq, args.batch, args.layers,
-                                                     args.optimize_candidates.split(",") if args.optimize_candidates else None),
-                 "optimize-no-copies": lambda r: part_optimize(r, args.seq, args.batch, args.layers,
-                                                               args.optimize_candidates.split(",") if args.optimize_candidates else None,
-                                                               weight_copies=False)}[part](results)
+                {"attention": part_attention, "lmhead": part_lmhead, "capture": part_capture}[part](results)
         except Exception:  # noqa: BLE001 - the next part still runs
             traceback.print_exc()
         print(f"-- {part}: {time.perf_counter() - t0:.0f} s", flush=True)

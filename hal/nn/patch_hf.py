@@ -49,6 +49,7 @@ from torch import nn
 import hal
 from hal.nn.agreement import has_hooks, own_state, probe, random_copy, same
 from hal.nn.modules import _cast, autocast_dtype
+from hal.nn.realized import realized
 from hal.nn.weight_copies import PLAIN_LINEARS
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -178,7 +179,7 @@ class _HalAttention(nn.Module):
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        cos, sin = position_embeddings
+        cos, sin = (realized(c) for c in position_embeddings)  # once for every layer in a compiled graph, not per element
         q = hal.ops.rotary_embedding(q, _rotary_half(cos, q), _rotary_half(sin, q), False)
         k = hal.ops.rotary_embedding(k, _rotary_half(cos, k), _rotary_half(sin, k), False)
         if past_key_values is not None:

@@ -454,3 +454,33 @@ def test_mixtral_experts_follow_set_experts_implementation(seed: int) -> None:
             got, want = model(input_ids=ids, attention_mask=mask).logits, plain(input_ids=ids, attention_mask=mask).logits
         assert ("grouped_gemm" in _ran()) == hal_runs, impl
         _assert_close_tree(got, want, f"logits with {impl}")
+
+
+def test_compiled_attention_reads_the_rotary_angles_computed_once(seed: int) -> None:
+    """Inside a torch.compile graph the patched attention takes HF's cos and sin through
+    hal.nn.realized (an opaque copy, so that Inductor writes them once instead of recomputing them in
+    every layer's rotary kernel: benchmarks/results); eagerly it takes them as they are. The compiled
+    training step computes loss and gradients as the eager patched model."""
+    from hal.nn.realized import realized
+
+    model, _ = _pair("llama", seed)
+    ids, labels = _batch(seed)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    loss = torch.compile(model, backend=record, fullgraph=True)(input_ids=ids, labels=labels).loss
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    want = model(input_ids=ids, labels=labels).loss
+    want.backward()
+    torch.testing.assert_close(loss, want)  # compiled, the loss is torch's ops, not the fused kernel: float32 rounding
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, msg=n)
+    calls = [node for gm in graphs for node in gm.graph.nodes if node.target is torch.ops.hal_nn.realized.default]
+    assert len(calls) == 2 * _COMMON["num_hidden_layers"]  # cos and sin, in each layer
+    x = torch.randn(3, 4)
+    assert realized(x) is x
