@@ -20,6 +20,7 @@ from transformers import (GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCa
                           MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 import hal
+from hal.nn.agreement import close
 from hal.nn.patch import RMSNorm, SwiGLUMLP
 from hal.nn.patch_hf import GeGLUMLP, OffsetRMSNorm
 
@@ -224,6 +225,25 @@ def test_gemma_look_alikes_are_left_alone() -> None:
     model = nn.ModuleDict({"mlp": tanh_mlp})
     hal.nn.patch(model)
     assert type(model["mlp"]) is GeGLUMLP and not isinstance(model["mlp"], SwiGLUMLP)
+
+
+def test_attention_of_llama_3_8b_width_is_patched_and_a_wrong_one_is_not(seed: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Llama-3-8B's attention (d 4096, 32 heads of 128, 8 key/value heads) in float32: the patch
+    check's tolerance follows the outputs' magnitude (a 4096-wide sum rounds to 2e-5 beside outputs
+    of 40; the fixed 1e-5 refused it, and the 8B-layer step ran HF's attention). A difference of
+    0.1% of the outputs' size in one element is still refused."""
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=4096, intermediate_size=64, num_hidden_layers=1, num_attention_heads=32,
+                         num_key_value_heads=8, max_position_embeddings=64)
+    torch.manual_seed(seed)
+    caplog.set_level(logging.INFO, logger="hal.nn.patch")
+    hal.nn.patch(LlamaForCausalLM(config))
+    assert _report(caplog).get("Attention(rotary+sdpa)") == 1
+    want = torch.randn(2, 5, 4096, generator=torch.Generator().manual_seed(seed)) * 40.0
+    rounded = want + 2e-5 * torch.randn(want.shape)
+    assert close(want, rounded)
+    wrong = rounded.clone()
+    wrong[1, 2, 3] += 0.04
+    assert not close(want, wrong)
 
 
 def test_unpadded_attention_takes_is_causal_in_place_of_a_materialised_mask(seed: int) -> None:
