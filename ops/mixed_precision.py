@@ -93,11 +93,14 @@ def fused_adamw_(
     from 1), for each tensor: ``g = grad * inv_scale``; ``p *= 1 - lr * weight_decay``;
     ``m = beta1 * m + (1 - beta1) * g``; ``v = beta2 * v + (1 - beta2) * g**2``;
     ``p -= lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)``. With ``master_params`` (float32) the update
-    applies to the masters and each param receives its master rounded to the param's dtype.
-    ``inv_scale`` is taken as a float32 value (as amp_unscale_ does). A non-zero ``found_inf`` skips
-    the step: nothing is written. Grads are never modified. ``step`` is a number or a one-element
-    float tensor on the params' device, read there (no host synchronisation: an optimizer keeping
-    its step count on the device can be captured in a CUDA graph).
+    applies to the masters and each param receives its master rounded to the param's dtype; the
+    grads then have the params' dtype or float32 (the params may be half-precision copies of
+    float32 weights, the masters, stepped on the weights' float32 gradients: the copies are written
+    in the same pass). All grads of one call share a dtype. ``inv_scale`` is taken as a float32
+    value (as amp_unscale_ does). A non-zero ``found_inf`` skips the step: nothing is written.
+    Grads are never modified. ``step`` is a number or a one-element float tensor on the params'
+    device, read there (no host synchronisation: an optimizer keeping its step count on the device
+    can be captured in a CUDA graph).
     """
 
 
@@ -114,12 +117,17 @@ def _check_fused_adamw(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, e
     if n:
         pdtype = c.float_dtype(op, "params[0]", params[0])
         sdtype = c.float_dtype(op, "exp_avgs[0]", exp_avgs[0])
+        gdtype = c.float_dtype(op, "grads[0]", grads[0])
+        if master_params is None:
+            c.dtype_in(op, "grads[0]", grads[0], (pdtype,), "grads have their params' dtype")
+        else:
+            c.dtype_in(op, "grads[0]", grads[0], (pdtype, "float32"), "grads have their params' dtype, or float32 beside float32 master weights")
         for i in range(n):
             shape = c.shape_of(params[i])
             for name, items in lists.items():
                 c.shape_is(op, f"{name}[{i}]", items[i], shape, f"(the shape of params[{i}])")
             c.dtype_in(op, f"params[{i}]", params[i], (pdtype,), "all params of one call share a dtype")
-            c.dtype_in(op, f"grads[{i}]", grads[i], (pdtype,), "grads have their params' dtype")
+            c.dtype_in(op, f"grads[{i}]", grads[i], (gdtype,), "all grads of one call share a dtype")
             c.dtype_in(op, f"exp_avgs[{i}]", exp_avgs[i], (sdtype,), "all optimizer states of one call share a dtype")
             c.dtype_in(op, f"exp_avg_sqs[{i}]", exp_avg_sqs[i], (sdtype,), "all optimizer states of one call share a dtype")
             if master_params is not None:

@@ -8,8 +8,10 @@ overflows only after scaling is not drawn: the float64 reference cannot overflow
 dtype does.
 
 fused_adamw_: one AdamW step over lists of parameters of odd sizes, with states in the parameters'
-dtype or float32, float32 master weights, gradient unscaling, a skipped step (found_inf = 1 writes
-nothing), the first step (largest bias corrections) and a late one, and many small tensors.
+dtype or float32, float32 master weights (with gradients in the parameters' dtype, or float32 ones:
+half-precision copies of float32 weights stepped on the weights' gradients), gradient unscaling, a
+skipped step (found_inf = 1 writes nothing), the first step (largest bias corrections) and a late
+one, and many small tensors.
 """
 
 from __future__ import annotations
@@ -62,13 +64,15 @@ def adamw_args(
     found_inf: Optional[float] = None,
     step: float = 5.0,
     weight_decay: float = 1e-2,
+    grad_dtype: Optional[str] = None,
 ) -> Call:
-    """``inv_scale``: None, a number, or "tensor" (a float32 one-element tensor of 1/1024)."""
+    """``inv_scale``: None, a number, or "tensor" (a float32 one-element tensor of 1/1024);
+    ``grad_dtype``: the grads' dtype (default: the case dtype, the params')."""
     grad_scale = 1024.0 if inv_scale is not None else 1.0
     params = [d.normal(*s) for s in shapes]
     args: dict[str, Any] = {
         "params": params,
-        "grads": [d.normal(*s, std=grad_scale) for s in shapes],
+        "grads": [d.normal(*s, std=grad_scale, dtype=grad_dtype) for s in shapes],
         "exp_avgs": [d.normal(*s, std=0.1, dtype=state_dtype) for s in shapes],
         "exp_avg_sqs": [d.uniform(*s, low=1e-3, high=1e-2, dtype=state_dtype) for s in shapes],
         "lr": 1e-3,
@@ -89,7 +93,7 @@ def adamw_args(
         args["inv_scale"] = 1 / grad_scale
     if found_inf is not None:
         args["found_inf"] = d.tensor([found_inf], dtype="float32")
-    return Call(args, keep_dtype=("master_params",))
+    return Call(args, keep_dtype=("master_params",) + (("grads",) if grad_dtype else ()))
 
 
 PARAMS = [(64,), (16, 33), (7,)]
@@ -98,6 +102,13 @@ FUSED_ADAMW = [
     case("fp32_states", adamw_args, quick=True, shapes=PARAMS, state_dtype="float32", dtypes=HALF),
     case("master_weights", adamw_args, quick=True, shapes=PARAMS, state_dtype="float32", master=True, dtypes=HALF + ("float32",)),
     case("master_weights_unscale", adamw_args, shapes=PARAMS, state_dtype="float32", master=True, inv_scale="tensor", dtypes=HALF),
+    # half-precision copies of float32 weights (the masters), stepped on the weights' float32 grads
+    case("master_fp32_grads", adamw_args, quick=True, shapes=PARAMS, state_dtype="float32", master=True, grad_dtype="float32",
+         dtypes=HALF),
+    case("master_fp32_grads_unscale", adamw_args, shapes=PARAMS, state_dtype="float32", master=True, grad_dtype="float32",
+         inv_scale="tensor", dtypes=HALF),
+    case("master_fp32_grads_skipped", adamw_args, shapes=PARAMS, state_dtype="float32", master=True, grad_dtype="float32",
+         inv_scale="tensor", found_inf=1.0, dtypes=HALF),
     case("inv_scale_number", adamw_args, shapes=PARAMS, inv_scale=1),
     case("inv_scale_tensor", adamw_args, shapes=PARAMS, inv_scale="tensor"),
     case("found_inf_skips_step", adamw_args, shapes=PARAMS, inv_scale="tensor", found_inf=1.0),

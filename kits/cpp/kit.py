@@ -104,12 +104,12 @@ SOURCES: dict[str, Source] = {
     ),
     "adamw": Source(
         "adamw.cu",
-        ("HAL_P", "HAL_S"),
+        ("HAL_P", "HAL_G", "HAL_S"),
         (_sig("adamw_step", "ptr ptr i64 ptr ptr ptr f64 f64 f64 f64 f64 f64 f64 f64 i32"),),
     ),
 }
 
-#: C storage types of torch dtype names (the HAL_T / HAL_P / HAL_S defines)
+#: C storage types of torch dtype names (the HAL_T / HAL_P / HAL_G / HAL_S defines)
 C_TYPES = {"float16": "hal::f16", "bfloat16": "hal::bf16", "float32": "float", "float64": "double"}
 #: dtype codes of per-channel parameters read at run time (hal_cpp.cuh's enum DType)
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
@@ -126,8 +126,9 @@ VARIANTS: dict[str, tuple[dict[str, str], ...]] = {
                        (("bfloat16", 8), ("float16", 1), ("float32", 4), ("float64", 2))),
     "norm": tuple({"HAL_T": C_TYPES[d], "HAL_VEC": str(v)} for d, v in
                   (("bfloat16", 8), ("float16", 1), ("float32", 4), ("float64", 2))),
-    "adamw": tuple({"HAL_P": C_TYPES[p], "HAL_S": C_TYPES[s]} for p, s in
-                   (("bfloat16", "float32"), ("float16", "float16"), ("float32", "float32"), ("float64", "float64"))),
+    "adamw": tuple({"HAL_P": C_TYPES[p], "HAL_G": C_TYPES[g], "HAL_S": C_TYPES[s]} for p, g, s in
+                   (("bfloat16", "bfloat16", "float32"), ("bfloat16", "float32", "float32"), ("float16", "float16", "float16"),
+                    ("float32", "float32", "float32"), ("float64", "float64", "float64"))),
 }
 
 

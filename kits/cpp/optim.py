@@ -84,9 +84,10 @@ def fused_adamw(
     inv_scale: Optional[Scalar],
     found_inf: Optional[Scalar],
 ) -> None:
-    """One AdamW step over contiguous tensors of one param dtype and one moment dtype, in place (see
-    hal.ops.fused_adamw_). step, inv_scale and found_inf are read as float32 (device values stay
-    there: a step count on the device is turned into the bias corrections by the kernel)."""
+    """One AdamW step over contiguous tensors of one param dtype, one grad dtype (the params', or
+    float32 beside master weights) and one moment dtype, in place (see hal.ops.fused_adamw_). step,
+    inv_scale and found_inf are read as float32 (device values stay there: a step count on the
+    device is turned into the bias corrections by the kernel)."""
     if not params:
         return
     if found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0:
@@ -98,7 +99,7 @@ def fused_adamw(
     found = _float32_tensor(found_inf) if isinstance(found_inf, torch.Tensor) else None
     inv_t = _float32_tensor(inv_scale) if isinstance(inv_scale, torch.Tensor) else None
     inv_v = 1.0 if inv_scale is None or inv_t is not None else float32_value(float(inv_scale))
-    kernel = kit.module("adamw", device, HAL_P=C_TYPES[DTYPE_NAMES[params[0].dtype]],
+    kernel = kit.module("adamw", device, HAL_P=C_TYPES[DTYPE_NAMES[params[0].dtype]], HAL_G=C_TYPES[DTYPE_NAMES[grads[0].dtype]],
                         HAL_S=C_TYPES[DTYPE_NAMES[exp_avgs[0].dtype]])["adamw_step"]
     flags = int(master_params is not None) | (int(aligned) << 1)
     if isinstance(step, torch.Tensor):

@@ -157,11 +157,14 @@ def _gemms() -> Iterator[Spec]:
 
 
 def _optim() -> Iterator[Spec]:
-    for step_tensor in (False, True):
-        yield _spec("optim", "adamw_kernel", "bf16 + masters" + (", device step" if step_tensor else ""), table_ptr="*i64",
+    # bf16 params with masters: bf16 grads, or fp32 ones (bf16 copies of fp32 weights, hal.nn.weight_copies)
+    for step_tensor, grads in ((False, tl.bfloat16), (True, tl.bfloat16), (True, F32)):
+        variant = "bf16 + masters" + (", fp32 grads" if grads is F32 else "") + (", device step" if step_tensor else "")
+        yield _spec("optim", "adamw_kernel", variant, table_ptr="*i64",
                     prefix_ptr="*i64", T="i32", found_ptr="*fp32", inv_ptr="*fp32", inv_val="fp32", step_ptr="*fp32", lr="fp32",
                     decay="fp32", step_size="fp32", bc2_sqrt="fp32", beta1="fp32", beta2="fp32", eps="fp32", P_DT=tl.bfloat16,
-                    S_DT=F32, HAS_MASTER=True, HAS_FOUND=True, INV_TENSOR=True, STEP_TENSOR=step_tensor, BLOCK=2048, ITERS=8, COMPUTE=F32)
+                    G_DT=grads, S_DT=F32, HAS_MASTER=True, HAS_FOUND=True, INV_TENSOR=True, STEP_TENSOR=step_tensor, BLOCK=2048,
+                    ITERS=8, COMPUTE=F32)
     yield _spec("optim", "unscale_kernel", "fp16", table_ptr="*i64", prefix_ptr="*i64", T="i32", found_ptr="*fp32", inv_ptr="*fp32",
                 inv_val="fp32", DT=tl.float16, INV_TENSOR=False, BLOCK=2048, ITERS=8, COMPUTE=F32)
 

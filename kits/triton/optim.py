@@ -54,16 +54,17 @@ def _addr(table_ptr, row, field: tl.constexpr, FIELDS: tl.constexpr, DT: tl.cons
 def adamw_kernel(
     table_ptr, prefix_ptr, T, found_ptr, inv_ptr, inv_val, step_ptr, lr,
     decay, step_size, bc2_sqrt, beta1, beta2, eps,
-    P_DT: tl.constexpr, S_DT: tl.constexpr, HAS_MASTER: tl.constexpr, HAS_FOUND: tl.constexpr,
+    P_DT: tl.constexpr, G_DT: tl.constexpr, S_DT: tl.constexpr, HAS_MASTER: tl.constexpr, HAS_FOUND: tl.constexpr,
     INV_TENSOR: tl.constexpr, STEP_TENSOR: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, COMPUTE: tl.constexpr,
 ):
-    """Table rows: (param, grad, exp_avg, exp_avg_sq, master, numel) addresses and size. With
-    STEP_TENSOR the step count is read from step_ptr and the bias corrections computed here (else
-    the host gives step_size = lr / (1 - beta1**step) and bc2_sqrt = sqrt(1 - beta2**step))."""
+    """Table rows: (param, grad, exp_avg, exp_avg_sq, master, numel) addresses and size. Grads
+    are of G_DT: P_DT, or float32 beside masters (float32 weights' grads, their copies the params).
+    With STEP_TENSOR the step count is read from step_ptr and the bias corrections computed here
+    (else the host gives step_size = lr / (1 - beta1**step) and bc2_sqrt = sqrt(1 - beta2**step))."""
     t, span = _find(prefix_ptr, T, tl.program_id(0))
     numel = tl.load(table_ptr + t * 6 + 5)
     p_ptr = _addr(table_ptr, t, 0, 6, P_DT)
-    g_ptr = _addr(table_ptr, t, 1, 6, P_DT)
+    g_ptr = _addr(table_ptr, t, 1, 6, G_DT)
     m_ptr = _addr(table_ptr, t, 2, 6, S_DT)
     v_ptr = _addr(table_ptr, t, 3, 6, S_DT)
     w_ptr = _addr(table_ptr, t, 4, 6, tl.float32)
@@ -200,7 +201,8 @@ def fused_adamw(
     num_warps: int,
 ) -> None:
     """One AdamW step over contiguous float16/bfloat16/float32 tensors, in place (see
-    hal.ops.fused_adamw_); hyper-parameters travel as float32 kernel arguments."""
+    hal.ops.fused_adamw_; grads of the params' dtype, or float32 beside master weights, read as
+    they are in the same pass); hyper-parameters travel as float32 kernel arguments."""
     if not params:
         return
     if found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0:
@@ -219,7 +221,7 @@ def fused_adamw(
         adamw_kernel, (n_chunks,),
         table, prefix, len(params), found_t, inv_t, inv_v, step_t, lr,
         1.0 - lr * weight_decay, step_size, bc2_sqrt, beta1, beta2, eps,
-        num_warps=num_warps, P_DT=TL_DTYPES[params[0].dtype], S_DT=TL_DTYPES[exp_avgs[0].dtype],
+        num_warps=num_warps, P_DT=TL_DTYPES[params[0].dtype], G_DT=TL_DTYPES[grads[0].dtype], S_DT=TL_DTYPES[exp_avgs[0].dtype],
         HAS_MASTER=master_params is not None, HAS_FOUND=isinstance(found_inf, torch.Tensor), INV_TENSOR=inv_is_t,
         STEP_TENSOR=step_on_device, BLOCK=block, ITERS=iters, COMPUTE=compute_dtype(params[0].dtype),
     )

@@ -34,8 +34,9 @@ MODULES = {
     32: [("batchnorm", {"HAL_T": hal_cpp.C_TYPES[d], "HAL_VEC": str(v)}) for d, v in
          (("float32", 4), ("bfloat16", 8), ("bfloat16", 1), ("float16", 8), ("float64", 2), ("float64", 1))]
     + [("norm", {"HAL_T": hal_cpp.C_TYPES[d], "HAL_VEC": str(v)}) for d, v in (("bfloat16", 8), ("float32", 1), ("float64", 2))]
-    + [("adamw", {"HAL_P": hal_cpp.C_TYPES[p], "HAL_S": hal_cpp.C_TYPES[s]}) for p, s in
-       (("bfloat16", "float32"), ("float32", "float32"), ("float16", "float16"), ("float64", "float64"))],
+    + [("adamw", {"HAL_P": hal_cpp.C_TYPES[p], "HAL_G": hal_cpp.C_TYPES[g], "HAL_S": hal_cpp.C_TYPES[s]}) for p, g, s in
+       (("bfloat16", "bfloat16", "float32"), ("bfloat16", "float32", "float32"), ("float16", "float32", "float32"),
+        ("float32", "float32", "float32"), ("float16", "float16", "float16"), ("float64", "float64", "float64"))],
     64: [("batchnorm", {"HAL_T": "hal::bf16", "HAL_VEC": "8"}), ("batchnorm", {"HAL_T": "float", "HAL_VEC": "1"}),
          ("norm", {"HAL_T": "hal::bf16", "HAL_VEC": "8"})],
 }
@@ -231,9 +232,9 @@ def test_norm_backward_rejects_long_rows(gen):
 # --- AdamW ---------------------------------------------------------------------------------------------
 
 
-def _adam_state(gen, shapes, pdtype, sdtype, masters):
+def _adam_state(gen, shapes, pdtype, sdtype, masters, gdtype=None):
     params = [randn(gen, *s, dtype=pdtype) for s in shapes]
-    grads = [randn(gen, *s, dtype=pdtype) for s in shapes]
+    grads = [randn(gen, *s, dtype=gdtype or pdtype) for s in shapes]
     m = [randn(gen, *s, dtype=sdtype, scale=0.1) for s in shapes]
     v = [(torch.rand(s, generator=gen) * 0.1).to(sdtype) for s in shapes]
     w = [p.float() + 1e-3 * randn(gen, *p.shape) for p in params] if masters else None
@@ -254,6 +255,22 @@ def test_fused_adamw(plugins, gen, pdtype, sdtype, masters, inv_scale):
     args = (params, grads, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.01, 3.0, w, inv, torch.tensor(0.0))
     inplace = ("params", "exp_avgs", "exp_avg_sqs") + (("master_params",) if masters else ())
     check("fused_adamw_", kernels["fused_adamw_"], args, inplace=inplace)
+
+
+@pytest.mark.parametrize("pdtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("inv_scale", [None, "tensor"])
+def test_fused_adamw_float32_grads_beside_masters(plugins, gen, pdtype, inv_scale):
+    """Half-precision copies of float32 weights (the masters) stepped on the weights' float32
+    grads: the masters and moments as the reference's, and every copy, poisoned before, written as
+    its master rounded (vector and scalar paths: SHAPES has odd sizes and tails)."""
+    kernels, _ = plugins[32]
+    params, grads, m, v, w = _adam_state(gen, SHAPES, pdtype, torch.float32, True, gdtype=torch.float32)
+    for p in params:
+        p.fill_(float("nan"))
+    inv = torch.tensor([0.25]) if inv_scale == "tensor" else inv_scale
+    args = (params, grads, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.01, 3.0, w, inv, torch.tensor(0.0))
+    check("fused_adamw_", kernels["fused_adamw_"], args, inplace=("params", "exp_avgs", "exp_avg_sqs", "master_params"))
+    assert all(torch.equal(p, x.to(pdtype)) for p, x in zip(params, w))
 
 
 def test_fused_adamw_unaligned_views_take_the_scalar_path(plugins, gen):

@@ -4,8 +4,10 @@
 // tensor (param, grad, exp_avg, exp_avg_sq and master addresses, numel, first chunk) and a chunk map
 // (the row of every chunk of CHUNK elements). Block b looks its row up in two dependent loads and
 // streams its chunk: each thread moves E = 8 values of every stream per step as 16-byte accesses
-// (bf16/fp16 grads and params: one access; fp32 moments and masters: two). A list whose addresses
-// are not all 16-byte aligned takes the scalar path; the last partial vector of a tensor always does.
+// (bf16/fp16 grads and params: one access; fp32 grads, moments and masters: two). A list whose
+// addresses are not all 16-byte aligned takes the scalar path; the last partial vector of a tensor
+// always does. Grads have the params' type, or float beside masters (float32 weights' gradients,
+// the params being their half-precision copies: written in the same pass).
 //
 // Nothing is read back by the host: inv_scale, found_inf and the step count may be device values
 // (float32; a captured optimizer's step count lives on the device, and each block then derives the
@@ -13,8 +15,8 @@
 // step is skipped); grads are never written.
 #include "hal_cpp.cuh"
 
-#if !defined(HAL_P) || !defined(HAL_S)
-#error "define HAL_P (param and grad storage type) and HAL_S (moment storage type); the kit does"
+#if !defined(HAL_P) || !defined(HAL_G) || !defined(HAL_S)
+#error "define HAL_P (param storage type), HAL_G (grad storage type) and HAL_S (moment storage type); the kit does"
 #endif
 
 namespace hal {
@@ -35,7 +37,7 @@ template <class A> struct AdamW {
   }
 };
 
-template <class P, class S, class A>
+template <class P, class G, class S, class A>
 HAL_DEVICE void adamw_chunk(const i64* table, const int* chunk_map, i64 chunk, const float* found,
                             const float* inv_ptr, const float* step_ptr, double inv_val, double lr, double decay,
                             double step_size, double bc2_sqrt, double beta1, double beta2, double eps, int flags) {
@@ -47,7 +49,7 @@ HAL_DEVICE void adamw_chunk(const i64* table, const int* chunk_map, i64 chunk, c
   }
   const i64* row = table + i64(chunk_map[blockIdx.x]) * TABLE_FIELDS;
   P* __restrict__ p = reinterpret_cast<P*>(row[0]);
-  const P* __restrict__ g = reinterpret_cast<const P*>(row[1]);
+  const G* __restrict__ g = reinterpret_cast<const G*>(row[1]);
   S* __restrict__ m = reinterpret_cast<S*>(row[2]);
   S* __restrict__ v = reinterpret_cast<S*>(row[3]);
   float* __restrict__ w = reinterpret_cast<float*>(row[4]);
@@ -60,7 +62,7 @@ HAL_DEVICE void adamw_chunk(const i64* table, const int* chunk_map, i64 chunk, c
   for (i64 e = start + i64(flat_thread()) * E; e < end; e += i64(ADAMW_THREADS) * E) {
     if (aligned && e + E <= end) {
       A pv[E], gv[E], mv[E], vv[E];
-      load_pack<P, E>(g + e, gv);
+      load_pack<G, E>(g + e, gv);
       load_pack<S, E>(m + e, mv);
       load_pack<S, E>(v + e, vv);
       if (master) load_pack<float, E>(w + e, pv);
@@ -88,6 +90,7 @@ HAL_DEVICE void adamw_chunk(const i64* table, const int* chunk_map, i64 chunk, c
 }  // namespace hal
 
 typedef HAL_P P;
+typedef HAL_G G;
 typedef HAL_S S;
 typedef hal::Acc<HAL_P>::type A;
 
@@ -97,6 +100,6 @@ extern "C" __global__ void __launch_bounds__(hal::ADAMW_THREADS)
 adamw_step(const hal::i64* table, const int* chunk_map, hal::i64 chunk, const float* found, const float* inv_ptr,
            const float* step_ptr, double inv_val, double lr, double decay, double step_size, double bc2_sqrt, double beta1,
            double beta2, double eps, int flags) {
-  hal::adamw_chunk<P, S, A>(table, chunk_map, chunk, found, inv_ptr, step_ptr, inv_val, lr, decay, step_size, bc2_sqrt,
-                            beta1, beta2, eps, flags);
+  hal::adamw_chunk<P, G, S, A>(table, chunk_map, chunk, found, inv_ptr, step_ptr, inv_val, lr, decay, step_size, bc2_sqrt,
+                               beta1, beta2, eps, flags);
 }

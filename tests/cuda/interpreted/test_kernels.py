@@ -338,9 +338,9 @@ def test_grouped_gemm_rows_past_the_groups_are_zero(gen):
 # --- optimizer steps ------------------------------------------------------------------------------
 
 
-def _adam_state(gen, shapes, pdtype, masters):
+def _adam_state(gen, shapes, pdtype, masters, gdtype=None):
     params = [randn(gen, *s, dtype=pdtype) for s in shapes]
-    grads = [randn(gen, *s, dtype=pdtype) for s in shapes]
+    grads = [randn(gen, *s, dtype=gdtype or pdtype) for s in shapes]
     m = [randn(gen, *s, scale=0.1) for s in shapes]
     v = [torch.rand(s, generator=gen) * 0.1 for s in shapes]
     w = [p.float() + 1e-3 * randn(gen, *p.shape) for p in params] if masters else None
@@ -355,6 +355,32 @@ def test_fused_adamw(gen, pdtype, masters, inv_scale):
     args = (params, grads, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.01, 3.0, w, inv, torch.tensor(0.0))
     inplace = ("params", "exp_avgs", "exp_avg_sqs") + (("master_params",) if masters else ())
     check("fused_adamw_", kern("fused_adamw_", "triton"), args, inplace=inplace)
+
+
+@pytest.mark.parametrize("fn", ["triton", "torch"])
+@pytest.mark.parametrize("pdtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("inv_scale", [None, "tensor"])
+def test_fused_adamw_float32_grads_beside_masters(gen, fn, pdtype, inv_scale):
+    """Half-precision copies of float32 weights (the masters) stepped on the weights' float32
+    grads: masters and moments as the reference's, every copy (poisoned before) its master rounded."""
+    params, grads, m, v, w = _adam_state(gen, [(7,), (3, 50), (130,)], pdtype, True, gdtype=torch.float32)
+    for p in params:
+        p.fill_(float("nan"))
+    inv = torch.tensor([0.25]) if inv_scale == "tensor" else inv_scale
+    args = (params, grads, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.01, 3.0, w, inv, torch.tensor(0.0))
+    check("fused_adamw_", kern("fused_adamw_", fn), args, inplace=("params", "exp_avgs", "exp_avg_sqs", "master_params"))
+    assert all(_is_rounded(p, x) for p, x in zip(params, w))
+
+
+def _is_rounded(p: torch.Tensor, master: torch.Tensor) -> bool:
+    """Whether ``p`` is the float32 ``master`` rounded to p's dtype: to nearest even or, in bfloat16,
+    truncated (the Triton interpreter's float32 -> bfloat16 conversion; compiled code rounds to
+    nearest even, which tests/cuda/device/test_optim_copies.py checks)."""
+    nearest = master.to(p.dtype)
+    if p.dtype != torch.bfloat16:
+        return torch.equal(p, nearest)
+    truncated = (master.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+    return bool(((p == nearest) | (p == truncated)).all())
 
 
 @pytest.mark.parametrize("fn,grads_layout", [("triton", "channels_last"), ("torch", "channels_last"), ("torch", "contiguous")])
