@@ -176,7 +176,10 @@ class OptimizedStep:
             yours, untouched = optimizer, f"your model and your {type(optimizer).__name__}, as given"
         self._variants = {"torch": Variant("torch", model, yours)}
         if rewritten is not model or hal_optimizer is not yours:
-            self._variants["hal"] = Variant("hal", rewritten, hal_optimizer, self._weight_copies(model, rewritten, rewrite_decision, amp))
+            copies = self._weight_copies(model, rewritten, rewrite_decision, amp)
+            if copies is not None:
+                copies.hand_to(hal_optimizer)  # hal.optim.AdamW writes them in its update's kernel
+            self._variants["hal"] = Variant("hal", rewritten, hal_optimizer, copies)
         else:
             untouched += " (the rewrite changed nothing: no 'hal' variant)"
         chosen_first = self._variants.get("hal", self._variants["torch"])
@@ -196,9 +199,9 @@ class OptimizedStep:
         copies = self._variants["hal"].copies if "hal" in self._variants else None
         weights = ("as they are (float32 under autocast: cast by each linear, forward and backward)" if amp is not None and copies is None
                    else "as they are" if copies is None else
-                   f"{len(copies)} nn.Linear weights read as {str(copies.dtype).removeprefix('torch.')} copies ({copies.nbytes / 2**20:.0f} MiB) "
-                   "written after each optimizer step (no cast per linear, forward or backward; weight gradients leave the GEMM "
-                   "in float32) in the 'hal' variant: autocast's numbers (hal.nn.weight_copies)")
+                   f"{len(copies)} nn.Linear weights read as {str(copies.dtype).removeprefix('torch.')} copies ({copies.nbytes / 2**20:.0f} MiB; "
+                   f"no cast per linear, forward or backward; weight gradients leave the GEMM in float32), {_written_when(copies)}, "
+                   "in the 'hal' variant: autocast's numbers (hal.nn.weight_copies)")
         self.report = OptimizeReport(type(model).__name__, str(self.device), rewrite_decision, opt_decision, precision, weights, compile_d, graph_d,
                                      untouched)
         self._compiled: dict[str, Callable[..., torch.Tensor]] = {}
@@ -552,6 +555,18 @@ def _versus(name: str, feature: str, measured: dict[str, Trial], why: str) -> st
     if all(t.error for t in tried):
         return "every candidate with it failed: " + "; ".join(f"{t.name}: {t.error}" for t in tried)
     return f"not chosen, {why}"
+
+
+def _written_when(copies: WeightCopies) -> str:
+    """When the weight copies are written, for the report: by the optimizer's update kernel
+    (hal.optim.AdamW), after each optimizer step, or some each way."""
+    by_optimizer = copies.by_optimizer
+    if by_optimizer == len(copies):
+        return "written by the optimizer's update kernel as it steps the weights (hal.optim.AdamW.write_copies)"
+    if by_optimizer:
+        return (f"{by_optimizer} written by the optimizer's update kernel as it steps their weights (hal.optim.AdamW.write_copies) "
+                "and the others after each optimizer step")
+    return "written after each optimizer step"
 
 
 def _unique(items: list[Any]) -> list[Any]:

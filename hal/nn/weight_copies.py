@@ -6,8 +6,10 @@ rather than keep the cast, and the weight's gradient leaves the GEMM in the auto
 cast to float32 (write 2, read 2, write 4). At Llama-3.2-1B's shape these casts took 4.9 ms of a
 79 ms compiled step on an H100 (``benchmarks/results``): they move about 16 bytes per weight each
 step. Here the copy is made where the weight changes instead, after the optimizer step (read 4,
-write 2), the forward and backward read it, and the weight-gradient GEMM writes float32 itself
-(``torch.mm(..., out_dtype=torch.float32)`` on CUDA: cuBLAS accumulates in float32 either way).
+write 2) or, with ``hal.optim.AdamW``, in the update's own kernel (write 2 more:
+:meth:`WeightCopies.hand_to`), the forward and backward read it, and the weight-gradient GEMM writes
+float32 itself (``torch.mm(..., out_dtype=torch.float32)`` on CUDA: cuBLAS accumulates in float32
+either way).
 
 The numbers are autocast's: the copy is the float32 weight rounded as autocast's cast rounds it;
 the input is cast as autocast casts it; the gradient of the input is the same GEMM; the weight's
@@ -91,7 +93,8 @@ PLAIN_LINEARS = (nn.Linear, CopyLinear)
 class _Entry:
     param: nn.Parameter
     copy: torch.Tensor
-    version: int
+    version: int  # the weight's version when its copy was last written
+    by_optimizer: bool = False  # the copy is written by the optimizer's step (WeightCopies.hand_to)
 
 
 def _eligible(model: nn.Module) -> list[nn.Linear]:
@@ -122,6 +125,7 @@ class WeightCopies:
             raise ValueError(f"weight copies are bfloat16 or float16, not {dtype}")
         self.dtype = dtype
         self._entries: list[_Entry] = []
+        self._writer: Optional[torch.optim.Optimizer] = None  # the optimizer that writes copies in its step
         self.attach(model)
 
     def __len__(self) -> int:
@@ -131,11 +135,17 @@ class WeightCopies:
     def nbytes(self) -> int:
         return sum(e.copy.numel() * e.copy.element_size() for e in self._entries)
 
+    @property
+    def by_optimizer(self) -> int:
+        """How many copies the optimizer writes in its step (:meth:`hand_to`)."""
+        return sum(e.by_optimizer for e in self._entries)
+
     def attach(self, model: nn.Module) -> None:
         """Give ``model``'s eligible linears their copies (made now, or the ones their weights
         already have here: the same weights in another module tree share them); the modules'
         class becomes :class:`CopyLinear`."""
         by_param = {id(e.param): e for e in self._entries}
+        known = len(self._entries)
         for m in _eligible(model):
             entry = by_param.get(id(m.weight))
             if entry is None:
@@ -145,6 +155,8 @@ class WeightCopies:
                 by_param[id(m.weight)] = entry
             m.__class__ = CopyLinear
             m.__dict__["weight_copy"] = entry.copy
+        if self._writer is not None and len(self._entries) > known:
+            self._hand()
 
     def detach(self, model: nn.Module) -> None:
         """Undo :meth:`attach` on ``model``: its copy-reading linears become ``nn.Linear`` again,
@@ -154,6 +166,33 @@ class WeightCopies:
                 m.__class__ = nn.Linear
                 m.__dict__.pop("weight_copy", None)
         self._entries.clear()
+        self._withdraw()
+
+    def hand_to(self, optimizer: torch.optim.Optimizer) -> int:
+        """Let ``optimizer`` write the copies in its step where it can: one with a ``write_copies``
+        method (``hal.optim.AdamW``) writes the copy of each weight it steps in the update's own
+        kernel, and :meth:`write` then writes only the others. Takes them back from an optimizer
+        they were handed to before. Returns how many copies ``optimizer`` writes (0 for one without
+        that method, such as torch's: :meth:`write` writes them all)."""
+        if optimizer is not self._writer:
+            self._withdraw()
+        self._writer = optimizer if callable(getattr(optimizer, "write_copies", None)) else None
+        self._hand()
+        return self.by_optimizer
+
+    def _hand(self) -> None:
+        """Every (weight, copy) pair to the writer, if any; the entries it takes are marked."""
+        taken = set(map(id, self._writer.write_copies([(e.param, e.copy) for e in self._entries]))) if self._writer else set()
+        for e in self._entries:
+            e.by_optimizer = id(e.param) in taken
+
+    def _withdraw(self) -> None:
+        """Take the copies back from the writer, if any: :meth:`write` writes them all again."""
+        if self._writer is not None:
+            self._writer.write_copies(())
+            self._writer = None
+        for e in self._entries:
+            e.by_optimizer = False
 
     def refresh(self) -> int:
         """Re-make the copies whose weights changed since they were written (loaded weights, an
@@ -163,8 +202,15 @@ class WeightCopies:
         return len(stale)
 
     def write(self) -> None:
-        """Write every copy from its weight (after the optimizer step): one multi-tensor copy."""
-        _copy(self._entries)
+        """After the optimizer step: write the copies it does not (one multi-tensor copy; all of them
+        unless handed over, :meth:`hand_to`), and note as fresh those it wrote in its step or left
+        as they were (a skipped step, a weight without a gradient: the copy is still its weight
+        rounded). The note is the weight's version now: a kernel writing through pointers may not
+        move the version counter."""
+        _copy([e for e in self._entries if not e.by_optimizer])
+        for e in self._entries:
+            if e.by_optimizer:
+                e.version = e.param._version
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:

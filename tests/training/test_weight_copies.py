@@ -1,6 +1,7 @@
 """hal.nn.weight_copies: linears that read a half-precision copy of their weight compute autocast's
 numbers, never read a stale copy, leave tied weights alone, compile without a graph break, and carry
-hal.optimize's step at autocast's losses.
+hal.optimize's step at autocast's losses; hal.optim.AdamW writes the copies in its own step
+(WeightCopies.hand_to) to the bit of the step followed by a separate copy.
 
 On the CPU torch has no GEMM with a float32 output for bfloat16 operands, so the weight gradient is
 the bfloat16 product widened, as autocast's is: outputs and the input's and weight's gradients are
@@ -11,6 +12,7 @@ agrees to bfloat16 rounding.
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hal
+import hal.optim
 from hal.nn.weight_copies import CopyLinear, WeightCopies
 
 
@@ -151,7 +154,8 @@ def test_optimize_runs_hf_llama_on_copies_at_autocasts_losses() -> None:
     assert "14 nn.Linear weights read as bfloat16 copies" in step.explain()
     linears = [m for m in model.modules() if isinstance(m, CopyLinear)]
     assert len(linears) == 14 and not isinstance(model.lm_head, CopyLinear)
-    for m in linears:  # written after each optimizer step: the weight as autocast would cast it
+    assert "written by the optimizer's update kernel" in step.explain()  # hal.optim.AdamW replaced torch's
+    for m in linears:  # written in each optimizer step: the weight as autocast would cast it
         assert torch.equal(m.weight_copy, m.weight.detach().to(torch.bfloat16))
     name = "model.layers.0.mlp.down_proj.weight"
     new_weight = 0.3 * torch.randn(32, 48, generator=gen)  # changed between steps, as loading weights would: the next step reads it
@@ -223,3 +227,160 @@ def test_your_linears_get_no_copies_where_nothing_was_patched() -> None:
     assert step.report.weights.startswith("as they are")
     step(torch.randn(4, 8), torch.randint(0, 3, (4,)))
     assert type(model.fc1) is nn.Linear and type(model.fc2) is nn.Linear
+
+
+# --- copies written by hal.optim.AdamW in its step (WeightCopies.hand_to) ------------------------------
+
+
+def _mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 8))
+
+
+def _train_step(model: nn.Module, copies: WeightCopies, opt: torch.optim.Optimizer, x: torch.Tensor,
+                found_inf: Optional[torch.Tensor] = None) -> None:
+    """hal.optimize's step: forward and backward on the copies, the optimizer step, then write()."""
+    with copies.active():
+        with _autocast():
+            loss = model(x).float().square().mean()
+        loss.backward()
+        if found_inf is None:
+            opt.step()
+        else:
+            opt.step(found_inf=found_inf)
+        copies.write()
+    opt.zero_grad(set_to_none=True)
+
+
+def _twins(seed: int) -> tuple[list[nn.Module], list[WeightCopies], list[hal.optim.AdamW]]:
+    """Two equal models with copies and hal's AdamW: the first's copies handed to its optimizer."""
+    models = [_mlp(seed), _mlp(seed)]
+    copies = [WeightCopies(m, torch.bfloat16) for m in models]
+    opts = [hal.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
+    assert copies[0].hand_to(opts[0]) == 3 and copies[0].by_optimizer == 3 and copies[1].by_optimizer == 0
+    return models, copies, opts
+
+
+def _assert_same(a: nn.Module, b: nn.Module) -> None:
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), name
+    for m, n in zip(a.modules(), b.modules()):
+        if isinstance(m, CopyLinear):
+            assert torch.equal(m.weight_copy, n.weight_copy)
+            assert torch.equal(m.weight_copy, m.weight.detach().to(torch.bfloat16))
+
+
+def test_adamw_writes_the_copies_in_its_step_to_the_bit_of_a_separate_copy(seed: int) -> None:
+    """Weights, copies and optimizer state to the bit of the step followed by write()'s multi-tensor
+    copy; the copies are written by opt.step() itself, and write() then leaves them alone."""
+    models, copies, opts = _twins(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(3):
+        x = torch.randn(4, 16, generator=gen)
+        _train_step(models[1], copies[1], opts[1], x)
+        with copies[0].active():
+            with _autocast():
+                loss = models[0](x).float().square().mean()
+            loss.backward()
+            opts[0].step()
+            linears = [m for m in models[0].modules() if isinstance(m, CopyLinear)]
+            assert all(torch.equal(m.weight_copy, m.weight.detach().to(torch.bfloat16)) for m in linears)  # written in the step
+            versions = [m.weight_copy._version for m in linears]
+            copies[0].write()
+            assert [m.weight_copy._version for m in linears] == versions  # nothing left for write() to copy
+        opts[0].zero_grad(set_to_none=True)
+        _assert_same(*models)
+        assert copies[0].refresh() == 0  # the versions noted: fresh
+    for a, b in zip(opts[0].state_dict()["state"].values(), opts[1].state_dict()["state"].values()):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_skipped_step_leaves_the_copies_valid(seed: int) -> None:
+    """found_inf as a tensor (the kernel skips on the device) or a number (nothing runs): weights,
+    copies and step counts unchanged, nothing stale; then a real step as the twin's."""
+    models, copies, opts = _twins(seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 16, generator=gen)
+    for m, c, o in zip(models, copies, opts):
+        _train_step(m, c, o, x)
+    before = [t.clone() for t in models[0].parameters()]
+    for found in (torch.tensor(1.0), 1.0):
+        _train_step(models[0], copies[0], opts[0], torch.randn(4, 16, generator=gen), found_inf=found)
+        assert all(torch.equal(a, b) for a, b in zip(models[0].parameters(), before))
+        assert copies[0].refresh() == 0
+        _assert_same(*models)
+    x = torch.randn(4, 16, generator=gen)
+    for m, c, o in zip(models, copies, opts):
+        _train_step(m, c, o, x, found_inf=torch.tensor(0.0))
+    _assert_same(*models)
+    assert float(opts[0].state[models[0][0].weight]["step"]) == 2.0
+
+
+def test_weights_changed_outside_the_step_are_still_copied_again(seed: int) -> None:
+    models, copies, opts = _twins(seed)
+    x = torch.randn(4, 16)
+    _train_step(models[0], copies[0], opts[0], x)
+    with torch.no_grad():
+        models[0][2].weight.mul_(-0.5)
+    assert copies[0].refresh() == 1
+    models[0].load_state_dict(models[1].state_dict())
+    assert copies[0].refresh() == 3
+    for m in models[0].modules():
+        if isinstance(m, CopyLinear):
+            assert torch.equal(m.weight_copy, m.weight.detach().to(torch.bfloat16))
+
+
+def test_copies_the_optimizer_does_not_step_are_written_after_it(seed: int) -> None:
+    """hal's AdamW steps the first linear only (its copy written in the step); torch's SGD steps
+    the others, whose copies write() writes."""
+    model = _mlp(seed)
+    copies = WeightCopies(model, torch.bfloat16)
+    first = list(model[0].parameters())
+    hal_opt = hal.optim.AdamW(first, lr=1e-2)
+    sgd = torch.optim.SGD([p for p in model.parameters() if all(p is not q for q in first)], lr=1e-1)
+    assert copies.hand_to(hal_opt) == 1
+    for _ in range(2):
+        with copies.active():
+            with _autocast():
+                loss = model(torch.randn(4, 16)).float().square().mean()
+            loss.backward()
+            hal_opt.step()
+            sgd.step()
+            copies.write()
+        model.zero_grad(set_to_none=True)
+        for m in model.modules():
+            if isinstance(m, CopyLinear):
+                assert torch.equal(m.weight_copy, m.weight.detach().to(torch.bfloat16))
+    assert copies.hand_to(sgd) == 0  # torch's optimizer writes none: taken back from hal's
+    assert copies.by_optimizer == 0 and hal_opt.write_copies(()) == []
+
+
+def test_copies_handed_over_after_steps_and_state_dicts_round_trip(seed: int) -> None:
+    """Copies handed to an optimizer that has stepped (its weights and biases shared one step count:
+    each launch then counts on its own), a state_dict saved and loaded into a new hal AdamW that is
+    handed the copies, and into torch's AdamW: steps as the twin's that never had copies."""
+    models, copies, opts = _twins(seed)
+    copies[0].hand_to(torch.optim.SGD(models[0].parameters(), lr=0.0))  # taken back from opts[0] for now
+    gen = torch.Generator().manual_seed(seed)
+    batches = [torch.randn(4, 16, generator=gen) for _ in range(6)]
+    for x in batches[:2]:
+        for m, c, o in zip(models, copies, opts):
+            _train_step(m, c, o, x)
+    assert copies[0].hand_to(opts[0]) == 3
+    for x in batches[2:4]:
+        for m, c, o in zip(models, copies, opts):
+            _train_step(m, c, o, x)
+    _assert_same(*models)
+    saved = copy.deepcopy(opts[0].state_dict())
+    assert all(set(s) == {"step", "exp_avg", "exp_avg_sq"} for s in saved["state"].values())  # nothing of the copies
+    again = hal.optim.AdamW(models[0].parameters(), lr=1e-2)
+    again.load_state_dict(saved)
+    assert copies[0].hand_to(again) == 3
+    for x in batches[4:]:
+        for m, c, o in zip(models, copies, (again, opts[1])):
+            _train_step(m, c, o, x)
+    _assert_same(*models)
+    assert float(again.state[models[0][0].weight]["step"]) == 6.0
+    theirs = torch.optim.AdamW(models[0].parameters(), lr=1e-2)
+    theirs.load_state_dict(again.state_dict())
+    assert float(theirs.state[models[0][4].bias]["step"]) == 6.0
