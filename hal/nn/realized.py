@@ -17,8 +17,6 @@ buffer, and its output (a copy) is a buffer that the consumers load. Outside a c
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 
@@ -32,14 +30,7 @@ def _realized_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def _realized_backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-    return grad  # a copy's gradient is the gradient of what it copied
-
-
-_realized.register_autograd(_realized_backward)
-
-
 def realized(x: torch.Tensor) -> torch.Tensor:
     """``x``, written to memory once inside a torch.compile graph (module docstring); ``x`` itself
-    in eager code."""
-    return _realized(x) if torch.compiler.is_compiling() else x
+    in eager code. ``x`` carries no gradient (the operator has no backward): rotary angles do not."""
+    return _realized(x.detach()) if torch.compiler.is_compiling() else x
