@@ -11,7 +11,9 @@ and put on hal ops, each only after it was checked to compute what the module co
   ``num_key_value_groups``, ``scaling``; the rotary embedding applied with ``rotate_half``) changes
   class to a subclass whose forward applies the rotary embedding with ``hal.ops.rotary_embedding``
   and attends with ``hal.ops.scaled_dot_product_attention`` (grouped-query attention by broadcasting
-  a key/value head over its group of query heads, no copies). It does so for the ``"sdpa"`` and
+  a key/value head over its group of query heads, no copies). Inside a torch.compile graph it reads
+  the rotary angles through :func:`hal.nn.realized.realized`, so that they are computed once, not in
+  every layer's rotary kernel. It does so for the ``"sdpa"`` and
   ``"eager"`` attention implementations, the masks those build (packed sequences' block-diagonal
   mask among them); anything else (flash attention, an attention dropout while training, a paged
   cache, a position bias, attention weights asked for by ``output_attentions``, as a keyword or in
