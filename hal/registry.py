@@ -192,6 +192,9 @@ class OpDecl:
     decompositions: tuple[Decomposition, ...] = ()
     #: the public function (set by ``declare``).
     entry: Optional[Callable[..., Any]] = None
+    #: the module that declared the op: its family module (``hal.ops.conv``) for hal's own ops,
+    #: which :mod:`hal.ops` finds and orders by family (:func:`arrange`).
+    module: str = ""
 
     @property
     def trainable(self) -> bool:
@@ -302,6 +305,19 @@ def set_entry_factory(factory: Callable[[OpDecl, Callable[..., Any]], Callable[.
     _ENTRY_FACTORY[:] = [factory]
 
 
+def arrange(names: Sequence[str]) -> None:
+    """Put the ops ``names`` first in :data:`OPS`, in that order, and the others after them in the
+    order they were declared. :func:`hal.wiring.wire` gives hal's own ops the order of their
+    families (:data:`hal.ops.NAMES`), whatever order their modules were imported in."""
+    unknown = [n for n in names if n not in OPS]
+    if unknown or len(set(names)) != len(names):
+        raise ValueError(f"hal.registry.arrange: names must be declared ops, each once; unknown {unknown}, given {list(names)}")
+    first = set(names)
+    ordered = [(n, OPS[n]) for n in names] + [(n, d) for n, d in OPS.items() if n not in first]
+    OPS.clear()
+    OPS.update(ordered)
+
+
 def seal_declared() -> None:
     """Seal every op declared so far (:func:`hal.wiring.wire`, once hal's own ops are declared)."""
     for decl in list(OPS.values()):
@@ -393,6 +409,7 @@ def declare(
             reduction=reduction,
             volatile=dict(volatile or {}),
             autocast=_autocast_of(autocast, params),
+            module=getattr(fn, "__module__", None) or "",
         )
         if not _ENTRY_FACTORY:
             raise RuntimeError("hal.registry.declare needs the dispatcher's entry builder, which hal.wiring.wire installs: import hal first")

@@ -8,8 +8,10 @@ module as a side effect of being imported. :func:`wire` does it all, in this ord
 1. the registry builds each op's public function with the dispatcher's entry
    (:func:`hal.dispatch.entry.make_entry`), and registers each op with torch as it is declared
    (:func:`hal.integration.library.register_op`: ``torch.ops.hal.<name>``);
-2. hal's own ops are declared (importing :mod:`hal.ops`) and sealed: their declarations are
-   complete and immutable from now on (an op declared later is sealed by its first call);
+2. hal's own ops are declared (importing :mod:`hal.ops`, which finds its family modules), put in
+   the order of their families (:data:`hal.ops.NAMES`, whatever order the modules were imported in)
+   and sealed: their declarations are complete and immutable from now on (an op declared later is
+   sealed by its first call);
 3. the dispatcher is connected to the torch integration (:class:`hal.dispatch.Integration`: the
    autograd node, the traced call, torch.compile's caches and decisions);
 4. the names that are no ops but that ``hal.explain`` and ``hal.use(kernel=...)`` take, the
@@ -28,8 +30,9 @@ def wire() -> None:
     it once; see the module docstring for the order and why)."""
     registry.set_entry_factory(make_entry)
     registry.on_declare(library.register_op)
-    import hal.ops  # noqa: F401  (hal's own declarations; here, since declaring needs the entry builder above)
+    import hal.ops  # (hal's own declarations; here, since declaring needs the entry builder above)
 
+    registry.arrange(hal.ops.NAMES)
     registry.seal_declared()
     dispatch.DISPATCHER.connect(dispatch.Integration(
         autograd=autograd.autograd_runner,

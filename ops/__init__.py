@@ -5,71 +5,51 @@ Backward ops (``<op>_backward``) are ops too. Only declarations live here: no ke
 declared elsewhere (``hal.library.declare``) is ``hal.ops.<name>`` too, read from the registry.
 ``import hal`` imports this package (:func:`hal.wiring.wire`), once the dispatcher can build the
 public functions.
+
+The op families are found, not listed: every public module of this package (``_``-prefixed modules
+are helpers), searched along its ``__path__``, is a family whose ops are declared when it is
+imported. Adding an op is adding its declaration to its family's module; adding a family is adding a
+module with an ``ORDER`` (an int): families stand in the order of their ``ORDER`` (ties by name),
+their ops in the order of their declarations, which is the order of the registry, API.md,
+docs/ops.md, ``hal info`` and the conformance reports. ``__all__`` and this package's names come
+from the declarations (:data:`NAMES`); ``__init__.pyi`` beside this file repeats them for type
+checkers and IDEs (generated with docs/ops.md by ``python -m hal.cli.docs``, which checks both).
 """
 
+import importlib as _importlib
+import pkgutil as _pkgutil
+from types import ModuleType as _Module
 from typing import Any
 
 from hal.registry import OPS
 
-# Declaration order is the order of API.md (and of `hal info` and the conformance reports).
-from .conv import batch_norm, batch_norm_backward, conv2d, conv2d_backward, fused_conv_bn_relu, fused_conv_bn_relu_backward  # isort: skip
-from .conv import fused_conv_bn_add_relu, fused_conv_bn_add_relu_backward  # isort: skip
-from .elementwise import ACTIVATIONS, scale_shift_act, scale_shift_act_backward  # isort: skip
-from .gemm import grouped_gemm, grouped_gemm_backward, linear, linear_backward, matmul, matmul_backward  # isort: skip
-from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  # isort: skip
-from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward, softmax, softmax_backward  # isort: skip
-from .mixed_precision import amp_unscale_, fused_adamw_  # isort: skip
-from .quant import dequantize, fake_quantize, fake_quantize_backward, int8_linear, quantize  # isort: skip
-from .fp8 import fp8_dequantize, fp8_quantize, fp8_quantize_transpose, fp8_scaled_mm  # isort: skip
-from .transformer import rotary_embedding, rotary_embedding_backward, swiglu, swiglu_backward  # isort: skip
-from .loss import cross_entropy, cross_entropy_backward, linear_cross_entropy, linear_cross_entropy_backward  # isort: skip
+from .elementwise import ACTIVATIONS  # the activations scale_shift_act and linear take (hal.nn reads them)
 
-__all__ = [
-    "conv2d",
-    "conv2d_backward",
-    "batch_norm",
-    "batch_norm_backward",
-    "fused_conv_bn_relu",
-    "fused_conv_bn_relu_backward",
-    "fused_conv_bn_add_relu",
-    "fused_conv_bn_add_relu_backward",
-    "scale_shift_act",
-    "scale_shift_act_backward",
-    "linear",
-    "linear_backward",
-    "matmul",
-    "matmul_backward",
-    "grouped_gemm",
-    "grouped_gemm_backward",
-    "layer_norm",
-    "layer_norm_backward",
-    "rms_norm",
-    "rms_norm_backward",
-    "softmax",
-    "softmax_backward",
-    "scaled_dot_product_attention",
-    "scaled_dot_product_attention_backward",
-    "amp_unscale_",
-    "fused_adamw_",
-    "quantize",
-    "dequantize",
-    "fake_quantize",
-    "fake_quantize_backward",
-    "int8_linear",
-    "fp8_quantize",
-    "fp8_quantize_transpose",
-    "fp8_dequantize",
-    "fp8_scaled_mm",
-    "rotary_embedding",
-    "rotary_embedding_backward",
-    "swiglu",
-    "swiglu_backward",
-    "cross_entropy",
-    "cross_entropy_backward",
-    "linear_cross_entropy",
-    "linear_cross_entropy_backward",
-    "ACTIVATIONS",
-]
+
+def _families() -> tuple[_Module, ...]:
+    """The family modules on this package's ``__path__``, imported (declaring their ops), in the
+    order of their ``ORDER``, then of their names."""
+    names = sorted({m.name for m in _pkgutil.iter_modules(__path__) if not m.name.startswith("_")})
+    modules = [_importlib.import_module(f"{__name__}.{name}") for name in names]
+    unordered = [m.__name__ for m in modules if type(getattr(m, "ORDER", None)) is not int]
+    if unordered:
+        taken = ", ".join(f"{m.__name__} {m.ORDER}" for m in modules if m.__name__ not in unordered)
+        raise ImportError(f"hal.ops: op family modules without an int ORDER (where their ops stand among hal's): "
+                          f"{', '.join(unordered)}; the others have {taken}")
+    return tuple(sorted(modules, key=lambda m: (m.ORDER, m.__name__)))
+
+
+#: the op family modules, in declaration order
+FAMILIES = _families()
+
+#: hal's own ops (those of :data:`FAMILIES`), each family's in the order it declares them
+NAMES = tuple(d.name for f in FAMILIES for d in OPS.values() if d.module == f.__name__)
+
+globals().update({name: OPS[name].entry for name in NAMES})
+
+__all__ = [*NAMES, "ACTIVATIONS"]
+
+del _families, _importlib, _pkgutil, _Module  # (dir(hal.ops): the ops, their families and what they export)
 
 
 def __getattr__(name: str) -> Any:

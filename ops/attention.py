@@ -16,6 +16,9 @@ from . import _empty as e
 from ._fake import like
 from ._tolerances import REDUCTION
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 50
+
 
 def _dim(op: str, x: Any, dim: Any) -> int:
     """dim >= 0; a 0-d x takes dim 0 or -1, as torch (it is a softmax over one value)."""

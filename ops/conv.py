@@ -14,6 +14,9 @@ from . import _empty as e
 from ._fake import conv_out, like, param_like
 from ._tolerances import REDUCTION
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 10
+
 TensorTuple = tuple  # backward ops return a tuple of tensors
 
 

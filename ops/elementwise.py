@@ -13,6 +13,9 @@ from . import _empty as e
 from ._fake import like, number_grad
 from ._tolerances import ACTIVATION, REDUCTION
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 20
+
 #: activations of scale_shift_act and linear: names as in PyTorch (gelu_tanh = gelu(approximate="tanh")).
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 

@@ -45,6 +45,9 @@ from ._fake import like
 from ._tolerances import REDUCTION
 from .quant import check_scale_values
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 80
+
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Format:

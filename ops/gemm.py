@@ -14,6 +14,9 @@ from ._fake import like, matmul_shape as fake_matmul_shape, param_like
 from ._tolerances import REDUCTION
 from .elementwise import ACTIVATIONS
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 30
+
 # --- linear ---------------------------------------------------------------------------------
 
 

@@ -24,6 +24,9 @@ from . import _checks as c
 from ._fake import like, new_array
 from ._tolerances import REDUCTION
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 100
+
 REDUCTIONS = ("none", "mean", "sum")
 
 

@@ -14,6 +14,9 @@ from . import _checks as c
 from . import _empty as e
 from ._tolerances import ELEMENTWISE
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 60
+
 
 @declare(
     dtypes=FLOAT_DTYPES,

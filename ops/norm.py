@@ -15,6 +15,9 @@ from . import _empty as e
 from ._fake import like, param_like
 from ._tolerances import REDUCTION
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 40
+
 
 def _check_norm(op: str, x: Any, normalized_shape: Any, params: dict[str, Any]) -> tuple[int, ...]:
     c.float_dtype(op, "x", x)

@@ -35,6 +35,9 @@ from . import _empty as e
 from ._fake import like
 from ._tolerances import INTEGER, QUANTIZED, REDUCTION
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 70
+
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 
 

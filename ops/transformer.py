@@ -14,6 +14,9 @@ from . import _checks as c
 from ._fake import like, new_array
 from ._tolerances import ELEMENTWISE, REDUCTION
 
+#: where this family's ops stand among hal's (hal.ops: the order of API.md and docs/ops.md)
+ORDER = 90
+
 # --- rotary_embedding ---------------------------------------------------------------------------
 
 

@@ -6,9 +6,11 @@ without drawing any data (xfail files are checked against the full list), and da
 for each run from a seed derived from ``(seed, op, dtype, case)``: every kernel of an op sees the
 same inputs, and a failing case replays exactly.
 
-One module per op family (``conv``, ``elementwise``, ``gemm``, ``norm``, ``attention``,
-``mixed_precision``, ``quant``) holds a ``CASES`` mapping ``op -> [CaseSpec, ...]``. An op of the
-registry without cases is reported as an error by the runner, so a new op cannot slip through.
+One module per op family holds a ``CASES`` mapping ``op -> [CaseSpec, ...]``. The family modules
+are found, not listed: every public module of this package, searched along its ``__path__`` (a new
+family is a new file here). An op of the registry without cases is reported as an error by the
+runner, so a new op cannot slip through. The table follows the modules' names; nothing reads its
+order (the runner and the reports follow the registry's).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import pkgutil
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -26,7 +29,6 @@ from hal.registry import get_op
 
 from ..draw import Draw
 
-_FAMILIES = ("conv", "elementwise", "gemm", "norm", "attention", "mixed_precision", "quant", "fp8", "transformer", "loss")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _ID = re.compile(r"^(?P<op>[A-Za-z0-9_]+)\[(?P<kernel>[^,\[\]]+),(?P<dtype>[^,\[\]]+),(?P<case>[^,\[\]]+)\]$")
 
@@ -127,11 +129,16 @@ def register_cases(op: str, specs: Sequence[CaseSpec]) -> None:
         _TABLE[op] = list(specs)
 
 
+def families() -> list[str]:
+    """The names of the family modules: the public modules on this package's ``__path__``, sorted."""
+    return sorted({m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")})
+
+
 def all_cases() -> dict[str, list[CaseSpec]]:
     """op -> its cases, from every family module and :func:`register_cases` (names checked unique per op)."""
     if not _TABLE:
         table: dict[str, list[CaseSpec]] = {}
-        for family in _FAMILIES:
+        for family in families():
             module = importlib.import_module(f"{__name__}.{family}")
             for op, specs in module.CASES.items():
                 if op in table:
@@ -191,6 +198,7 @@ __all__ = [
     "backward_call",
     "case_id",
     "parse_case_id",
+    "families",
     "all_cases",
     "cases_for",
     "find_case",

@@ -1,23 +1,57 @@
 """Every op's eager PyTorch function and its capability check, gathered from the family modules:
 what the ``eager`` backend registers, and what the cuda and rocm backends look up to register
-torch's own implementation of an op beside (or below) their kernels."""
+torch's own implementation of an op beside (or below) their kernels.
+
+The family modules are found, not listed: every public module of this package, searched along its
+``__path__``, but this one and the helpers of :data:`HELPERS` (a new family is a new file here). A
+family names its ops' functions in ``__all__``. They are gathered in the order of the modules'
+names; the order does not matter, as each op has one function (an op in two families is an error)
+and a backend registers at most one kernel per op from here.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from types import ModuleType
 from typing import Any, Callable, Optional
 
+import hal_torch
 from hal.plugin import Inputs
-
-from . import attention, conv, elementwise, fp8, gemm, loss, mixed_precision, norm, quant, transformer
 
 Check = Callable[[Inputs], Optional[list[str]]]
 
-#: the family modules, in the order their functions are registered
-FAMILIES: tuple[ModuleType, ...] = (conv, elementwise, gemm, norm, attention, mixed_precision, quant, fp8, transformer, loss)
+#: modules of this package that are no op family: what the families and backends build on
+HELPERS = frozenset({"table", "overlap"})
+
+
+def _families() -> tuple[ModuleType, ...]:
+    names = sorted({m.name for m in pkgutil.iter_modules(hal_torch.__path__) if not m.name.startswith("_") and m.name not in HELPERS})
+    modules = tuple(importlib.import_module(f"hal_torch.{name}") for name in names)
+    unnamed = [m.__name__ for m in modules if not hasattr(m, "__all__")]
+    if unnamed:
+        raise ImportError(f"hal_torch: the op family modules {unnamed} name no functions in __all__ "
+                          f"(a module that is no family belongs in hal_torch.table.HELPERS)")
+    return modules
+
+
+#: the family modules, by name
+FAMILIES: tuple[ModuleType, ...] = _families()
+
+
+def _functions() -> dict[str, Callable[..., Any]]:
+    out: dict[str, Callable[..., Any]] = {}
+    owner: dict[str, str] = {}
+    for module in FAMILIES:
+        for name in module.__all__:
+            if name in out:
+                raise ImportError(f"hal_torch: op {name} has a function in two families ({owner[name]} and {module.__name__})")
+            out[name], owner[name] = getattr(module, name), module.__name__
+    return out
+
 
 #: op name -> its eager PyTorch function
-FUNCTIONS: dict[str, Callable[..., Any]] = {name: getattr(module, name) for module in FAMILIES for name in module.__all__}
+FUNCTIONS: dict[str, Callable[..., Any]] = _functions()
 
 #: op name -> the capability check its function needs as a kernel (where torch's call needs one)
 CHECKS: dict[str, Check] = {name: module.CHECKS[name] for module in FAMILIES for name in module.__all__ if name in getattr(module, "CHECKS", {})}

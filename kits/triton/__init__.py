@@ -25,7 +25,8 @@ is about to run:
 
 Triton-free helpers for the plugins: ``tables`` (the launch-table protocol, and ``PerGeometry``,
 which answers each table question once per tensor geometry), ``kernels`` (registers every kernel
-into a plugin), ``autotune``, ``checks``, ``layouts``.
+into a plugin: one registration file per family, found there, which names the families,
+``hal_triton.kernels.FAMILIES``), ``autotune``, ``checks``, ``layouts``.
 
 Host time matters as much as the kernels (a model step is often host-bound): ``_launch.launch``
 skips Triton's Python launch path for compiled specialisations, and a host function that launches
@@ -44,8 +45,6 @@ from __future__ import annotations
 
 import importlib.util
 from typing import Optional
-
-FAMILIES = ("elementwise", "norm", "softmax", "batchnorm", "gemm", "grouped_gemm", "optim", "quant", "fp8", "transformer", "loss")
 
 
 def unavailable_reason() -> Optional[str]:

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import triton
 import triton.language as tl
 
-from . import FAMILIES
+from .kernels import FAMILIES
 
 _TYPES = ("i1", "i8", "i16", "i32", "i64", "u8", "u32", "u64", "fp16", "bf16", "fp32", "fp64")
 

@@ -63,6 +63,23 @@ def test_op_reference_is_current() -> None:
     assert docs.DEFAULT_PATH.read_text() == docs.render(), "docs/ops.md is stale: run `python -m hal.cli.docs`"
 
 
+def test_hal_ops_stub_is_current_and_names_what_hal_ops_finds() -> None:
+    """ops/__init__.pyi is what type checkers and IDEs read for hal.ops, whose names are found at run
+    time (regenerate it with `python -m hal.cli.docs`): every name of ``__all__`` and every family."""
+    import ast
+
+    import hal.ops
+
+    text = docs.STUB_PATH.read_text()
+    assert text == docs.render_stub(), "ops/__init__.pyi is stale: run `python -m hal.cli.docs`"
+    tree = ast.parse(text)
+    imported = {a.asname for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 1 for a in node.names}
+    families = {f.__name__.rsplit(".", 1)[1] for f in hal.ops.FAMILIES}
+    assert imported == set(hal.ops.__all__) | families
+    listed = next(node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0].id == "__all__")
+    assert ast.literal_eval(listed) == hal.ops.__all__
+
+
 def test_op_reference_covers_every_op() -> None:
     text = docs.DEFAULT_PATH.read_text()
     for decl in hal.list_ops():

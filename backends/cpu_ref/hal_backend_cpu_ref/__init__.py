@@ -7,6 +7,8 @@ read: one module per op family, each kernel the math of its op. Inputs arrive as
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import platform
 
 from hal.plugin import DeviceInfo, Plugin
@@ -35,5 +37,13 @@ def _devices() -> list[DeviceInfo]:
 
 plugin.define_backend(priority=0, device_types=("cpu",), devices=_devices, array_api="numpy")
 
-# Importing the families registers their kernels on `plugin`.
-from . import attention, conv, elementwise, fp8, gemm, loss, mixed_precision, norm, quant, transformer  # noqa: E402,F401
+
+def _import_families() -> None:
+    """Import every family module, which registers its kernels on ``plugin``: the public modules on
+    this package's ``__path__``, by name (a new family is a new file here; each op has one kernel,
+    so the order changes nothing)."""
+    for name in sorted({m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}):
+        importlib.import_module(f"{__name__}.{name}")
+
+
+_import_families()

@@ -3,8 +3,13 @@
     from hal_triton.kernels import VendorLibs, register
     register(plugin, CudaTables(), archs=sm(80), vendor=VendorLibs("cudnn", conv, conv_grads, "cublas", linear, gemm_f32))
 
-Every op family with Triton kernels (:data:`hal_triton.FAMILIES`) has its registration file here,
-beside :mod:`~hal_triton.kernels.kit`, which holds what they share. Kernels take the same names on
+Every op family with Triton kernels has its registration file here, beside
+:mod:`~hal_triton.kernels.kit`, which holds what they share, and its kernels in ``hal_triton.<family>``.
+The registration files are found, not listed: every public module of this package but ``kit``,
+searched along its ``__path__`` (:data:`FAMILIES`: a new family is its two new files, and nothing
+else). They register in the order of their names; each op's kernels come from one family file, so
+the order changes no op's list of kernels (tests/core/test_routing.py holds the routing as
+recorded). Kernels take the same names on
 every vendor: ``triton`` for the kernels that are Triton alone, ``<conv_name>_triton`` for the
 convolution of the vendor's library followed by the Triton batch norm (+ ReLU), and
 ``<blas_name>_triton`` for the vendor's GEMM followed by a Triton pass. Each registration states,
@@ -17,18 +22,23 @@ Triton: a kernel family is imported on the first call of one of its kernels.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from types import ModuleType
 from typing import Any, Callable, Optional
 
 from hal.plugin import Archs, Plugin
 
 from ..tables import LaunchTables
-from . import batchnorm, elementwise, fp8, gemm, grouped_gemm, loss, norm, optim, quant, softmax, transformer
 from .kit import Kit, VendorLibs, family
 from .loss import LCE_BLOCK_ELEMENTS
 from .quant import int32_dequant
 
-#: the registration file of each kernel family, in the order of :data:`hal_triton.FAMILIES`
-REGISTRATIONS = (elementwise, norm, softmax, batchnorm, gemm, grouped_gemm, optim, quant, fp8, transformer, loss)
+#: the kernel families: the names of the registration files on this package's ``__path__``, sorted
+FAMILIES: tuple[str, ...] = tuple(sorted({m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name != "kit"}))
+
+#: the registration file of each kernel family, in the order of :data:`FAMILIES`
+REGISTRATIONS: tuple[ModuleType, ...] = tuple(importlib.import_module(f"{__name__}.{name}") for name in FAMILIES)
 
 
 def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], vendor: VendorLibs,
@@ -42,4 +52,4 @@ def register(plugin: Plugin, tables: LaunchTables, *, archs: Optional[Archs], ve
     return kit.registered
 
 
-__all__ = ["register", "VendorLibs", "LCE_BLOCK_ELEMENTS", "int32_dequant", "family", "REGISTRATIONS"]
+__all__ = ["register", "VendorLibs", "LCE_BLOCK_ELEMENTS", "int32_dequant", "family", "FAMILIES", "REGISTRATIONS"]
