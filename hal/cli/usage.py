@@ -8,11 +8,11 @@ what to do>``, and exit status 2 (argparse's own usage errors also exit 2, with 
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 from hal.errors import HalError
+from hal.errors import unknown_names as unknown  # noqa: F401  (the message of unknown names, shared with hal.dist.bench)
 
 #: the command did what it was asked and found nothing wrong
 EXIT_OK = 0
@@ -61,17 +61,3 @@ def at_least(low: int) -> Callable[[str], int]:
         return value
 
     return parse
-
-
-def unknown(what: str, given: Iterable[str], known: Iterable[str]) -> Optional[str]:
-    """None when every name of ``given`` is in ``known``, else a message naming the unknown ones, the
-    closest known name of each where one is close, and every known name."""
-    known = sorted(set(known))
-    bad = [g for g in given if g not in known]
-    if not bad:
-        return None
-    hints = []
-    for g in bad:
-        close = difflib.get_close_matches(g, known, n=1)
-        hints.append(f"{g!r} (did you mean {close[0]!r}?)" if close else repr(g))
-    return f"unknown {what} {', '.join(hints)}; known: {', '.join(known)}"

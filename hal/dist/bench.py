@@ -70,6 +70,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank on the CPU (default 1)")
 
 
+def problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the options of :func:`add_arguments`, each saying what to give instead (empty:
+    nothing), checked before any rank starts: a size range that never ends (``--step-factor 1``,
+    ``--min-bytes 0``), a count below one, or an unknown collective, algorithm, device or dtype would
+    otherwise hang, end in a traceback from a rank, or run nothing. ``hal bench --collectives``
+    (:mod:`hal.cli.bench_collectives`) and :func:`main` report them."""
+    import torch
+
+    from hal.dist import algorithms
+    from hal.errors import unknown_names
+
+    out = [f"--{name.replace('_', '-')} {getattr(args, name)}: give {low} or more"
+           for name, low in (("world_size", 1), ("min_bytes", 1), ("batches", 1), ("threads", 1), ("iters", 0), ("ranks_per_node", 0))
+           if getattr(args, name) < low]
+    if args.max_bytes < args.min_bytes:
+        out.append(f"--max-bytes {args.max_bytes}: give at least --min-bytes ({args.min_bytes})")
+    if not args.step_factor > 1:  # NaN too: the sizes would never grow
+        out.append(f"--step-factor {args.step_factor}: give a factor above 1")
+    if args.device not in ("cpu", "cuda"):
+        out.append(f"--device {args.device}: give cpu (gloo) or cuda (NCCL/RCCL)")
+    if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+        out.append(f"--dtype {args.dtype}: give a torch dtype name such as float32 or bfloat16")
+    collectives = [c.strip() for c in args.collective_ops.split(",") if c.strip()]
+    for option, given, known in (("--collective-ops", collectives, COLLECTIVES),
+                                 ("--algorithms", [a.strip() for a in args.algorithms.split(",") if a.strip()], algorithms("all_reduce"))):
+        problem = unknown_names(option.removeprefix("--").rstrip("s").replace("-", " "), given, known)
+        if problem:
+            out.append(f"{option}: {problem}")
+    if not collectives:
+        out.append(f"--collective-ops {args.collective_ops!r} names nothing: give one or more of {', '.join(COLLECTIVES)}")
+    return out
+
+
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     def get(name: str, default: Any) -> Any:
         value = getattr(args, name, None)
@@ -254,19 +287,17 @@ def run_collectives_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m hal.dist.bench``: the options checked as ``hal bench --collectives`` checks them
-    (a bad one is one line on stderr and exit status 2, before any rank starts), then the bench."""
-    from hal.cli.bench_collectives import check
-    from hal.cli.usage import run_command
-
+    (:func:`problems`: a bad one is one line on stderr and exit status 2, before any rank starts),
+    then the bench."""
     parser = argparse.ArgumentParser(prog="python -m hal.dist.bench", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
-
-    def checked(args: argparse.Namespace) -> int:
-        check(args)
-        return run_collectives_bench(args)
-
-    return run_command(parser.prog, checked, parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    found = problems(args)
+    if found:
+        print(f"{parser.prog}: {'; '.join(found)}", file=sys.stderr)
+        return 2  # hal.cli.usage.EXIT_USAGE, as the command line's own checks exit
+    return run_collectives_bench(args)
 
 
 if __name__ == "__main__":

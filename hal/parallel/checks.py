@@ -38,6 +38,7 @@ import zlib
 from typing import Any, Optional, Sequence, Union
 
 import torch
+import torch.distributed as dist
 
 import hal.dist as hd
 from hal.dist.checks import group_by
@@ -109,6 +110,45 @@ def _from_env() -> Optional[bool]:
     return _env
 
 
+# --- membership: the group a call names must hold this rank ------------------------------------
+# (here, not in hal.parallel.comm, which checks its calls with this module: the two imported each
+# other while comm held these; comm re-exports them)
+
+
+def not_member(group: Any, op: str) -> InvalidArgumentError:
+    me = dist.get_rank()
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        got = (f"GroupMember.NON_GROUP_MEMBER, what torch.distributed.new_group returns on the ranks it leaves out "
+               f"(global rank {me} is not in that group)")
+    else:
+        try:
+            got = f"a group of global ranks {dist.get_process_group_ranks(group)}, without global rank {me}"
+        except Exception:  # a group torch cannot describe on this rank
+            got = f"{group!r}, which does not contain global rank {me}"
+    return InvalidArgumentError(op, "group", f"a process group that contains this rank (global rank {me}): build the "
+                                "layer only on the group's ranks, or pass the group this rank belongs to "
+                                "(mesh['tp'] of a DeviceMesh gives every rank its own)", got)
+
+
+def member(group: Any = None, op: str = "hal.parallel") -> tuple[int, int]:
+    """(ranks in ``group``, this rank's index in it); :class:`hal.InvalidArgumentError` naming the
+    group and this rank when this rank is not in it (torch answers -1 there)."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if size < 1 or rank < 0:
+        raise not_member(group, op)
+    return size, rank
+
+
+def group_size(group: Any = None) -> int:
+    """Ranks in ``group`` (the default group for None); an error if this rank is not in it."""
+    return member(group)[0]
+
+
+def group_rank(group: Any = None) -> int:
+    """This rank's index in ``group``; an error if this rank is not in it."""
+    return member(group)[1]
+
+
 def enabled(device: torch.device) -> bool:
     """Whether calls on ``device`` run the agreement check (see :func:`set_checks`)."""
     if _enabled is not None:
@@ -120,9 +160,7 @@ def enabled(device: torch.device) -> bool:
 def exchanged(group: Any, device: torch.device) -> bool:
     """Whether :func:`agree` exchanges rows on ``group`` for tensors on ``device`` (the checks are
     on and the group has peers): what values computed only for the check need."""
-    from hal.parallel import comm
-
-    return enabled(device) and comm.group_size(group) > 1
+    return enabled(device) and group_size(group) > 1
 
 
 @dataclasses.dataclass
@@ -224,14 +262,12 @@ def agree(call: str, group: Any, device: torch.device, fields: Sequence[Field], 
     ``bounds``: an argument of ids checked by :func:`out_of_range`; a bad value on any rank raises
     :class:`IndexOutOfRangeError` on every rank (on this rank alone when the check does not run).
     Costs one small all-gather when it runs."""
-    from hal.parallel import comm  # (comm checks its own calls with this module)
-
     bad = None if bounds is None else bounds.bad
     if not exchanged(group, device):
         if bounds is not None and bad is not None:
-            raise IndexOutOfRangeError(call, bounds.arg, bounds.expected, f"{bad} (group rank {comm.group_rank(group)})")
+            raise IndexOutOfRangeError(call, bounds.arg, bounds.expected, f"{bad} (group rank {group_rank(group)})")
         return
-    ranks = comm.group_size(group)
+    ranks = group_size(group)
     encoded = [_encode(f[1]) for f in fields]
     row = [CALLS.index(call), 0 if bad is None else 1, 0 if bad is None else bad, *(i for e in encoded for i in e)]
     if len(row) > SLOTS:

@@ -26,40 +26,7 @@ import torch.distributed as dist
 import hal.dist as hd
 from hal.errors import InvalidArgumentError
 from hal.parallel import checks
-
-
-def _not_member(group: Any, op: str) -> InvalidArgumentError:
-    me = dist.get_rank()
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        got = (f"GroupMember.NON_GROUP_MEMBER, what torch.distributed.new_group returns on the ranks it leaves out "
-               f"(global rank {me} is not in that group)")
-    else:
-        try:
-            got = f"a group of global ranks {dist.get_process_group_ranks(group)}, without global rank {me}"
-        except Exception:  # a group torch cannot describe on this rank
-            got = f"{group!r}, which does not contain global rank {me}"
-    return InvalidArgumentError(op, "group", f"a process group that contains this rank (global rank {me}): build the "
-                                "layer only on the group's ranks, or pass the group this rank belongs to "
-                                "(mesh['tp'] of a DeviceMesh gives every rank its own)", got)
-
-
-def member(group: Any = None, op: str = "hal.parallel") -> tuple[int, int]:
-    """(ranks in ``group``, this rank's index in it); :class:`hal.InvalidArgumentError` naming the
-    group and this rank when this rank is not in it (torch answers -1 there)."""
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
-    if size < 1 or rank < 0:
-        raise _not_member(group, op)
-    return size, rank
-
-
-def group_size(group: Any = None) -> int:
-    """Ranks in ``group`` (the default group for None); an error if this rank is not in it."""
-    return member(group)[0]
-
-
-def group_rank(group: Any = None) -> int:
-    """This rank's index in ``group``; an error if this rank is not in it."""
-    return member(group)[1]
+from hal.parallel.checks import group_rank, group_size, member  # noqa: F401  (also hal.parallel.comm's, as docs/parallel.md names them)
 
 
 def axis_of(x: torch.Tensor, dim: Any) -> Optional[int]:

@@ -46,7 +46,7 @@ _SEED_STRIDE = 1_000_003
 def resolve_group(group: GroupLike, what: str) -> Optional[dist.ProcessGroup]:
     """A ProcessGroup from a ProcessGroup, a 1-D DeviceMesh (``mesh["ep"]``), or None."""
     if group is dist.GroupMember.NON_GROUP_MEMBER:  # what new_group returns on the ranks it leaves out
-        raise comm._not_member(group, what)
+        raise checks.not_member(group, what)
     if group is None or isinstance(group, dist.ProcessGroup):
         return group
     get_group = getattr(group, "get_group", None)

@@ -122,14 +122,26 @@ def test_an_op_declared_later_is_complete_until_its_first_call_and_hal_ops_reads
 
 
 def test_no_import_cycle_in_the_core() -> None:
-    """The core's modules (``hal`` and ``hal.ops``, every import counted wherever it stands) import
-    each other one way. A module importing its own package (``hal.ops.conv`` calling ``hal.ops.*``
-    in a decomposition) is no cycle: the package has run before its module."""
+    """hal's modules (the core with ``hal.ops`` and ``hal.conformance``, its command line, the kits
+    and the backends; every import counted wherever it stands, inside functions too) import each
+    other one way. A module importing its own package (``hal.ops.conv`` calling ``hal.ops.*`` in a
+    decomposition) is no cycle: the package has run before its module. Before: hal.parallel.checks
+    and hal.parallel.comm imported each other (comm held the group membership checks needs), and so
+    did hal.dist.bench and hal.cli.bench_collectives (the bench's option checks)."""
     edges = {(i.importer, i.imported) for i in all_imports(ROOT)
-             if layer(i.importer) == layer(i.imported) == "core" and not i.importer.startswith(i.imported + ".") and i.importer != i.imported}
-    # hal.parallel's own (its checks and comm modules call each other), not the wiring's
-    known = [["hal.parallel.checks", "hal.parallel.comm"]]
-    assert [c for c in cycles(edges) if c not in known] == []
+             if layer(i.importer) is not None and layer(i.imported) is not None
+             and not i.importer.startswith(i.imported + ".") and i.importer != i.imported}
+    assert cycles(edges) == []
+
+
+#: the modules of the core that are command lines themselves (``python -m hal``, ``hal conformance``)
+COMMAND_LINES = ("hal.__main__", "hal.conformance.cli", "hal.conformance.model_cli")
+
+
+def test_the_core_imports_its_command_line_only_from_command_lines() -> None:
+    """Before: hal.dist.bench imported hal.cli.bench_collectives and hal.cli.usage to check its options."""
+    found = [str(i) for i in all_imports(ROOT) if layer(i.importer) == "core" and layer(i.imported) == "cli" and i.importer not in COMMAND_LINES]
+    assert not found, "the core imports the command line (move what both need into the core):\n" + "\n".join(found)
 
 
 def test_declaring_before_the_wiring_is_refused_with_the_reason() -> None:
