@@ -14,8 +14,11 @@ module as a side effect of being imported. :func:`wire` does it all, in this ord
    sealed by its first call);
 3. the dispatcher is connected to the torch integration (:class:`hal.dispatch.Integration`: the
    autograd node, the traced call, torch.compile's caches and decisions);
-4. the names that are no ops but that ``hal.explain`` and ``hal.use(kernel=...)`` take, the
-   collectives of :mod:`hal.dist`, are added to the dispatcher's tables.
+4. :mod:`hal.dist`'s algorithms beyond the native ones (:mod:`~hal.dist.algorithms` registers
+   those) are installed, in this order: ``hierarchical``, ``compressed_fp16``, ``compressed_bf16``
+   (the order of ``hal.explain`` and of ``auto``'s ties); and the names that are no ops but that
+   ``hal.explain`` and ``hal.use(kernel=...)`` take, the collectives, are added to the dispatcher's
+   tables.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ def wire() -> None:
         for_compile=compile.measure_for_compile,
         compiled=compile.traced_alternative,
     ))
-    from hal.dist import EXPLAINERS, algorithms
+    from hal.dist import EXPLAINERS, algorithms, compressed, hierarchical
+    from hal.dist.algorithms import install
 
+    install((*hierarchical.ALGORITHMS, *compressed.ALGORITHMS))
     dispatch.EXPLAINERS.update(EXPLAINERS)
     dispatch.FORCEABLE.update({name: (lambda name=name: set(algorithms(name))) for name in EXPLAINERS})

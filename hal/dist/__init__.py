@@ -14,18 +14,18 @@ all_reduce algorithms: ``native`` (the engine's own), ``hierarchical`` (needs th
 transfers, fp32 sums). ``auto`` asks the cost model (:func:`set_cost_model`). Settings:
 :func:`set_timeout` (``HAL_DIST_TIMEOUT``), :func:`set_debug` (``HAL_DIST_CHECK=1``: cross-rank
 argument check); the environment is read once (``hal.dist.settings.refresh()`` re-reads it).
-:data:`EXPLAINERS` explains each collective's choice; ``import hal`` makes them ``hal.explain``'s
-and lets ``hal.use(kernel={"all_reduce": ...})`` force an algorithm (:func:`hal.wiring.wire`).
+:data:`EXPLAINERS` explains each collective's choice; ``import hal`` makes them ``hal.explain``'s,
+lets ``hal.use(kernel={"all_reduce": ...})`` force an algorithm, and installs the algorithms beside
+the native ones (:func:`hal.wiring.wire`).
 Failures of the transfer raise :class:`CommError`, bad arguments :class:`hal.InvalidArgumentError`.
 """
 
 from __future__ import annotations
 
-from hal.dist import hierarchical as _hierarchical  # noqa: F401  (registers hierarchical, before the compressed ones)
 from hal.dist.algorithms import algorithms
 from hal.dist.collectives import EXPLAINERS
 from hal.dist.collectives import all_gather, all_reduce, all_to_all, broadcast, recv, reduce_scatter, send
-from hal.dist.compressed import clear_workspaces  # (registers compressed_fp16, compressed_bf16)
+from hal.dist.compressed import clear_workspaces
 from hal.dist.cost import CostModel, cost_model, reset_cost_model, set_cost_model
 from hal.dist.ddp import comm_hook
 from hal.dist.engine import Work

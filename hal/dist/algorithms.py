@@ -2,17 +2,20 @@
 
 An algorithm is a generator function taking a :class:`Call`: it starts c10d transfers with
 ``async_op=True``, yields their work handles, and returns the result (see :mod:`hal.dist.engine`).
-It registers with :func:`register`, stating which collective it implements, whether it is lossy,
-a ``reasons(call)`` function (sentences saying why it cannot run this call; empty when it can) and
-a ``cost(call, model)`` estimate in seconds that ``auto`` compares. This module holds the
-``native`` algorithm of every collective (the engine's own operation); ``hierarchical`` and the
-compressed algorithms live in their own modules.
+It is an :class:`Algorithm`: which collective it implements, whether it is lossy, a
+``reasons(call)`` function (sentences saying why it cannot run this call; empty when it can) and a
+``cost(call, model)`` estimate in seconds that ``auto`` compares. This module holds the ``native``
+algorithm of every collective (the engine's own operation), registered in its own table with
+:func:`register`; ``hierarchical`` and the compressed algorithms live in their own modules, each
+listing them in ``ALGORITHMS``, which :func:`hal.wiring.wire` installs (:func:`install`) after the
+native ones: hierarchical, then compressed_fp16 and compressed_bf16. Importing a module fills no
+table of another.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -74,8 +77,17 @@ class Algorithm:
     single_step: bool = False
 
 
-#: collective -> algorithm name -> Algorithm, in registration order.
+#: collective -> algorithm name -> Algorithm, in registration order: this module's native ones,
+#: then those :func:`hal.wiring.wire` installs (the order of ``hal.explain`` and of auto's ties).
 REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
+
+
+def install(algorithms: Iterable[Algorithm]) -> None:
+    """Add ``algorithms`` to :data:`REGISTRY`, in order; a name taken already is an error."""
+    for alg in algorithms:
+        if alg.name in REGISTRY[alg.collective]:
+            raise ValueError(f"hal.dist: {alg.collective} already has an algorithm named {alg.name!r}")
+        REGISTRY[alg.collective][alg.name] = alg
 
 
 def _no_reasons(call: Call) -> list[str]:
@@ -91,12 +103,11 @@ def register(
     lossy: bool = False,
     single_step: bool = False,
 ) -> Callable[[Callable[[Call], Steps]], Callable[[Call], Steps]]:
-    """Register the decorated generator function as algorithm ``name`` of ``collective``."""
+    """Register the decorated generator function as algorithm ``name`` of ``collective`` (this
+    module's native algorithms; another module lists its own in ``ALGORITHMS`` instead)."""
 
     def deco(fn: Callable[[Call], Steps]) -> Callable[[Call], Steps]:
-        if name in REGISTRY[collective]:
-            raise ValueError(f"hal.dist: {collective} already has an algorithm named {name!r}")
-        REGISTRY[collective][name] = Algorithm(name, collective, fn, reasons, cost, lossy, single_step)
+        install([Algorithm(name, collective, fn, reasons, cost, lossy, single_step)])
         return fn
 
     return deco

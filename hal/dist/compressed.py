@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from hal.dist import engine
-from hal.dist.algorithms import Call, contiguous, register
+from hal.dist.algorithms import Algorithm, Call, contiguous
 from hal.dist.cost import CostModel
 from hal.dist.engine import Steps
 
@@ -228,13 +228,18 @@ def _cost(exchange: bool) -> Any:
     return cost
 
 
-@register("all_reduce", "compressed_fp16", lossy=True, reasons=_reasons, cost=_cost(exchange=True))
 def compressed_fp16(call: Call) -> Steps:
     """Sent in fp16 after a shared power-of-two pre-scale, summed in fp32 (lossy: about 3 decimal digits)."""
     return (yield from _compressed(call, torch.float16))
 
 
-@register("all_reduce", "compressed_bf16", lossy=True, reasons=_reasons, cost=_cost(exchange=False))
 def compressed_bf16(call: Call) -> Steps:
     """Sent in bf16 (fp32's range, no exchange first), summed in fp32 (lossy: about 2 decimal digits)."""
     return (yield from _compressed(call, torch.bfloat16))
+
+
+#: this module's algorithms, which :func:`hal.wiring.wire` installs (:func:`hal.dist.algorithms.install`)
+ALGORITHMS = (
+    Algorithm("compressed_fp16", "all_reduce", compressed_fp16, _reasons, _cost(exchange=True), lossy=True),
+    Algorithm("compressed_bf16", "all_reduce", compressed_bf16, _reasons, _cost(exchange=False), lossy=True),
+)

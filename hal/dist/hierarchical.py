@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from hal.dist import engine, groups
-from hal.dist.algorithms import C10D_OP, Call, contiguous, register
+from hal.dist.algorithms import C10D_OP, Algorithm, Call, contiguous
 from hal.dist.cost import CostModel
 from hal.dist.engine import Steps
 
@@ -40,7 +40,6 @@ def _cost(call: Call, m: CostModel) -> float:
     return m.two_level(call.nbytes, call.gi.per_node or 1, call.gi.node_count, extra_launches=2)
 
 
-@register("all_reduce", "hierarchical", reasons=_reasons, cost=_cost)
 def hierarchical(call: Call) -> Steps:
     """Reduce-scatter in each node, all-reduce across nodes, all-gather in each node."""
     t, gi = call.tensor, call.gi
@@ -69,3 +68,7 @@ def hierarchical(call: Call) -> Steps:
     if buf is not t:
         t.copy_(buf)
     return t
+
+
+#: this module's algorithm, which :func:`hal.wiring.wire` installs (:func:`hal.dist.algorithms.install`)
+ALGORITHMS = (Algorithm("hierarchical", "all_reduce", hierarchical, _reasons, _cost),)

@@ -23,7 +23,7 @@ import hal
 from hal import dispatch, registry
 from hal.integration import autograd, compile, library
 from hal.types import Tensor
-from tests.core.test_layers import ROOT, all_imports, cycles, layer
+from tests.core.test_layers import ROOT, all_imports, cycles, is_module, layer, module_of, source_roots
 
 #: the modules that run at ``import hal`` by design: the package, the wiring, ``python -m hal``
 ENTRY_MODULES = ("hal/__init__.py", "hal/wiring.py", "hal/__main__.py")
@@ -40,13 +40,93 @@ def _side_effects(path: Path) -> list[str]:
     return found
 
 
+def _registrations(source: str, module: str, package: bool = False) -> list[str]:
+    """Definitions at a module's top level decorated by a function of another module of hal (as
+    ``@register`` of hal.dist.algorithms decorated hal.dist.hierarchical's algorithm): a decorator
+    that can fill the other module's table as this one is imported."""
+    here = module.split(".") if package else module.split(".")[:-1]
+    roots = source_roots(ROOT)
+    tree = ast.parse(source)
+    origin: dict[str, str] = {}  # a name bound by an import -> the hal module that defines it (or is it)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else [])) if node.level else str(node.module)
+            if base == "hal" or base.startswith("hal."):
+                origin.update({a.asname or a.name: f"{base}.{a.name}" if is_module(f"{base}.{a.name}", roots) else base for a in node.names})
+        elif isinstance(node, ast.Import):
+            origin.update({a.asname or a.name.split(".")[0]: a.name if a.asname else a.name.split(".")[0]
+                           for a in node.names if a.name == "hal" or a.name.startswith("hal.")})
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for deco in node.decorator_list:
+                root = deco.func if isinstance(deco, ast.Call) else deco
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in origin and origin[root.id] != module:
+                    found.append(f"{module}:{node.lineno}: @{ast.unparse(deco)[:70]} (from {origin[root.id]}) on {node.name}")
+    return found
+
+
 def test_importing_a_module_of_the_core_fills_no_slot_of_another() -> None:
     """Before: the entry builder (hal.dispatch.entry), the autograd, traced and compile hooks
     (hal.integration.*), torch.library's subscription to declarations and hal.dist's explainers
-    were installed by importing the modules that define them."""
+    were installed by importing the modules that define them, and hal.dist's hierarchical and
+    compressed algorithms by their modules' ``@register`` decorators, acting on
+    hal.dist.algorithms' table when hal.dist imported them (in the order of its imports)."""
     found = [line for path in sorted((ROOT / "hal").rglob("*.py")) if str(path.relative_to(ROOT)) not in ENTRY_MODULES
              for line in _side_effects(path)]
-    assert not found, "module-level statements acting on other modules (connect them in hal.wiring.wire):\n" + "\n".join(found)
+    roots = source_roots(ROOT)
+    for path in sorted((ROOT / "hal").rglob("*.py")):
+        module, package = module_of(path, roots)
+        found += _registrations(path.read_text(encoding="utf-8"), module, package)
+    assert not found, ("module-level statements or decorators acting on other modules (connect them in hal.wiring.wire, "
+                       "or list them as data the wiring installs):\n" + "\n".join(found))
+
+
+def test_the_scan_finds_a_registration_decorator_of_another_module() -> None:
+    before = """
+        from hal.dist.algorithms import register as reg
+        from . import algorithms
+        import hal.dist.engine as engine
+        import functools
+
+        @reg("all_reduce", "hierarchical", cost=None)
+        def hierarchical(call): ...
+
+        @algorithms.register("all_reduce", "other", cost=None)
+        def other(call): ...
+
+        @engine.steps
+        class Steps: ...
+
+        @functools.lru_cache
+        def cached(): ...
+
+        def local(fn):
+            return fn
+
+        @local
+        def fine(): ...
+    """
+    found = _registrations(textwrap.dedent(before), "hal.dist.hierarchical")
+    assert [line.split(": @")[0] for line in found] == ["hal.dist.hierarchical:8", "hal.dist.hierarchical:11", "hal.dist.hierarchical:14"], found
+    assert "(from hal.dist.algorithms) on other" in found[1]
+    assert _registrations("from hal.dist.algorithms import register\n@register('x', 'y')\ndef f(c): ...\n", "hal.dist.algorithms") == []
+    assert len(_registrations("from . import algorithms\n@algorithms.register('x', 'y')\ndef f(c): ...\n", "hal.dist", package=True)) == 1
+
+
+def test_import_hal_installs_the_collective_algorithms_in_their_order() -> None:
+    """hal.dist's algorithms, as its imports registered them before: the native one of each
+    collective, then hierarchical, compressed_fp16, compressed_bf16 (explain's order, auto's ties)."""
+    from hal.dist import compressed, hierarchical
+    from hal.dist.algorithms import REGISTRY
+
+    assert list(REGISTRY["all_reduce"]) == ["native", "hierarchical", "compressed_fp16", "compressed_bf16"]
+    assert all(list(algs) == ["native"] for c, algs in REGISTRY.items() if c != "all_reduce")
+    assert [REGISTRY["all_reduce"][a.name] for a in (*hierarchical.ALGORITHMS, *compressed.ALGORITHMS)] == [
+        *hierarchical.ALGORITHMS, *compressed.ALGORITHMS]
+    assert [(a.lossy, a.single_step) for a in REGISTRY["all_reduce"].values()] == [(False, True), (False, False), (True, False), (True, False)]
 
 
 def test_import_hal_connects_every_layer() -> None:
