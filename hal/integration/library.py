@@ -222,7 +222,9 @@ def _untraced(fn: Callable[..., Any]) -> Callable[..., Any]:
     disabled: list[Callable[..., Any]] = []
 
     def body(*slots: Any) -> Any:
-        if "torch._dynamo" not in sys.modules:
+        # is_compiling() first: where Dynamo traces this body, a test of sys.modules iterates it
+        # while another thread may import ("dictionary changed size during iteration", seen in CI)
+        if not disabled and not torch.compiler.is_compiling() and "torch._dynamo" not in sys.modules:
             return fn(*slots)
         if not disabled:
             disable = getattr(torch.compiler, "disable", None) or torch._dynamo.disable
