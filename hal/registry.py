@@ -416,7 +416,7 @@ def declare(
         entry = _ENTRY_FACTORY[0](decl, fn)
         attach_decorators(entry, decl)
         decl.entry = entry
-        OPS[name] = decl  # hal.ops.<name> too, for an op declared outside ops/ (hal.ops' __getattr__)
+        OPS[name] = decl  # hal.ops.<name> too, for an op declared outside ops/ (set there by hal.wiring)
         for listener in list(_LISTENERS):
             listener(decl)
         return entry

@@ -8,7 +8,8 @@ module as a side effect of being imported. :func:`wire` does it all, in this ord
 1. the registry builds each op's public function with the dispatcher's entry
    (:func:`hal.dispatch.entry.make_entry`), and registers each op with torch as it is declared
    (:func:`hal.integration.library.register_op`: ``torch.ops.hal.<name>``);
-2. hal's own ops are declared (importing :mod:`hal.ops`, which finds its family modules), put in
+2. hal's own ops are declared (importing :mod:`hal.ops`, which finds its family modules), every op
+   declared from then on is set on :mod:`hal.ops` as it is declared, and hal's own are put in
    the order of their families (:data:`hal.ops.NAMES`, whatever order the modules were imported in)
    and sealed: their declarations are complete and immutable from now on (an op declared later is
    sealed by its first call);
@@ -28,6 +29,14 @@ from hal.dispatch.entry import make_entry
 from hal.integration import autograd, compile, library
 
 
+def _publish(decl: registry.OpDecl) -> None:
+    """``hal.ops.<name>``: the public function of an op declared anywhere, set on the package as it
+    is declared (an attribute lookup CPython specialises, where a module ``__getattr__`` would not)."""
+    import hal.ops
+
+    setattr(hal.ops, decl.name, decl.entry)
+
+
 def wire() -> None:
     """Connect registry, declarations, dispatcher and torch integration (``hal/__init__.py`` calls
     it once; see the module docstring for the order and why)."""
@@ -35,6 +44,7 @@ def wire() -> None:
     registry.on_declare(library.register_op)
     import hal.ops  # (hal's own declarations; here, since declaring needs the entry builder above)
 
+    registry.on_declare(_publish)
     registry.arrange(hal.ops.NAMES)
     registry.seal_declared()
     dispatch.DISPATCHER.connect(dispatch.Integration(

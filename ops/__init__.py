@@ -2,7 +2,9 @@
 
 Each name is the public, dispatching function of an op; ``hal.ops.<name>.op`` is its declaration.
 Backward ops (``<op>_backward``) are ops too. Only declarations live here: no kernel code. An op
-declared elsewhere (``hal.library.declare``) is ``hal.ops.<name>`` too, read from the registry.
+declared elsewhere (``hal.library.declare``) is ``hal.ops.<name>`` too: :func:`hal.wiring.wire` sets
+it here as it is declared. (This package has no module ``__getattr__``: with one, CPython stops
+specialising the ``hal.ops.<name>`` lookup, 6 -> 19 ns a call, benchmarks/results/dispatch_overhead-2026-12-07-issue42.md.)
 ``import hal`` imports this package (:func:`hal.wiring.wire`), once the dispatcher can build the
 public functions.
 
@@ -19,7 +21,6 @@ checkers and IDEs (generated with docs/ops.md by ``python -m hal.cli.docs``, whi
 import importlib as _importlib
 import pkgutil as _pkgutil
 from types import ModuleType as _Module
-from typing import Any
 
 from hal.registry import OPS
 
@@ -50,14 +51,6 @@ globals().update({name: OPS[name].entry for name in NAMES})
 __all__ = [*NAMES, "ACTIVATIONS"]
 
 del _families, _importlib, _pkgutil, _Module  # (dir(hal.ops): the ops, their families and what they export)
-
-
-def __getattr__(name: str) -> Any:
-    """The public function of an op declared outside this package (``hal.library.declare``)."""
-    decl = OPS.get(name)
-    if decl is None:
-        raise AttributeError(f"module 'hal.ops' has no attribute {name!r}")
-    return decl.entry
 
 
 def __dir__() -> list[str]:
