@@ -8,9 +8,10 @@ embedding reads them, forward and backward. Inlined, each of those 64 kernels of
 recomputes two transcendental functions per element of q and k: in hal.optimize's compiled step of
 a Hugging Face Llama at Llama-3.2-1B's shape on an H100 (2026-12-07, ``benchmarks/levers40.py``) the
 rotary kernels took 2.38 ms where reading and writing q and k once each way moves about 0.5 ms of
-memory. The angles themselves are 512 KiB each at that shape.
+memory. The angles themselves are 512 KiB each at that shape. Read through ``realized``, cos and sin
+are one 3 us kernel and the rotary kernels took 0.56 ms (the same step, H100, ``d19b2fd``).
 
-An opaque operator is the one way a model can ask Inductor to write a tensor: its input is made a
+An opaque operator asks Inductor to write a tensor without a compiler option: its input is made a
 buffer, and its output (a copy) is a buffer that the consumers load. Outside a compiled graph
 ``realized`` returns ``x`` itself (eager code computes the angles once already).
 """
