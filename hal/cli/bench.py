@@ -33,7 +33,8 @@ import torch
 import hal
 from hal.cli import environment
 from hal.cli.paths import output_dir, output_file
-from hal.cli.usage import EXIT_FAILED, EXIT_USAGE, CommandLineError, at_least, names, unknown
+from hal.cli.usage import EXIT_FAILED, EXIT_USAGE, CommandLineError, at_least, names
+from hal.errors import unknown_names as unknown
 
 # The harness (bench/ in the repository, installed as hal_bench) is imported up front, without its
 # modules: where it cannot be imported, `hal` lists this command as not available in this

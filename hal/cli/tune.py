@@ -30,7 +30,8 @@ import torch
 import hal
 from hal.cli import environment
 from hal.cli.paths import output_dir
-from hal.cli.usage import CommandLineError, names, unknown
+from hal.cli.usage import CommandLineError, names
+from hal.errors import unknown_names as unknown
 
 
 #: what each context's measurements are made under

@@ -12,7 +12,6 @@ import sys
 from typing import Callable, Optional
 
 from hal.errors import HalError
-from hal.errors import unknown_names as unknown  # noqa: F401  (the message of unknown names, shared with hal.dist.bench)
 
 #: the command did what it was asked and found nothing wrong
 EXIT_OK = 0
