@@ -17,6 +17,7 @@ kernels that serve it by their priority there; ``hal.explain`` prints each candi
 from __future__ import annotations
 
 import dataclasses
+import pkgutil
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
@@ -24,6 +25,14 @@ from hal.errors import PluginError
 from hal.registry import OpDecl, check_kernel_signature, get_op
 from hal.tracing import traced
 from hal.version import API_VERSION
+
+
+def family_names(path: Iterable[str], exclude: Iterable[str] = ()) -> list[str]:
+    """The op family modules of the package whose ``__path__`` is ``path``: its public modules (not
+    ``_``-prefixed) but those of ``exclude``, by name. hal.ops, the conformance cases, the kits and
+    backends find their families so, and a new family is a new file."""
+    skip = set(exclude)
+    return sorted({m.name for m in pkgutil.iter_modules(path) if not m.name.startswith("_") and m.name not in skip})
 
 Reasons = Union[None, str, Sequence[str]]
 

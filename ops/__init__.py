@@ -19,9 +19,9 @@ checkers and IDEs (generated with docs/ops.md by ``python -m hal.cli.docs``, whi
 """
 
 import importlib as _importlib
-import pkgutil as _pkgutil
 from types import ModuleType as _Module
 
+from hal.plugin import family_names as _family_names
 from hal.registry import OPS
 
 from .elementwise import ACTIVATIONS  # the activations scale_shift_act and linear take (hal.nn reads them)
@@ -30,8 +30,7 @@ from .elementwise import ACTIVATIONS  # the activations scale_shift_act and line
 def _families() -> tuple[_Module, ...]:
     """The family modules on this package's ``__path__``, imported (declaring their ops), in the
     order of their ``ORDER``, then of their names."""
-    names = sorted({m.name for m in _pkgutil.iter_modules(__path__) if not m.name.startswith("_")})
-    modules = [_importlib.import_module(f"{__name__}.{name}") for name in names]
+    modules = [_importlib.import_module(f"{__name__}.{name}") for name in _family_names(__path__)]
     unordered = [m.__name__ for m in modules if type(getattr(m, "ORDER", None)) is not int]
     if unordered:
         taken = ", ".join(f"{m.__name__} {m.ORDER}" for m in modules if m.__name__ not in unordered)
@@ -50,7 +49,7 @@ globals().update({name: OPS[name].entry for name in NAMES})
 
 __all__ = [*NAMES, "ACTIVATIONS"]
 
-del _families, _importlib, _pkgutil, _Module  # (dir(hal.ops): the ops, their families and what they export)
+del _families, _family_names, _importlib, _Module  # (dir(hal.ops): the ops, their families and what they export)
 
 
 def __dir__() -> list[str]:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-import pkgutil
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 
+from hal.plugin import family_names
 from hal.registry import get_op
 
 from ..draw import Draw
@@ -131,7 +131,7 @@ def register_cases(op: str, specs: Sequence[CaseSpec]) -> None:
 
 def families() -> list[str]:
     """The names of the family modules: the public modules on this package's ``__path__``, sorted."""
-    return sorted({m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")})
+    return family_names(__path__)
 
 
 def all_cases() -> dict[str, list[CaseSpec]]:

@@ -12,12 +12,11 @@ and a backend registers at most one kernel per op from here.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from types import ModuleType
 from typing import Any, Callable, Optional
 
 import hal_torch
-from hal.plugin import Inputs
+from hal.plugin import Inputs, family_names
 
 Check = Callable[[Inputs], Optional[list[str]]]
 
@@ -26,8 +25,7 @@ HELPERS = frozenset({"table", "overlap"})
 
 
 def _families() -> tuple[ModuleType, ...]:
-    names = sorted({m.name for m in pkgutil.iter_modules(hal_torch.__path__) if not m.name.startswith("_") and m.name not in HELPERS})
-    modules = tuple(importlib.import_module(f"hal_torch.{name}") for name in names)
+    modules = tuple(importlib.import_module(f"hal_torch.{name}") for name in family_names(hal_torch.__path__, HELPERS))
     unnamed = [m.__name__ for m in modules if not hasattr(m, "__all__")]
     if unnamed:
         raise ImportError(f"hal_torch: the op family modules {unnamed} name no functions in __all__ "

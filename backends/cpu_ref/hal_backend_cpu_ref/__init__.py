@@ -8,10 +8,9 @@ read: one module per op family, each kernel the math of its op. Inputs arrive as
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import platform
 
-from hal.plugin import DeviceInfo, Plugin
+from hal.plugin import DeviceInfo, Plugin, family_names
 
 __version__ = "0.1.0"
 
@@ -42,7 +41,7 @@ def _import_families() -> None:
     """Import every family module, which registers its kernels on ``plugin``: the public modules on
     this package's ``__path__``, by name (a new family is a new file here; each op has one kernel,
     so the order changes nothing)."""
-    for name in sorted({m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}):
+    for name in family_names(__path__):
         importlib.import_module(f"{__name__}.{name}")
 
 

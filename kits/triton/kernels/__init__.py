@@ -23,11 +23,10 @@ Triton: a kernel family is imported on the first call of one of its kernels.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from types import ModuleType
 from typing import Any, Callable, Optional
 
-from hal.plugin import Archs, Plugin
+from hal.plugin import Archs, Plugin, family_names
 
 from ..tables import LaunchTables
 from .kit import Kit, VendorLibs, family
@@ -35,7 +34,7 @@ from .loss import LCE_BLOCK_ELEMENTS
 from .quant import int32_dequant
 
 #: the kernel families: the names of the registration files on this package's ``__path__``, sorted
-FAMILIES: tuple[str, ...] = tuple(sorted({m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name != "kit"}))
+FAMILIES: tuple[str, ...] = tuple(family_names(__path__, {"kit"}))
 
 #: the registration file of each kernel family, in the order of :data:`FAMILIES`
 REGISTRATIONS: tuple[ModuleType, ...] = tuple(importlib.import_module(f"{__name__}.{name}") for name in FAMILIES)
