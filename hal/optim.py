@@ -35,6 +35,9 @@ import hal
 from hal import dispatch, tracing
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: torch.optim.AdamW options that change its update and that hal's AdamW does not have: a state saved
+#: with one of them on is refused by load_state_dict
+_TORCH_ONLY = ("amsgrad", "maximize")
 
 
 class AdamW(torch.optim.Optimizer):
@@ -181,6 +184,13 @@ class AdamW(torch.optim.Optimizer):
         precision parameter, its float32 master and moments are put back in float32 (moments
         saved in half precision, from torch's AdamW, are widened; a missing master is made from
         the parameter at its next step), and where it does not, a saved master is dropped."""
+        for group in state_dict.get("param_groups", ()):
+            for option in _TORCH_ONLY:
+                if group.get(option):
+                    raise hal.InvalidArgumentError(
+                        "hal.optim.AdamW.load_state_dict", "state_dict", f"the state of an AdamW without {option} (hal's "
+                        f"AdamW has no {option}: it would continue another optimization than the one saved; keep "
+                        "torch.optim.AdamW for this run)", f"a param group saved with {option}={group[option]!r}")
         saved = _saved_states_by_param(self.param_groups, state_dict)
         super().load_state_dict(state_dict)
         for group in self.param_groups:  # master_weights set by __setstate__, which the load calls
@@ -208,8 +218,12 @@ class AdamW(torch.optim.Optimizer):
             return cached
         buckets: dict[tuple, list[torch.Tensor]] = {}
         fresh_step: dict[tuple[Any, ...], torch.Tensor] = {}
+        idle = self._idle_counts(params)
+        own_count: dict[int, torch.Tensor] = {}
         for p in params:
             state = self._state_of(p, group["master_weights"], fresh_step)
+            if id(state["step"]) in idle:  # shared with a parameter that does not step now: each keeps its own count
+                state["step"] = own_count.setdefault(id(state["step"]), state["step"].clone())
             copy = self._copies.get(p)
             key_p = (p.device, p.dtype, "master_param" in state, None if copy is None else copy.dtype, state["exp_avg"].dtype,
                      id(state["step"]))
@@ -220,6 +234,30 @@ class AdamW(torch.optim.Optimizer):
             self._launch_cache.clear()
         self._launch_cache[key] = launches
         return launches
+
+    def _idle_counts(self, stepping: list[torch.Tensor]) -> set[int]:
+        """The ids of the step counts held by parameters with state that do not step now (no
+        gradient). A count shared with one of them must not be incremented for the others (torch
+        counts each parameter's steps: a parameter without a gradient keeps its count)."""
+        moving = set(map(id, stepping))
+        return {id(state["step"]) for group in self.param_groups for p in group["params"]
+                if id(p) not in moving and "step" in (state := self.state.get(p, {}))}
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, refusing a parameter listed twice (torch warns and steps it twice per step, a
+        behaviour it announces will become an error; hal's fused launch would update it once per
+        listing from one state)."""
+        params = param_group["params"]
+        if isinstance(params, set):  # torch refuses a set (its order is not kept)
+            return super().add_param_group(param_group)
+        listed = [params] if isinstance(params, torch.Tensor) else list(params)
+        seen: set[int] = {id(p) for group in getattr(self, "param_groups", ()) for p in group["params"]}
+        for p in listed:
+            if id(p) in seen:
+                raise hal.InvalidArgumentError("hal.optim.AdamW", "params", "each parameter once, in one group",
+                                               f"a parameter of shape {tuple(p.shape)} listed twice")
+            seen.add(id(p))
+        super().add_param_group({**param_group, "params": listed})
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None, *, found_inf: Union[torch.Tensor, float, None] = None) -> Any:

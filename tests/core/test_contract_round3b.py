@@ -1,0 +1,75 @@
+"""Regression tests for what the recorded re-run of issue 41's attack classes found
+(benchmarks/attacks41.py, the twenty-fourth session). Each test fails on the code before its fix
+(noted per test); inputs are drawn from the test's seed, never zeros."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import hal
+from hal.optim import AdamW
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --- hal.optim.AdamW ----------------------------------------------------------------------------------
+
+
+def test_adamw_keeps_the_count_of_a_parameter_without_a_gradient(seed: int) -> None:
+    """Before: parameters that started together shared one step count, so a parameter without a
+    gradient in a step (frozen for a while, unused by a branch) had its count incremented by the
+    others' launch, and its next update used the wrong bias correction (torch counts each
+    parameter's own steps). Also across a checkpoint into torch.optim.AdamW."""
+    g = _gen(seed)
+    theirs = [nn.Parameter(torch.randn(4, 3, generator=g)), nn.Parameter(torch.randn(3, generator=g))]
+    ours = [nn.Parameter(p.detach().clone()) for p in theirs]
+    opt, ref = AdamW(ours, lr=0.05), torch.optim.AdamW(theirs, lr=0.05)
+    for step in range(6):
+        if step == 4:  # hal's state, saved and resumed in torch's AdamW
+            buffer = io.BytesIO()
+            torch.save(opt.state_dict(), buffer)
+            buffer.seek(0)
+            opt = torch.optim.AdamW(ours, lr=0.05)
+            opt.load_state_dict(torch.load(buffer))
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            grad = None if (i == 0 and step % 2 == 1) else torch.randn(a.shape, generator=g)
+            a.grad = b.grad = grad
+            if grad is not None:
+                a.grad, b.grad = grad.clone(), grad.clone()
+        opt.step()
+        ref.step()
+        if step == 3:
+            assert [float(s["step"]) for s in opt.state_dict()["state"].values()] == [2.0, 4.0]
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("option", ["amsgrad", "maximize"])
+def test_adamw_refuses_a_torch_state_saved_with_an_option_it_lacks(seed: int, option: str) -> None:
+    """Before: the state of a torch.optim.AdamW run with amsgrad or maximize loaded into hal's AdamW
+    without a word, which then continued another optimization (maximize: the wrong direction)."""
+    g = _gen(seed)
+    params = [nn.Parameter(torch.randn(4, 3, generator=g))]
+    ref = torch.optim.AdamW(params, lr=0.05, **{option: True})
+    params[0].grad = torch.randn(4, 3, generator=g)
+    ref.step()
+    with pytest.raises(hal.InvalidArgumentError, match=f"without {option}.*keep torch.optim.AdamW"):
+        AdamW(params, lr=0.05).load_state_dict(copy.deepcopy(ref.state_dict()))
+
+
+def test_adamw_refuses_a_parameter_listed_twice(seed: int) -> None:
+    """Before: accepted (torch warns that this will become an error and steps the parameter twice
+    per step); hal's fused launch then updated it in a way matching neither."""
+    p = nn.Parameter(torch.randn(3, 2, generator=_gen(seed)))
+    with pytest.raises(hal.InvalidArgumentError, match="each parameter once.*listed twice"):
+        AdamW([p, p])
+    opt = AdamW([p])
+    with pytest.raises(hal.InvalidArgumentError, match="listed twice"):
+        opt.add_param_group({"params": [p]})
