@@ -20,7 +20,15 @@ Parts (``--parts``, comma-separated; each prints its own table):
   hal+compile+graph: step time, peak memory, the device time per kernel class and every kernel
   (in the JSON).
 
+* ``optimize`` (``optimize-no-<lever>``: with a lever of ``LEVERS`` switched off): ``hal.optimize``
+  as a user calls it, its candidates timed by itself, then the chosen step's time and anatomy.
+* ``memory``: one ``hal.optimize`` candidate per configuration (``--memory-configs``, each a
+  candidate name with ``:selective`` or ``:full`` for ``recompute=``), each in a fresh model: step
+  time and peak device memory, allocated and reserved (a CUDA graph's private pool is reserved, not
+  allocated, between replays: the reserved peak after ``empty_cache`` is what the step holds).
+
     python benchmarks/levers40.py --parts attention,lmhead [--json OUT]
+    python benchmarks/levers40.py --parts memory --batch 4 --memory-configs "torch eager,hal compile+graph:selective"
 """
 
 from __future__ import annotations
@@ -410,16 +418,56 @@ def part_optimize(results: dict, seq: int = 2048, batch: int = 2, layers: int = 
     torch._dynamo.reset()
 
 
+def part_memory(results: dict, seq: int, batch: int, layers: int, configs: list[str]) -> None:
+    """Each configuration of ``configs`` ("torch eager", "hal compile+graph:selective", ...) as the only
+    candidate of hal.optimize on a fresh model: ms/step and peak memory (module docstring)."""
+    import hal
+    print(f"\n== memory: {_shape_name(layers)}, T {seq}, batch {batch}")
+    table = results.setdefault("memory", {})
+    for config in configs:
+        candidate, _, policy = config.partition(":")
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated() / 2**30
+        try:
+            model = hf_llama(layers, *SHAPE[:5], seq, SHAPE[5])
+            tokens = torch.randint(0, SHAPE[4], (batch, seq), device="cuda")
+            t0 = time.perf_counter()
+            fast = hal.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True), amp=torch.bfloat16,
+                                candidates=[candidate], recompute=policy or None)
+            for _ in range(3):
+                fast(input_ids=tokens, labels=tokens)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            ms = _bench(lambda: fast(input_ids=tokens, labels=tokens), reps=8, warm=1)
+            allocated = torch.cuda.max_memory_allocated() / 2**30 - base
+            reserved = torch.cuda.max_memory_reserved() / 2**30
+            loss = float(fast(input_ids=tokens, labels=tokens))
+            row = {"ms": ms, "peak_allocated_gib": allocated, "peak_reserved_gib": reserved, "first_s": first, "loss": loss,
+                   "tokens_per_s": batch * seq / ms * 1e3}
+            print(f"  {config}: {ms:.2f} ms/step, {row['tokens_per_s'] / 1e3:.1f}k tok/s, peak allocated {allocated:.2f} GiB, "
+                  f"reserved {reserved:.2f} GiB, first 3 steps {first:.0f} s, loss {loss:.4f}", flush=True)
+            del fast, model
+        except torch.OutOfMemoryError as exc:
+            row = {"error": f"out of memory: {str(exc).splitlines()[0][:200]}"}
+            print(f"  {config}: {row['error']}", flush=True)
+        table[f"{config} b{batch}"] = row
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="attention,lmhead,capture")
     ap.add_argument("--json")
     ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--batch", default="2", help="an int; for --parts memory, several (2,4)")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1b", help="the decoder's layer shape (SHAPES) for step and optimize")
     ap.add_argument("--optimize-candidates", default="", help="hal.optimize's candidates= (comma separated); all by default")
     ap.add_argument("--step-variants", default="eager,hal,compile,hal+compile")
+    ap.add_argument("--memory-configs", default="torch eager,hal compile+graph,hal compile+graph:selective,hal compile+graph:full")
     ap.add_argument("--attn-shapes", default="all", help="all, or indices into ATTN_SHAPES_ALL (0,1)")
     args = ap.parse_args(argv)
     print(torch.__version__, torch.cuda.get_device_name(), "cuDNN", torch.backends.cudnn.version())
@@ -432,9 +480,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         t0 = time.perf_counter()
         try:
             if part == "step":
-                part_step(results, args.seq, args.batch, args.layers, tuple(args.step_variants.split(",")))
+                part_step(results, args.seq, int(args.batch), args.layers, tuple(args.step_variants.split(",")))
+            elif part == "memory":
+                for batch in map(int, str(args.batch).split(",")):
+                    part_memory(results, args.seq, batch, args.layers, args.memory_configs.split(","))
             elif part.startswith("optimize"):  # optimize, optimize-no-copies, optimize-no-copies-no-realized, ...
-                part_optimize(results, args.seq, args.batch, args.layers,
+                part_optimize(results, args.seq, int(args.batch), args.layers,
                               args.optimize_candidates.split(",") if args.optimize_candidates else None,
                               tuple(part.split("-no-")[1:]))
             else:

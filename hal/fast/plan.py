@@ -91,6 +91,28 @@ def rewrite(model: nn.Module, how: str) -> tuple[nn.Module, Decision]:
     return patched, Decision("patch", f"{why_not_fuse}; hal.nn.patch swapped {_counted(added)}", time.perf_counter() - started)
 
 
+def recompute(model: nn.Module, rewritten: nn.Module, policy: Optional[str]) -> tuple[nn.Module, Decision]:
+    """The ``hal`` variant's model with its repeated blocks recomputing their activations
+    (``hal.nn.recompute`` with ``policy``), and the decision. ``model`` itself is not changed: where
+    the rewrite left it as it is, a :func:`twin` is made to recompute."""
+    from hal.nn.recompute import POLICIES, blocks, recompute as recompute_blocks
+
+    if policy is None:
+        return rewritten, Decision("none", "activations held from forward to backward (recompute=None)")
+    if policy not in POLICIES:
+        raise ValueError(f"hal.optimize: recompute must be None or one of {', '.join(map(repr, POLICIES))}, not {policy!r}")
+    found = blocks(rewritten)
+    if not found:
+        return rewritten, Decision("none", f"recompute={policy!r}, but the {'fused ' if rewritten is not model else ''}model has no "
+                                           "repeated blocks (an nn.ModuleList of two or more modules of one class): nothing recomputed")
+    target = twin(model) if rewritten is model else rewritten
+    count = recompute_blocks(target, policy)
+    kinds = _counted(collections.Counter(getattr(type(b), "_hal_original", type(b)).__name__ for b in blocks(target)))
+    what = ("keep the outputs of GEMMs and attention and recompute the rest (norms, activations, rotary embeddings)"
+            if policy == "selective" else "keep their inputs only and run their forward again")
+    return target, Decision(policy, f"{count} blocks ({kinds}) {what} in the backward, in the 'hal' variant (hal.nn.recompute)")
+
+
 # --- the optimizer ---------------------------------------------------------------------------------
 
 #: the hyperparameters hal.optim.AdamW reads from a group (all others must be at their AdamW defaults)

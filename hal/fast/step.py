@@ -77,6 +77,10 @@ class Trial:
     warmup_s: float = 0.0
     error: Optional[str] = None
     skipped: Optional[str] = None
+    #: on CUDA, how far device memory grew above what was allocated before the candidate ran, at its
+    #: peak over its warm-up (a graph's capture included) and timed steps: the step's activations and
+    #: workspaces, and its optimizer state where it made it (GiB; None elsewhere)
+    grew_gib: Optional[float] = None
     #: the exception of a failed candidate, kept only while the choice is made
     exception: Optional[BaseException] = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -90,7 +94,8 @@ class Trial:
         if self.error is not None:
             return f"{self.name}: failed ({self.error})"
         times = ", ".join(f"{t:.2f}" for t in self.times_ms)
-        return f"{self.name}: {self.median_ms:.2f} ms/step (median of [{times}]; warm-up {self.warmup_s:.2f} s)"
+        grew = "" if self.grew_gib is None else f"; device memory +{self.grew_gib:.2f} GiB at its peak"
+        return f"{self.name}: {self.median_ms:.2f} ms/step (median of [{times}]; warm-up {self.warmup_s:.2f} s{grew})"
 
 
 @dataclasses.dataclass
@@ -107,6 +112,7 @@ class OptimizeReport:
     compile: Decision
     graph: Decision
     untouched: str = ""
+    recompute: Decision = Decision("none", "activations held from forward to backward (recompute=None)")
     chosen: Optional[str] = None  # None until the first call
     why: str = ""  # why the chosen candidate
     trials: list[Trial] = dataclasses.field(default_factory=list)
@@ -143,7 +149,7 @@ class OptimizedStep:
                  amp: Optional[torch.dtype] = None, scaler: Any = None, rewrite: str = "auto",
                  replace_optimizer: bool = True, compile: Optional[bool] = None, compile_mode: Optional[str] = None,
                  graph: Optional[bool] = None, measure_steps: int = 5, margin: float = 0.03,
-                 candidates: Optional[Sequence[str]] = None) -> None:
+                 candidates: Optional[Sequence[str]] = None, recompute: Optional[str] = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"hal.optimize: model must be a torch.nn.Module, not {type(model).__name__}")
         if amp not in (None, torch.bfloat16, torch.float16):
@@ -168,6 +174,7 @@ class OptimizedStep:
         self.loss_fn, self.inputs, self.amp = loss_fn, inputs, amp
         self.measure_steps, self.margin, self.compile_mode = measure_steps, margin, compile_mode
         rewritten, rewrite_decision = plan.rewrite(model, rewrite)
+        rewritten, recompute_decision = plan.recompute(model, rewritten, recompute)
         hal_optimizer, opt_decision = plan.choose_optimizer(model, optimizer, replace_optimizer)
         if optimizer is None:
             yours = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
@@ -203,7 +210,7 @@ class OptimizedStep:
                    f"no cast per linear, forward or backward; weight gradients leave the GEMM in float32), {_written_when(copies)}, "
                    "in the 'hal' variant: autocast's numbers (hal.nn.weight_copies)")
         self.report = OptimizeReport(type(model).__name__, str(self.device), rewrite_decision, opt_decision, precision, weights, compile_d, graph_d,
-                                     untouched)
+                                     untouched, recompute_decision)
         self._compiled: dict[str, Callable[..., torch.Tensor]] = {}
         self._runs: dict[str, Callable[..., torch.Tensor]] = {}
         self._made_capturable: list[dict] = []  # param groups a graph candidate set capturable (undone unless a graph wins)
@@ -436,6 +443,11 @@ class OptimizedStep:
         """Run candidate ``name``: its warm-up calls (compilation; a graph's eager calls and capture),
         then ``measure_steps`` timed steps. Any exception is the candidate's failure."""
         trial, sync, ran = Trial(name), _synchronizer(self.device), 0
+        on_cuda = self.device.type == "cuda"
+        if on_cuda:
+            sync()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
         try:
             run = self._make(name)
             warm = 1 + (getattr(run, "warmup", 0) if "graph" in name else 0)
@@ -454,6 +466,8 @@ class OptimizedStep:
                 run(*args, **kwargs)
                 sync()
                 trial.times_ms.append((time.perf_counter() - t0) * 1e3)
+            if on_cuda:
+                trial.grew_gib = (torch.cuda.max_memory_allocated(self.device) - before) / 2**30
         except Exception as exc:  # noqa: BLE001 - a candidate that fails is reported and left out
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             trial.error = f"{type(exc).__name__}: {message}"[:300]
@@ -472,12 +486,17 @@ class OptimizedStep:
             r.notes = [n for n in r.notes if "capturable=True" not in n]
         which = name.split(" ", 1)[0]
         variant = self._variants[which]
-        if which == "hal" and r.rewrite.choice == "patch" and variant.model is not self._user_model:
+        if which == "hal" and variant.model is not self._user_model and (r.rewrite.choice == "patch" or r.recompute.choice != "none"):
             import hal.nn
 
             # measured on a twin sharing your parameters; the step runs on your model, patched in
             # place as hal.nn.patch does (a compiled step compiles again, for your model's modules)
-            hal.nn.patch(self._user_model)
+            if r.rewrite.choice == "patch":
+                hal.nn.patch(self._user_model)
+            if r.recompute.choice != "none":
+                from hal.nn.recompute import recompute
+
+                recompute(self._user_model, r.recompute.choice)
             if variant.copies is not None:
                 variant.copies.attach(self._user_model)
             variant.model = self._user_model
@@ -510,6 +529,7 @@ class OptimizedStep:
                  f"  optimizer  {r.optimizer.choice}: {r.optimizer.reason}",
                  f"  precision  {r.precision}",
                  f"  weights    {r.weights}",
+                 f"  recompute  {r.recompute.choice}: {r.recompute.reason}",
                  f"  compile    {r.compile.choice}: {r.compile.reason}",
                  f"  graph      {r.graph.choice}: {r.graph.reason}"]
         if r.chosen is None:
@@ -630,7 +650,7 @@ def optimize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
              amp: Optional[torch.dtype] = None, scaler: Any = None, rewrite: str = "auto",
              replace_optimizer: bool = True, compile: Optional[bool] = None, compile_mode: Optional[str] = None,
              graph: Optional[bool] = None, measure_steps: int = 5, margin: float = 0.03,
-             candidates: Optional[Sequence[str]] = None) -> OptimizedStep:
+             candidates: Optional[Sequence[str]] = None, recompute: Optional[str] = None) -> OptimizedStep:
     """The fastest training step hal can build for ``model`` and ``optimizer``, never slower (as
     measured on the first batch) than the model and optimizer as given; see ``docs/api.md`` ("A fast
     step in one call") and :class:`OptimizedStep`.
@@ -646,6 +666,10 @@ def optimize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     ``torch.compile``. ``measure_steps``: timed steps per candidate; ``margin``: how much faster than
     a simpler candidate another must be to be chosen. ``candidates``: names from ``CANDIDATES``
     ("torch eager" ... "hal compile+graph") to restrict the measurement to (None: all).
+    ``recompute``: "selective" or "full" to make the ``hal`` variant's repeated blocks recompute
+    their activations in the backward (``hal.nn.recompute``: less memory for some arithmetic; your
+    model untouched, as ever, until that variant wins); None (default) holds them. ``explain()``
+    shows how far device memory grew in each candidate's step.
 
     Dropout and other random ops: the eager candidates draw what a plain loop draws; compiled ones
     draw other numbers of the same distribution (Inductor's generator), so their run is not the
@@ -653,7 +677,7 @@ def optimize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     the first batch is raised as it is, with a note listing every candidate's failure."""
     return OptimizedStep(model, optimizer, loss_fn=loss_fn, inputs=inputs, amp=amp, scaler=scaler, rewrite=rewrite,
                          replace_optimizer=replace_optimizer, compile=compile, compile_mode=compile_mode, graph=graph,
-                         measure_steps=measure_steps, margin=margin, candidates=candidates)
+                         measure_steps=measure_steps, margin=margin, candidates=candidates, recompute=recompute)
 
 
 __all__ = ["optimize", "OptimizedStep", "OptimizeReport", "Trial", "Variant", "CANDIDATES"]

@@ -10,10 +10,13 @@
   activation chains.
 - :func:`patch`: the same modules swapped in place by structure, without tracing (models torch.fx
   cannot trace, such as Hugging Face ``transformers`` models).
+- :func:`recompute`: a model's repeated blocks recompute their activations in the backward
+  (selectively or fully), for memory.
 """
 
 from hal.nn.fuse import fuse
 from hal.nn.modules import FusedConvBN2d, FusedConvBNAddReLU2d, FusedConvBNReLU2d, FusedLinearAct, LayerNorm, Linear, RMSNorm
 from hal.nn.patch import patch
+from hal.nn.recompute import recompute
 
-__all__ = ["FusedConvBNReLU2d", "FusedConvBNAddReLU2d", "FusedConvBN2d", "FusedLinearAct", "Linear", "LayerNorm", "RMSNorm", "fuse", "patch"]
+__all__ = ["FusedConvBNReLU2d", "FusedConvBNAddReLU2d", "FusedConvBN2d", "FusedLinearAct", "Linear", "LayerNorm", "RMSNorm", "fuse", "patch", "recompute"]
