@@ -51,9 +51,15 @@ def same(kind: str, run: Callable[[], tuple[Any, Any]], ref: torch.Tensor) -> bo
 
 
 def random_copy(m: nn.Module, seed: int, scale: float, offset: float = 0.0) -> nn.Module:
-    """A deep copy of ``m`` with floating parameters drawn as ``randn * scale + offset``."""
+    """A deep copy of ``m`` without hooks, with floating parameters drawn as ``randn * scale + offset``."""
     gen = torch.Generator().manual_seed(seed)
     trial = copy.deepcopy(m)
+    for sub in trial.modules():  # the copy runs probes: the user's hooks, copied along, must not see them
+        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                      "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
+            table = getattr(sub, hooks, None)
+            if table:
+                table.clear()
     with torch.no_grad():
         for p in trial.parameters():
             if p.is_floating_point():

@@ -51,6 +51,7 @@ from typing import Callable, Optional
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 import hal
 from hal.nn import patch_hf
@@ -213,6 +214,10 @@ def _swap(m: nn.Module) -> Optional[nn.Module]:
             m.__class__ = Sequential
             m.plan()
             return m
+        return None
+    if any(map(parametrize.is_parametrized, m.modules())):
+        # reading a parametrized weight runs its parametrization (spectral_norm's power iteration
+        # updates its vectors in training mode): recognising the module would change the model
         return None
     return _llama_rms_norm(m) or _swiglu_mlp(m) or patch_hf.swap(m)
 

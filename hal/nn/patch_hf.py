@@ -455,8 +455,8 @@ def patch_lm_head(model: nn.Module) -> bool:
     """Give ``model`` (a ``transformers`` causal LM) the fused LM head + loss if it computes the same
     loss on six random tokens (module docstring). Returns whether it did."""
     head = getattr(model, "lm_head", None)
-    if type(head) is not nn.Linear or isinstance(model, _HalCausalLM) or has_hooks(head) or has_hooks(model):
-        return False
+    if type(head) is not nn.Linear or isinstance(model, _HalCausalLM) or any(map(has_hooks, model.modules())):
+        return False  # hooks anywhere: the check below runs the model, and they would see its probe calls
     try:
         from transformers.loss.loss_utils import ForCausalLMLoss
     except ImportError:
@@ -494,7 +494,8 @@ def patch_lm_head(model: nn.Module) -> bool:
 
 def swap(m: nn.Module) -> Optional[nn.Module]:
     """The ``transformers`` module kinds above: the module to put in ``m``'s place (``m`` itself when
-    its class was changed), or None."""
-    if has_hooks(m):
+    its class was changed), or None. A module with hooks on it or on any of its submodules is left
+    alone: the replacement may not call those submodules, so their hooks would stop running."""
+    if any(map(has_hooks, m.modules())):
         return None
     return _gemma_rms_norm(m) or _geglu_mlp(m) or _llama_attention(m) or _mixtral_experts(m)

@@ -73,3 +73,65 @@ def test_adamw_refuses_a_parameter_listed_twice(seed: int) -> None:
     opt = AdamW([p])
     with pytest.raises(hal.InvalidArgumentError, match="listed twice"):
         opt.add_param_group({"params": [p]})
+
+
+# --- hal.nn.patch: what recognising a module may not change --------------------------------------------
+
+
+def test_patch_leaves_a_spectral_norm_models_state_as_it_was(seed: int) -> None:
+    """Before: patch read the ``weight`` of every module to recognise norms, and reading a
+    parametrized weight runs the parametrization: spectral_norm's power iteration (training mode)
+    moved its ``_u``/``_v`` vectors, so the patched model computed another weight than the original."""
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+    parametrizations.spectral_norm(model[0])
+    plain = copy.deepcopy(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    hal.nn.patch(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    x = torch.randn(2, 4, 5, 5, generator=_gen(seed))
+    torch.testing.assert_close(model(x), plain(x))
+
+
+def _tiny_llama(seed: int) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_patch_does_not_call_the_users_hooks_with_its_probes(seed: int) -> None:
+    """Before: the LM head's check ran the whole model twice on probe tokens, so a forward hook on
+    a decoder layer (activation logging) saw two calls that the user never made."""
+    model = _tiny_llama(seed)
+    calls: list[tuple] = []
+    model.model.layers[0].register_forward_hook(lambda mod, args, out: calls.append(tuple(args[0].shape)))
+    hal.nn.patch(model)
+    assert calls == []
+    ids = torch.randint(0, 64, (2, 7), generator=_gen(seed))
+    model(input_ids=ids)
+    assert calls == [(2, 7, 32)]
+
+
+def test_patch_keeps_a_hook_on_an_attention_projection(seed: int) -> None:
+    """A forward hook on q_proj changes what the model computes; the patched attention must keep
+    running it (or leave that attention alone). Before: the probe of the attention's copy ran the
+    user's hook too (copied along with the module)."""
+    model = _tiny_llama(seed)
+    seen: list[int] = []
+
+    def scale(mod: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        seen.append(out.shape[0])
+        return out * 1.5
+
+    model.model.layers[1].self_attn.q_proj.register_forward_hook(scale)
+    plain = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 7), generator=_gen(seed))
+    want = plain(input_ids=ids).logits
+    seen.clear()
+    hal.nn.patch(model)
+    assert seen == []
+    torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=1e-4, atol=1e-5)
