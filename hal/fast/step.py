@@ -169,6 +169,10 @@ class OptimizedStep:
             except RuntimeError as exc:
                 raise InvalidArgumentError("hal.optimize", "compile_mode", f"a torch.compile mode ({exc})", repr(compile_mode)) from exc
         param = next(iter(model.parameters()), None)
+        if param is not None and param.is_meta:
+            raise InvalidArgumentError("hal.optimize", "model", "a model whose parameters hold values (on the meta device they "
+                                       "have none: materialise them first, e.g. model.to_empty(device=...) and initialise)",
+                                       f"{type(model).__name__} with parameters on the meta device")
         self.device = param.device if param is not None else torch.device("cpu")
         self._user_model, self._user_optimizer = model, optimizer
         self.loss_fn, self.inputs, self.amp = loss_fn, inputs, amp
@@ -333,6 +337,10 @@ class OptimizedStep:
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """One training step on this batch; returns the loss (detached, not read to the host)."""
+        if self.loss_fn is not None and len(args) < self.inputs:
+            raise InvalidArgumentError("hal.optimize", "inputs", f"at most the number of positional arguments the step is called "
+                                       f"with ({len(args)}): the model takes the first `inputs`, loss_fn the rest",
+                                       f"inputs={self.inputs}")
         if self._run is None:
             hal_variant = self._variants.get("hal")
             if self._user_optimizer is not None and hal_variant is not None and hal_variant.optimizer is not self._user_optimizer:

@@ -135,3 +135,24 @@ def test_patch_keeps_a_hook_on_an_attention_projection(seed: int) -> None:
     hal.nn.patch(model)
     assert seen == []
     torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=1e-4, atol=1e-5)
+
+
+# --- hal.optimize -----------------------------------------------------------------------------------
+
+
+def test_optimize_refuses_a_model_on_the_meta_device() -> None:
+    """Before: RuntimeError "User specified an unsupported autocast device_type 'meta'" from inside
+    the first step."""
+    with pytest.raises(hal.InvalidArgumentError, match="meta device.*materialise"):
+        hal.optimize(nn.Linear(4, 3, device="meta"), None, loss_fn=nn.functional.mse_loss, compile=False, graph=False)
+
+
+def test_optimize_says_when_the_step_gets_fewer_arguments_than_inputs(seed: int) -> None:
+    """Before: the model was called with every argument (the targets too) and raised "forward()
+    takes 2 positional arguments but 3 were given"."""
+    g = _gen(seed)
+    model = nn.Linear(4, 3)
+    step = hal.optimize(model, torch.optim.AdamW(model.parameters()), loss_fn=nn.functional.mse_loss, inputs=3,
+                        compile=False, graph=False, measure_steps=1)
+    with pytest.raises(hal.InvalidArgumentError, match=r"argument 'inputs'.*called with \(2\).*got inputs=3"):
+        step(torch.randn(5, 4, generator=g), torch.randn(5, 3, generator=g))
