@@ -187,8 +187,12 @@ class DelayedScaling(Recipe):
         _check_format(self.format)
         if self.grad_format is not None:
             _check_format(self.grad_format)
-        if int(self.history) < 1:
-            raise ValueError(f"hal.fp8: DelayedScaling needs history >= 1, got {self.history!r}")
+        if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 1:
+            raise ValueError(f"hal.fp8: DelayedScaling needs history, an int >= 1, got {self.history!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < float("inf"):
+            # a negative margin scales below the amax: every value above max_finite * 2**margin saturates
+            raise ValueError(f"hal.fp8: DelayedScaling needs margin, a finite number >= 0 (the scale's headroom as a power "
+                             f"of 2), got {self.margin!r}")
         if self.amax_compute not in AMAX_COMPUTE:
             raise ValueError(f"hal.fp8: amax_compute must be one of {AMAX_COMPUTE}, got {self.amax_compute!r}")
 

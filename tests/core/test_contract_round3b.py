@@ -156,3 +156,17 @@ def test_optimize_says_when_the_step_gets_fewer_arguments_than_inputs(seed: int)
                         compile=False, graph=False, measure_steps=1)
     with pytest.raises(hal.InvalidArgumentError, match=r"argument 'inputs'.*called with \(2\).*got inputs=3"):
         step(torch.randn(5, 4, generator=g), torch.randn(5, 3, generator=g))
+
+
+# --- hal.fp8 -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("margin", [-3, float("nan"), float("inf"), "1"])
+def test_delayed_scaling_refuses_a_margin_that_is_no_headroom(margin: object) -> None:
+    """Before: DelayedScaling(margin=-3) was taken and scaled below the amax, so every value above
+    max_finite / 8 saturated silently (an FP8 Linear's output far from nn.Linear's)."""
+    from hal.fp8.recipes import DelayedScaling
+
+    with pytest.raises(ValueError, match="hal.fp8: DelayedScaling needs margin, a finite number >= 0"):
+        DelayedScaling(margin=margin)  # type: ignore[arg-type]
+    assert DelayedScaling(margin=2).margin == 2
