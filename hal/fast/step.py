@@ -210,7 +210,8 @@ class OptimizedStep:
         copies = self._variants["hal"].copies if "hal" in self._variants else None
         weights = ("as they are (float32 under autocast: cast by each linear, forward and backward)" if amp is not None and copies is None
                    else "as they are" if copies is None else
-                   f"{len(copies)} nn.Linear weights read as {str(copies.dtype).removeprefix('torch.')} copies ({copies.nbytes / 2**20:.0f} MiB; "
+                   f"{len(copies)} weights ({', '.join(f'{n} {kind}' for kind, n in copies.readers.items())}) read as "
+                   f"{str(copies.dtype).removeprefix('torch.')} copies ({copies.nbytes / 2**20:.0f} MiB; "
                    f"no cast per linear, forward or backward; weight gradients leave the GEMM in float32), {_written_when(copies)}, "
                    "in the 'hal' variant: autocast's numbers (hal.nn.weight_copies)")
         self.report = OptimizeReport(type(model).__name__, str(self.device), rewrite_decision, opt_decision, precision, weights, compile_d, graph_d,

@@ -52,7 +52,7 @@ import hal
 from hal.nn.agreement import has_hooks, own_state, probe, random_copy, same
 from hal.nn.modules import _cast, autocast_dtype
 from hal.nn.realized import realized
-from hal.nn.weight_copies import PLAIN_LINEARS
+from hal.nn.weight_copies import PLAIN_LINEARS, weight_in
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -344,6 +344,9 @@ class _HalHead(nn.Linear):
     """``nn.Linear`` LM head that, while its model computes a fused loss, hands its input over
     instead of computing logits."""
 
+    #: its fused loss reads the weight through hal.nn.weight_copies.weight_in (a copy inside hal.optimize's step)
+    reads_weight_copy = True
+
     def forward(self, x: torch.Tensor) -> Optional[torch.Tensor]:  # type: ignore[override]
         taken = self.__dict__.get("_hal_take")
         if taken is None:
@@ -444,7 +447,7 @@ def _fused_loss(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, ign
     target = shift_labels.reshape(-1).to(x.device)
     dtype = autocast_dtype(x)
     reduction = "sum" if num_items_in_batch is not None else "mean"
-    loss = hal.ops.linear_cross_entropy(_cast(x, dtype), _cast(head.weight, dtype), target, _cast(head.bias, dtype),
+    loss = hal.ops.linear_cross_entropy(_cast(x, dtype), weight_in(head, dtype), target, _cast(head.bias, dtype),
                                         ignore_index, 0.0, reduction)
     if reduction == "sum":
         loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)

@@ -11,6 +11,7 @@ agrees to bfloat16 rounding.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Optional
 
@@ -21,6 +22,7 @@ from torch import nn
 
 import hal
 import hal.optim
+from hal.nn import weight_copies
 from hal.nn.weight_copies import CopyLinear, WeightCopies
 
 
@@ -150,10 +152,13 @@ def test_optimize_runs_hf_llama_on_copies_at_autocasts_losses() -> None:
     batches = [torch.randint(0, 64, (2, 8), generator=gen) for _ in range(4)]
     step = hal.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-2), amp=torch.bfloat16, compile=False, candidates=["hal eager"])
     losses = [float(step(ids, labels=ids)) for ids in batches[:2]]
-    # 7 linears a layer (q, k, v, o, gate, up, down) x 2 layers; the LM head is tied to the embedding: left alone
-    assert "14 nn.Linear weights read as bfloat16 copies" in step.explain()
+    # 7 linears a layer (q, k, v, o, gate, up, down) x 2 layers, and the fused LM head's weight, tied to the embedding
+    # (the head reads the copy; the embedding the float32 weight)
+    assert "15 weights (14 nn.Linear, 1 _HalHead) read as bfloat16 copies" in step.explain()
     linears = [m for m in model.modules() if isinstance(m, CopyLinear)]
     assert len(linears) == 14 and not isinstance(model.lm_head, CopyLinear)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert torch.equal(model.lm_head.weight_copy, model.lm_head.weight.detach().to(torch.bfloat16))
     assert "written by the optimizer's update kernel" in step.explain()  # hal.optim.AdamW replaced torch's
     for m in linears:  # written in each optimizer step: the weight as autocast would cast it
         assert torch.equal(m.weight_copy, m.weight.detach().to(torch.bfloat16))
@@ -384,3 +389,37 @@ def test_copies_handed_over_after_steps_and_state_dicts_round_trip(seed: int) ->
     theirs = torch.optim.AdamW(models[0].parameters(), lr=1e-2)
     theirs.load_state_dict(again.state_dict())
     assert float(theirs.state[models[0][4].bias]["step"]) == 6.0
+
+
+def test_the_fused_lm_head_reads_its_tied_weights_copy_with_autocasts_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hal.nn.patch's LM head reads its weight through weight_in: inside active() the copy (no cast
+    in the step), outside it the weight cast; the loss and the tied weight's float32 gradient (the
+    embedding's and the head's summed) are those of autocast's cast."""
+    model = hal.nn.patch(_tiny_llama(6))
+    head, embedding = model.lm_head, model.model.embed_tokens
+    assert head.weight is embedding.weight and type(head).reads_weight_copy
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(6))
+
+    def loss_and_grad(copies: Optional[WeightCopies]) -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with copies.active() if copies is not None else contextlib.nullcontext(), _autocast():
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), head.weight.grad.clone()
+
+    want_loss, want_grad = loss_and_grad(None)
+    copies = WeightCopies(model, torch.bfloat16)
+    assert copies.readers == {"nn.Linear": 14, "_HalHead": 1}
+    reads = []
+    original = weight_copies._ReadCopy.apply
+    monkeypatch.setattr(weight_copies._ReadCopy, "apply", lambda w, c: reads.append(c) or original(w, c))  # a spy: it still runs
+    loss, grad = loss_and_grad(copies)
+    assert len(reads) == 1 and reads[0] is head.weight_copy  # the head read its copy, not a cast
+    reads.clear()
+    loss_and_grad(None)
+    assert not reads  # outside the step: the weight cast, as nn.Linear under autocast
+    assert grad.dtype == torch.float32
+    torch.testing.assert_close(loss, want_loss, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(grad, want_grad, rtol=2e-2, atol=2e-3)
+    copies.detach(model)
+    assert "weight_copy" not in head.__dict__
