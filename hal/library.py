@@ -48,9 +48,10 @@ runtime installed by hand (``hal.dispatch.install``) gets this process's registr
 they are made after it. See docs/library.md.
 
 What is checked, so that a mistake is an error rather than a wrong result: at registration, dtype
-names, parameters an op's schema cannot hold (no annotation, ``*args``), an ``array_api`` other than "torch" or "numpy", a kernel's parameters and dtypes; a
-``backward`` op not declared by the first call that needs autograd (it may be declared after its
-forward op). At each call of a kernel registered here, that it returned arrays of its own array
+names, tolerances, parameters an op's schema cannot hold (no annotation, ``*args``), an ``array_api``
+other than "torch" or "numpy", a kernel's parameters and dtypes; a ``backward`` op declared as
+another op's (at the declaration), or not declared when a kernel of its forward op is registered
+(it may be declared after its forward op, but before that op's kernels). At each call of a kernel registered here, that it returned arrays of its own array
 type (hal converts them for the caller), and no ``None`` for an op that writes nothing in place;
 on each kernel's first call, under ``HAL_DEBUG=1`` and in conformance runs (:func:`checking_results`),
 every result's shape, dtype and device against the op's fake rule. A failed check raises
@@ -60,6 +61,7 @@ every result's shape, dtype and device against the op's fake rule. A failed chec
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import inspect
 import threading
@@ -112,6 +114,8 @@ def declare(*, dtypes: Sequence[str], **options: Any) -> Callable[[Callable[...,
         raise InvalidArgumentError("hal.library.declare", "dtypes", "a non-empty tuple of dtype names such as "
                                    "('float32', 'bfloat16'), each the name of a torch dtype",
                                    f"{dtypes!r}" + (f" ({', '.join(map(repr, unknown))}: no torch dtype)" if unknown else ""))
+    if "tolerances" in options:
+        _check_tolerances(options["tolerances"])
     declaring = _declare(dtypes=dtypes, **options)
 
     def declare_new(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -121,9 +125,45 @@ def declare(*, dtypes: Sequence[str], **options: Any) -> Callable[[Callable[...,
                                        "per process; rename the function, or register a kernel for the existing op with "
                                        "hal.library.register_kernel)", f"{name!r}, an op declared already")
         _check_parameters(fn)
+        _check_backward_named(name, options.get("backward"))
         return declaring(fn)
 
     return declare_new
+
+
+def _check_tolerances(tolerances: Any) -> None:
+    """``tolerances`` maps dtype names to :class:`Tolerance` (registry.declare iterated a number)."""
+    if not isinstance(tolerances, Mapping) or not all(isinstance(k, str) and isinstance(v, Tolerance) for k, v in tolerances.items()):
+        raise InvalidArgumentError("hal.library.declare", "tolerances", "a mapping of dtype names to hal.library.Tolerance(atol, "
+                                   "rtol), such as hal.library.ELEMENTWISE or hal.library.REDUCTION", repr(tolerances))
+
+
+def _check_backward_named(name: Any, backward: Any) -> None:
+    """A ``backward`` op named by a declaration is a name; if that op is declared already, it must
+    be declared as this op's backward (``forward=`` naming it). One not declared yet may be declared
+    later, but before the op's kernels are registered (:func:`_check_backward_declared`)."""
+    if backward is None:
+        return
+    if not isinstance(backward, str) or not backward.isidentifier():
+        raise InvalidArgumentError("hal.library.declare", "backward", "the name of the op computing the gradients", repr(backward))
+    other = OPS.get(backward)
+    if other is not None and other.forward != name:
+        raise InvalidArgumentError("hal.library.declare", "backward", f"the name of an op declared as {name}'s backward "
+                                   f"(hal.library.declare(..., forward={name!r}), taking grad_out first), or of one not declared yet",
+                                   f"{backward!r}, an op declared " + (f"as the backward of {other.forward!r}" if other.forward
+                                                                        else "as a forward op"))
+
+
+def _check_backward_declared(decl: OpDecl) -> None:
+    """Registering a kernel of an op whose declaration names a backward op that is not declared:
+    refused, naming it (a misspelt name would fail only at the first call needing autograd)."""
+    if decl.backward is not None and decl.backward not in OPS:
+        close = difflib.get_close_matches(decl.backward, list(OPS), n=1, cutoff=0.8)
+        raise InvalidArgumentError(
+            "hal.library.register_kernel", "op", f"an op whose backward op is declared (declare {decl.backward!r} with "
+            f"hal.library.declare(..., forward={decl.name!r}), taking grad_out first, before registering {decl.name}'s kernels"
+            + (f"; did you mean {close[0]!r}?" if close else "") + ")",
+            f"{decl.name!r}, declared with backward={decl.backward!r}, an op not declared")
 
 
 #: what an op's parameter may be annotated with, as :func:`declare`'s errors say it
@@ -239,6 +279,8 @@ def register_kernel(
                 _check_array_api("hal.library.register_kernel", array_api)
             api = array_api or (own.backend.array_api if own is not None and own.backend is not None else rt.backends[backend].info.array_api)
             decl = OPS.get(op)
+            if decl is not None:
+                _check_backward_declared(decl)
             kernel = _checked_results(decl, fn, f"{backend}/{name}", api) if decl is not None else fn
             plugin = own if own is not None else IN_PROCESS.setdefault(KERNELS_PLUGIN, Plugin(KERNELS_PLUGIN, __version__))
             try:

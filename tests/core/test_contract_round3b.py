@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import copy
 import io
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,3 +173,42 @@ def test_delayed_scaling_refuses_a_margin_that_is_no_headroom(margin: object) ->
     with pytest.raises(ValueError, match="hal.fp8: DelayedScaling needs margin, a finite number >= 0"):
         DelayedScaling(margin=margin)  # type: ignore[arg-type]
     assert DelayedScaling(margin=2).margin == 2
+
+
+# --- hal.library: a backward op that is never declared ---------------------------------------------------
+
+_LIBRARY_SCRIPT = r"""
+import torch, hal, hal.library
+from hal.types import Tensor
+
+@hal.library.declare(dtypes=("float32",), tolerances=hal.library.ELEMENTWISE, backward="no_such_backward", gradients="x")
+def r3b_cube(x: Tensor) -> Tensor:
+    '''x**3'''
+
+r3b_cube.fake(lambda a: a["x"].new_empty(a["x"].shape))
+try:
+    hal.library.register_kernel("r3b_cube", backend="cpu", name="k")(lambda x: x**3)
+except hal.InvalidArgumentError as exc:
+    print("REFUSED", exc)
+for bad in ({"backward": "softmax", "gradients": "x"}, {"tolerances": 1e-5}):
+    def r3b_other(x: Tensor) -> Tensor:
+        '''x'''
+    try:
+        hal.library.declare(dtypes=("float32",), **{"tolerances": hal.library.ELEMENTWISE, **bad})(r3b_other)
+    except hal.InvalidArgumentError as exc:
+        print("REFUSED", exc)
+"""
+
+
+def test_library_refuses_an_undeclared_backward_op_at_registration() -> None:
+    """Before: ``backward="no_such_backward"`` was accepted, kernels registered, and the first call
+    needing autograd failed (KeyError, later UnsupportedError); ``backward="softmax"`` (a forward
+    op) raised a bare TypeError, ``tolerances=1e-5`` "'float' object is not iterable". Now each is
+    an InvalidArgumentError when made. Declarations last for the process: run in a fresh one."""
+    out = subprocess.run([sys.executable, "-c", _LIBRARY_SCRIPT], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    lines = [line for line in out.stdout.splitlines() if line.startswith("REFUSED")]
+    assert len(lines) == 3, out.stdout + out.stderr[-3000:]
+    assert "register_kernel: argument 'op'" in lines[0] and "'no_such_backward'" in lines[0] and "forward='r3b_cube'" in lines[0]
+    assert "argument 'backward'" in lines[1] and "'softmax', an op declared as a forward op" in lines[1]
+    assert "argument 'tolerances'" in lines[2] and "hal.library.Tolerance" in lines[2]
