@@ -4,11 +4,10 @@ reference (torch's own behaviour, or the unpatched / unfused model, or the docum
     .venv/bin/python benchmarks/attacks41.py [--quick] [--json OUT] [--classes a,b] [--seed N] [-v]
 
 Classes (issue 41's items): ``numerics`` (every op at the edges: NaN/Inf, empty, non-contiguous and
-overlapping views, wrong dtype or shape, NumPy, autograd), ``optim`` (AdamW state hal <-> torch),
-``nn`` (fuse and patch: hooks, parametrizations, parameter order, many layer chains; Hugging Face
-models through transformers' own API), ``optimize``, ``tuning`` (damaged tune caches),
-``library`` (user-declared ops and user-registered kernels), ``fp8``, ``parallel`` (2 gloo ranks),
-``cli`` (``python -m hal ...``).
+overlapping views, wrong dtype or shape, NumPy, meta, autograd), ``optim`` (AdamW state hal <->
+torch), ``nn`` (fuse and patch: hooks, parametrizations, parameter order, many layer chains;
+Hugging Face models through transformers' own API), ``optimize``, ``library`` (user-declared ops
+and user-registered kernels), ``fp8``, ``cli`` (``python -m hal ...``).
 
 Each attack ends in one of:
 
@@ -26,10 +25,22 @@ Attacks run in worker processes (a few groups, two at a time), one attack after 
 that dies or stops reporting loses only the attack it was running (marked ``crash``) and is started
 again after it. Every input is drawn from seeded generators (``--seed``), never zeros.
 
-Results (2026-12-07, this project's 2-core AMD EPYC VM, CPU only):
+Results (2026-12-07, this project's 2-core AMD EPYC VM, CPU only, seed 41, 67 s):
 
-- before this session's fixes, at 8f952d7: RESULTS_BEFORE
-- after them: RESULTS_AFTER
+- while the classes were written (each class run on the code before its fixes, from 8f952d7): 15
+  silent wrong results and 5 raw exceptions in hal, 0 crashes: optim 4 silent (a parameter without a
+  gradient stepped another's count; torch states saved with amsgrad or maximize taken; a parameter
+  listed twice), nn 6 silent (patch moved spectral_norm's vectors; its LM-head check fired the
+  user's hooks, once per family), optimize 2 raw (a meta model; fewer arguments than ``inputs``),
+  fp8 1 silent (DelayedScaling's negative margin), library 2 raw (``backward`` naming a forward op,
+  ``tolerances`` not a mapping) and item 7's ``backward="no_such_backward"`` caught only at the first
+  call. One crash was torch's own (``torch._fused_adamw_`` on mismatched shapes corrupts the heap: the
+  reference is not called on such input).
+- after the fixes, at 30f6d37: 931 attacks, 726 correct, 205 clear, 0 silent, 0 raw, 0 crash
+  (numerics 364, optim 41, nn 347, optimize 65, fp8 36, library 52, cli 26).
+
+Not covered here: the tune-cache and the 2-rank gloo classes (tests/tuning and
+tests/parallel/test_agreement.py hold their attacks).
 """
 
 from __future__ import annotations
@@ -537,7 +548,12 @@ def _numerics_case(spec: OpSpec, edge: str) -> Callable[[], tuple[str, str]]:
                 def back(w: Any) -> Any:
                     return w.to(dtype) if w.dtype == torch.float64 else w
                 return tuple(back(w) for w in wide) if isinstance(wide, tuple) else back(wide)
-            return compare(lambda: spec.hal(a), ref, atol, rtol)
+            status, detail = compare(lambda: spec.hal(a), ref, atol, rtol)
+            if status == "silent":  # as torch's own float32 kernels do is correct too
+                again = compare(lambda: spec.hal(a), lambda: spec.ref(a), atol, rtol)
+                if again[0] == "correct":
+                    return "correct", "as torch's float32 kernels (torch in float64 differs at +-inf: " + detail + ")"
+            return status, detail
         return compare(lambda: spec.hal(a), lambda: spec.ref(a), atol, rtol, refused_ok=refused_ok)
 
     return run
