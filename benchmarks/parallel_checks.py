@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # ``bench`` (the benchmark models) and ``hal`` from this checkout, in every rank too
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
 
 SIZES = {  # (vocab, dim, layers, heads, ffn, seq, batch)
     "small": (4096, 256, 2, 8, 704, 128, 4),
