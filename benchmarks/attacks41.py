@@ -74,7 +74,7 @@ STATUSES = ("correct", "clear", "silent", "raw", "crash")
 BAD = ("silent", "raw", "crash")
 #: attack classes and the worker group each runs in (a group is one process, restarted after a crash)
 CLASSES = {"numerics": "core", "optim": "core", "nn": "nn", "optimize": "optimize", "fp8": "core",
-           "library": "library", "cli": "cli"}
+           "library": "library", "cli": "cli", "tuning": "tuning", "parallel": "parallel"}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -609,6 +609,7 @@ def _worker(group: str, classes: list[str], start: int, quick: bool) -> None:
     import torch
 
     torch.set_num_threads(1)
+    QUICK[0] = quick
     attacks = attacks_of([c for c in classes if CLASSES[c] == group], quick)
     for i in range(start, len(attacks)):
         attack = attacks[i]
@@ -2110,6 +2111,741 @@ def _cli_env(name: str, args: list) -> Callable[[], tuple[str, str]]:
             else:
                 os.environ[env[0]] = old
     return run
+
+
+# ----------------------------------------------------------------------------------------------------
+# tuning: the tune cache on disk (damaged records and files, other versions, concurrent writers),
+# HAL_TUNE, seeds, hal.tune and TuneCache misused; judged against torch and docs (hal.tuning.cache)
+# ----------------------------------------------------------------------------------------------------
+
+_TUNE_ROUTES = ("a41tune/fast", "a41tune/slow")
+
+
+def _tune_runtime() -> Any:
+    """A CPU backend with two softmax kernels of known cost (the slow one sleeps): measured choice
+    has something to measure on any machine."""
+    import torch
+
+    from hal import dispatch
+    from hal.plugin import Plugin
+    from hal.runtime import Runtime
+
+    def kernel(seconds: float) -> Callable[..., Any]:
+        def softmax(x: Any, dim: int) -> Any:
+            if seconds:
+                time.sleep(seconds)
+            return torch.softmax(x, dim)
+        return softmax
+
+    p = Plugin("a41tune", "1.0")
+    p.define_backend(priority=1000, device_types=("cpu",))
+    p.kernel("softmax", name="slow", priority=100)(kernel(0.002))
+    p.kernel("softmax", name="fast", priority=99)(kernel(0.0))
+    dispatch.install(Runtime.from_plugins([p]))
+    return p
+
+
+@contextlib.contextmanager
+def _tune_scope(mode: Optional[str] = "on", directory: Optional[str] = None) -> Iterator[tuple[Path, list]]:
+    """HAL_TUNE=mode, HAL_TUNE_CACHE a fresh directory (or ``directory``), the timed runtime
+    installed; yields the cache directory and the list the "hal" logger's warnings go to."""
+    import logging
+
+    from hal import dispatch
+
+    tmp = tempfile.mkdtemp(prefix="a41tune-")
+    saved = {k: os.environ.get(k) for k in ("HAL_TUNE", "HAL_TUNE_CACHE")}
+    warned: list = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                warned.append(record.getMessage())
+
+    handler = Catch()
+    logger = logging.getLogger("hal")
+    logging.disable(logging.NOTSET)
+    logger.addHandler(handler)
+    previous = dispatch.DISPATCHER._runtime
+    try:
+        if mode is None:
+            os.environ.pop("HAL_TUNE", None)
+        else:
+            os.environ["HAL_TUNE"] = mode
+        os.environ["HAL_TUNE_CACHE"] = directory.replace("{tmp}", tmp) if directory else str(Path(tmp) / "tune")
+        _tune_runtime()
+        yield Path(os.environ["HAL_TUNE_CACHE"]), warned
+    finally:
+        logger.removeHandler(handler)
+        logging.disable(logging.CRITICAL)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        dispatch.install(previous)
+        dispatch.reset()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _softmax_call(g: Any) -> tuple[str, str]:
+    """hal.ops.softmax through the timed runtime against torch.softmax (and explain runs)."""
+    import torch
+
+    import hal
+
+    x = randn(g, 4, 8)
+    status, detail = compare(lambda: hal.ops.softmax(x, 1), lambda: torch.softmax(x, 1))
+    if status == "correct":
+        d, exc = _capture(lambda: hal.explain("softmax", x, 1))
+        if exc is not None:
+            return judge_exception(exc)
+        if d.kernel not in ("fast", "slow"):
+            return "silent", f"explain names kernel {d.kernel!r}"
+    return status, detail
+
+
+def _cache_file_problem(directory: Path) -> Optional[str]:
+    """Why the cache file(s) under ``directory`` would not load cleanly now (None if they do)."""
+    from hal.tuning import cache as tc
+
+    for path in directory.glob("*.json"):
+        try:
+            document = json.loads(path.read_text())
+            _, dropped = tc._checked_entries(document, document.get("device"), document.get("versions"))
+        except Exception as exc:  # noqa: BLE001
+            return f"{path.name} still unusable after a measurement rewrote it: {type(exc).__name__}: {exc}"
+        if dropped:
+            return f"{path.name} still holds unusable records after a measurement rewrote it: {dropped[:2]}"
+    return None
+
+
+#: (name, damage to the parsed document or None, raw text replacing the file or None, warned): each
+#: applied to a file the first call measured, then a fresh process-like cache reads it
+def _tune_damages() -> list[tuple[str, Optional[Callable[[dict], Any]], Optional[bytes], bool]]:
+    def field(name: str, value: Any, drop: bool = False) -> Callable[[dict], Any]:
+        def damage(doc: dict) -> dict:
+            for record in doc["entries"].values():
+                if drop:
+                    record.pop(name, None)
+                else:
+                    record[name] = value
+            return doc
+        return damage
+
+    def top(name: str, value: Any, drop: bool = False) -> Callable[[dict], Any]:
+        def damage(doc: dict) -> dict:
+            if drop:
+                doc.pop(name, None)
+            else:
+                doc[name] = value
+            return doc
+        return damage
+
+    def records(value: Any) -> Callable[[dict], Any]:
+        def damage(doc: dict) -> dict:
+            doc["entries"] = {k: value for k in doc["entries"]}
+            return doc
+        return damage
+
+    def times(value: Any) -> Callable[[dict], Any]:
+        def damage(doc: dict) -> dict:
+            for record in doc["entries"].values():
+                record["times_us"] = {label: value for label in record["times_us"]}
+            return doc
+        return damage
+
+    out: list = []
+    for name, value in (("null", None), ("list", [3.0, 1.0]), ("string", "fast"), ("number", 5), ("empty", {})):
+        out.append((f"times_us_{name}", field("times_us", value), None, name != "empty"))
+    for name, value in (("string", "quick"), ("negative", -1.0), ("nan", float("nan")), ("bool", True), ("object", {"a": 1}),
+                        ("null", None), ("infinity", float("inf")), ("inf_text", "inf"), ("huge", 1e300)):
+        out.append((f"time_{name}", times(value), None, name not in ("inf_text", "huge", "infinity")))
+    for name, value in (("null", None), ("number", 7), ("list", ["a41tune/fast"]), ("unknown_route", "nosuch/route"), ("empty", "")):
+        out.append((f"winner_{name}", field("winner", value), None, name in ("null", "number", "list")))
+    out.append(("winner_missing", field("winner", None, drop=True), None, True))
+    out.append(("times_us_missing", field("times_us", None, drop=True), None, True))
+    for f, value in (("context", 5), ("op", ["softmax"]), ("source", None), ("measured", 12)):
+        out.append((f"{f}_wrong_type", field(f, value), None, True))
+    out.append(("extra_field", field("note", {"any": "thing"}), None, False))
+    for name, value in (("null", None), ("list", []), ("string", "x"), ("number", 3)):
+        out.append((f"record_{name}", records(value), None, True))
+    for name, value, drop in (("entries_list", [], False), ("entries_null", None, False), ("entries_missing", None, True),
+                              ("format_2", 2, False), ("format_text", "1", False), ("format_missing", None, True),
+                              ("device_other", "cpu-other-model-1t", False), ("device_null", None, False),
+                              ("versions_other", {"hal": "0.0.1"}, False), ("versions_null", None, False), ("versions_list", [], False)):
+        out.append((name, top(name.split("_")[0], value, drop), None, True))
+    for name, raw in (("empty_file", b""), ("truncated", None), ("not_json", b"{ not json"), ("top_list", b"[]"),
+                      ("top_null", b"null"), ("binary", bytes(range(256))), ("not_utf8", b'{"format": 1, "device": "\xff\xfe"}'),
+                      ("nan_top", b"NaN"), ("deep", b"[" * 100000 + b"]" * 100000)):
+        out.append((name, None, raw if raw is not None else b"TRUNCATE", True))
+    return out
+
+
+def _tune_damaged(name: str, damage: Optional[Callable[[dict], Any]], raw: Optional[bytes], warned_expected: bool,
+                  mode: str = "on") -> Callable[[], tuple[str, str]]:
+    def run() -> tuple[str, str]:
+        from hal import dispatch
+        from hal.dispatch import measure
+
+        with _tune_scope("on") as (directory, warned):
+            g = gen("tuning/" + name)
+            status, detail = _softmax_call(g)  # measures and writes the file
+            if status != "correct":
+                return status, "the first (measuring) call: " + detail
+            [path] = list(directory.glob("*.json"))
+            if raw == b"TRUNCATE":
+                text = path.read_bytes()
+                path.write_bytes(text[: len(text) // 2])
+            elif raw is not None:
+                path.write_bytes(raw)
+            else:
+                path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+            os.environ["HAL_TUNE"] = mode
+            dispatch.reset()
+            _tune_runtime()  # a new cache object: reads the damaged file, as a new process would
+            warned.clear()
+            before = len(measure.LOG)
+            status, detail = _softmax_call(g)
+            if status != "correct":
+                return status, f"after the damage ({name}): {detail}"
+            if warned_expected and not any(str(path) in w for w in warned):
+                return "silent", f"a damaged cache ({name}) read without a warning naming the file"
+            if not warned_expected and warned:
+                return "silent", f"a usable cache ({name}) warned about: {warned[0][:200]}"
+            if len(measure.LOG) > before:
+                problem = _cache_file_problem(directory)
+                if problem:
+                    return "silent", problem
+            return "correct", ("warned: " + warned[0][:120]) if warned else ""
+    return run
+
+
+def _tune_env(value: Optional[str], valid: bool) -> Callable[[], tuple[str, str]]:
+    def run() -> tuple[str, str]:
+        with _tune_scope(value) as (directory, warned):
+            g = gen(f"tuning/env/{value}")
+            if valid:
+                status, detail = _softmax_call(g)
+                if status != "correct":
+                    return status, detail
+                mode = (value or "on").strip().lower() or "on"
+                wrote = list(directory.glob("*.json"))
+                if mode == "on" and not wrote:
+                    return "silent", f"HAL_TUNE={value!r} measured nothing / wrote no cache"
+                if mode != "on" and wrote:
+                    return "silent", f"HAL_TUNE={value!r} wrote a cache file"
+                return "correct", ""
+            import torch
+
+            import hal
+            x = randn(g, 4, 8)
+            return refused(lambda: hal.ops.softmax(x, 1))
+    return run
+
+
+def _tune_dir(kind: str) -> Callable[[], tuple[str, str]]:
+    """HAL_TUNE_CACHE unusable: the call still runs, one warning, the record kept in memory."""
+    def run() -> tuple[str, str]:
+        directory = {"under_file": "{tmp}/afile/tune", "proc": "/proc/a41tune", "is_file": "{tmp}/afile",
+                     "tilde": "~/../../{tmp}/tilde"}.get(kind, "{tmp}/tune")
+        with _tune_scope("on", directory) as (path, warned):
+            tmp = str(path).split("/afile")[0] if "afile" in str(path) else None
+            if tmp:
+                Path(tmp).mkdir(parents=True, exist_ok=True)
+                Path(tmp, "afile").write_text("x")
+            else:
+                Path(tempfile.gettempdir()).mkdir(exist_ok=True)
+            if kind == "lock_is_dir":
+                from hal.dispatch import measure
+                from hal import dispatch
+                import torch
+                cache = measure.cache_for(torch.device("cpu"), dispatch.DISPATCHER.runtime())
+                cache.path.parent.mkdir(parents=True, exist_ok=True)
+                cache.path.with_name(cache.path.name + ".lock").mkdir()
+            if kind == "file_is_dir":
+                from hal.dispatch import measure
+                from hal import dispatch
+                import torch
+                cache = measure.cache_for(torch.device("cpu"), dispatch.DISPATCHER.runtime())
+                cache.path.mkdir(parents=True)
+            g = gen("tuning/dir/" + kind)
+            status, detail = _softmax_call(g)
+            if status != "correct":
+                return status, detail
+            status, detail = _softmax_call(g)  # the second call: from memory, no second warning
+            if status != "correct":
+                return status, "second call: " + detail
+            if kind not in ("tilde",) and not warned:
+                return "silent", f"an unusable cache directory ({kind}) without a warning"
+            if len(warned) > 1 and kind not in ("file_is_dir",):
+                return "silent", f"{len(warned)} warnings for one problem: {warned[:2]}"
+            return "correct", (warned[0][:150] if warned else "")
+    return run
+
+
+_WRITER = """
+import sys, time
+from pathlib import Path
+from hal.tuning.cache import TuneCache
+directory, worker, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+cache = TuneCache("cpu-a41-model", {"hal": "x", "torch": "y"}, Path(directory))
+while not Path(directory, "go").exists():
+    time.sleep(0.005)
+for i in range(count):
+    cache.put(f"w{worker}-k{i}", {"winner": f"w{worker}", "times_us": {"a": float(i)}, "source": "measured"})
+"""
+
+
+def _tune_concurrent(kind: str) -> Callable[[], tuple[str, str]]:
+    def run() -> tuple[str, str]:
+        from hal.tuning import cache as tc
+
+        tmp = Path(tempfile.mkdtemp(prefix="a41tune-conc-"))
+        try:
+            workers, count = (4, 25) if kind == "processes" else (6, 40)
+            versions = {"hal": "x", "torch": "y"}
+            bad_reads: list = []
+            if kind == "processes":
+                procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp), str(w), str(count)], env=_worker_env(),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for w in range(workers)]
+                (tmp / "go").write_text("")
+                path = tc.TuneCache("cpu-a41-model", versions, tmp).path
+                while any(p.poll() is None for p in procs):
+                    if path.exists():
+                        try:
+                            tc._checked_entries(json.loads(path.read_text()), "cpu-a41-model", versions)
+                        except Exception as exc:  # noqa: BLE001
+                            bad_reads.append(f"{type(exc).__name__}: {exc}")
+                    time.sleep(0.002)
+                errors = [p.stderr.read() for p in procs if p.wait(timeout=120) != 0]
+                if errors:
+                    return "raw", "a writer failed: " + errors[0][-300:]
+            else:
+                caches = [tc.TuneCache("cpu-a41-model", versions, tmp) for _ in range(workers)]
+                failures: list = []
+
+                def put(w: int) -> None:
+                    try:
+                        for i in range(count):
+                            caches[w].put(f"w{w}-k{i}", {"winner": f"w{w}", "times_us": {"a": float(i)}, "source": "measured"})
+                    except Exception as exc:  # noqa: BLE001
+                        failures.append(exc)
+                threads = [threading.Thread(target=put, args=(w,)) for w in range(workers)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(120)
+                if failures:
+                    return judge_exception(failures[0])
+            final = tc.TuneCache("cpu-a41-model", versions, tmp).entries()
+            want = {f"w{w}-k{i}" for w in range(workers) for i in range(count)}
+            missing = want - set(final)
+            if missing:
+                return "silent", f"{len(missing)} of {len(want)} records lost by concurrent writers (e.g. {sorted(missing)[:3]})"
+            if bad_reads:
+                return "silent", f"a reader saw an unusable file {len(bad_reads)} times: {bad_reads[0][:200]}"
+            return "correct", ""
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return run
+
+
+def _tune_api(name: str) -> Callable[[], tuple[str, str]]:
+    def run() -> tuple[str, str]:
+        import torch
+
+        import hal
+        from hal.tuning import TuneCache
+
+        tmp = Path(tempfile.mkdtemp(prefix="a41tune-api-"))
+        try:
+            (tmp / "afile").write_text("x")
+            good = {"winner": "a", "times_us": {"a": 1.0}}
+            cache = TuneCache("cpu-a41-model", {"hal": "x"}, tmp)
+            documented_type_errors = {  # put: "Raises TypeError if record is not a JSON-able dict whose fields hold what FIELDS says"
+                "put_tensor_record": lambda: cache.put("k", {"winner": "a", "times_us": {"a": torch.tensor(1.0)}}),
+                "put_times_text": lambda: cache.put("k", {"winner": "a", "times_us": {"a": "fast"}}),
+                "put_winner_missing": lambda: cache.put("k", {"times_us": {"a": 1.0}}),
+                "put_not_dict": lambda: cache.put("k", [1, 2]),
+                "put_key_int": lambda: cache.put(3, good),
+                "put_nan_time": lambda: cache.put("k", {"winner": "a", "times_us": {"a": float("nan")}}),
+            }
+            if name in documented_type_errors:
+                got, exc = _capture(documented_type_errors[name])
+                if exc is None:
+                    return "silent", "bad record accepted"
+                if isinstance(exc, TypeError) and "tuning" in str(exc):
+                    return "clear", f"TypeError (documented): {exc}"
+                return judge_exception(exc)
+            if name == "export_under_file":  # documented: raises OSError
+                got, exc = _capture(lambda: cache.export(tmp / "afile" / "seed.json"))
+                if isinstance(exc, OSError):
+                    return "clear", f"OSError (documented): {exc}"
+                return ("silent", "export to a path under a file returned") if exc is None else judge_exception(exc)
+            if name.startswith("device_"):
+                device = {"device_slash": "../evil", "device_empty": "", "device_dot": ".hidden", "device_int": 5}[name]
+                got, exc = _capture(lambda: TuneCache(device, {"hal": "x"}, tmp))
+                if isinstance(exc, (ValueError, TypeError)) and "slug" in str(exc):
+                    return "clear", f"{type(exc).__name__}: {exc}"
+                return ("silent", f"device {device!r} accepted") if exc is None else judge_exception(exc)
+            if name == "versions_not_mapping":
+                return refused(lambda: TuneCache("cpu-a41-model", ["hal"], tmp))
+            if name.startswith("seed_"):
+                seed = tmp / "seed.json"
+                doc = {"format": 1, "device": "cpu-a41-model", "versions": {"old": "1"}, "entries": {"k": good}}
+                if name == "seed_garbage":
+                    seed.write_bytes(b"\x00\x01garbage")
+                elif name == "seed_other_device":
+                    seed.write_text(json.dumps({**doc, "device": "cpu-other"}))
+                elif name == "seed_bad_record":
+                    seed.write_text(json.dumps({**doc, "entries": {"k": {"winner": 3, "times_us": None}, "j": good}}))
+                elif name == "seed_good_old_versions":
+                    seed.write_text(json.dumps(doc))
+                elif name == "seed_is_dir":
+                    seed.mkdir()
+                with _tune_scope("on") as (_, warned):
+                    c, exc = _capture(lambda: TuneCache("cpu-a41-model", {"hal": "x"}, tmp / "c", seeds=[seed, tmp / "missing.json"]))
+                    if exc is not None:
+                        return judge_exception(exc)
+                    entries = c.entries()
+                if name == "seed_good_old_versions":
+                    return ("correct", "") if entries.get("k", {}).get("source") == "seed" else ("silent", f"seed not served: {entries}")
+                if name == "seed_bad_record":
+                    if "k" in entries or entries.get("j", {}).get("source") != "seed":
+                        return "silent", f"bad seed record served or good one lost: {entries}"
+                elif entries:
+                    return "silent", f"an unusable seed served records: {entries}"
+                return ("correct", warned[0][:150]) if warned else ("silent", f"unusable seed ({name}) without a warning")
+            if name == "tune_not_callable":
+                return refused(lambda: hal.tune(5))
+            if name == "tune_step_raises":
+                def step() -> None:
+                    raise ValueError("the user's own error")
+                with _tune_scope("off"):
+                    got, exc = _capture(lambda: hal.tune(step))
+                if isinstance(exc, ValueError) and str(exc) == "the user's own error":
+                    return "clear", "the user's own exception passed through"
+                return ("silent", "a raising step reported success") if exc is None else judge_exception(exc)
+            if name == "tune_step_ok":
+                with _tune_scope("off") as (directory, _):
+                    x = randn(gen("tuning/tune"), 4, 8)
+                    report = hal.tune(lambda: hal.ops.softmax(x, 1))
+                    if not torch.allclose(report.result, torch.softmax(x, 1)):
+                        return "silent", "hal.tune's result differs from torch.softmax"
+                    if len(report.measurements) != 1 or report.measurements[0].winner not in _TUNE_ROUTES:
+                        return "silent", f"hal.tune measured {report.rows()} (HAL_TUNE=off must not stop it)"
+                    str(report)
+                    return "correct", ""
+            if name == "cached_mode_reads":
+                with _tune_scope("on") as (directory, _):
+                    g = gen("tuning/cached")
+                    status, detail = _softmax_call(g)
+                    from hal import dispatch
+                    from hal.dispatch import measure
+                    os.environ["HAL_TUNE"] = "cached"
+                    dispatch.reset()
+                    _tune_runtime()
+                    before = len(measure.LOG)
+                    status, detail = _softmax_call(g)
+                    if status != "correct":
+                        return status, detail
+                    x = randn(g, 4, 8)
+                    d = hal.explain("softmax", x, 1)
+                    if len(measure.LOG) != before or d.measurement is None or d.measurement.source != "cache":
+                        return "silent", f"HAL_TUNE=cached did not serve the cached record: {d}"
+                    return "correct", ""
+            raise AssertionError(name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return run
+
+
+@builder("tuning")
+def _tuning_attacks() -> list[Attack]:
+    out = []
+    for name, damage, raw, warned in _tune_damages():
+        out.append(Attack("tuning", f"record/{name}", _tune_damaged(name, damage, raw, warned),
+                          quick=name in ("times_us_null", "time_string", "truncated", "versions_other")))
+    for name, damage, raw, warned in _tune_damages()[:3]:
+        out.append(Attack("tuning", f"record_cached_mode/{name}", _tune_damaged(name, damage, raw, warned, mode="cached")))
+    for value, valid in (("on", True), ("ON", True), (" cached ", True), ("off", True), ("Off", True), (None, True), ("", True),
+                         ("sometimes", False), ("0", False), ("1", False), ("true", False), ("of f", False)):
+        out.append(Attack("tuning", f"HAL_TUNE={value!r}", _tune_env(value, valid), quick=value == "sometimes"))
+    for kind in ("under_file", "proc", "is_file", "lock_is_dir", "file_is_dir"):
+        out.append(Attack("tuning", f"cache_dir/{kind}", _tune_dir(kind), quick=kind == "under_file"))
+    for kind in ("processes", "threads"):
+        out.append(Attack("tuning", f"concurrent/{kind}", _tune_concurrent(kind), timeout_s=150, quick=kind == "threads"))
+    for name in ("put_tensor_record", "put_times_text", "put_winner_missing", "put_not_dict", "put_key_int", "put_nan_time",
+                 "export_under_file", "device_slash", "device_empty", "device_dot", "device_int", "versions_not_mapping",
+                 "seed_garbage", "seed_other_device", "seed_bad_record", "seed_good_old_versions", "seed_is_dir",
+                 "tune_not_callable", "tune_step_raises", "tune_step_ok", "cached_mode_reads"):
+        out.append(Attack("tuning", f"api/{name}", _tune_api(name)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# parallel: hal.parallel on 2 real gloo ranks (one launch runs a batch of cases on both ranks, each
+# rank judging its own outcome against torch in one process; a rank that dies or hangs loses only
+# the case it was in, marked crash, and the batch goes on in a new launch after it)
+# ----------------------------------------------------------------------------------------------------
+
+PV = 11  # vocabulary of the parallel cases: 6 rows per rank, the last of rank 1's slice padding
+_WORST = {s: i for i, s in enumerate(("correct", "clear", "silent", "raw", "crash"))}
+
+
+def _parallel_cases(rank: Optional[int]) -> dict[str, Callable[[], tuple[str, str]]]:
+    """name -> the case as ``rank`` runs it, each returning (status, detail) judged on that rank.
+    Built in the same order on every rank (groups are made collectively); ``rank`` None: for the
+    names only (no process group needed)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from hal.parallel import (ColumnParallelLinear, ExpertParallelMoE, ParallelLayerNorm, ParallelRMSNorm, RowParallelLinear,
+                              VocabParallelEmbedding, VocabParallelLMHead, comm, vocab_parallel_linear_cross_entropy)
+
+    names_only = rank is None
+    rank = rank or 0
+    g = gen("parallel/setup")  # the same draws on every rank
+    table = torch.nn.Embedding(PV, 5, dtype=torch.float64)
+    head_full = torch.nn.Linear(5, PV, bias=False, dtype=torch.float64)
+    col_full = torch.nn.Linear(8, 6, dtype=torch.float64)
+    row_full = torch.nn.Linear(6, 8, dtype=torch.float64)
+    with torch.no_grad():
+        for p in [table.weight, head_full.weight, *col_full.parameters(), *row_full.parameters()]:
+            p.copy_(randn(g, *p.shape, dtype=torch.float64))
+    emb = head = head_none = col = row = only0 = None
+    alone: dict = {0: None, 1: None}
+    if not names_only:
+        emb = VocabParallelEmbedding.from_embedding(table)
+        head = VocabParallelLMHead.from_linear(head_full)
+        head_none = VocabParallelLMHead.from_linear(head_full, reduction="none")
+        col = ColumnParallelLinear.from_linear(col_full, gather_output=True)
+        row = RowParallelLinear.from_linear(row_full, input_is_parallel=False)
+        only0 = dist.new_group([0])
+        alone = {r: dist.new_group([r]) for r in range(2)}
+    ids = torch.randint(0, PV, (3, 4), generator=g)
+    x5 = randn(g, 6, 5, dtype=torch.float64)
+    x8 = randn(g, 3, 8, dtype=torch.float64)
+    x6 = randn(g, 3, 6, dtype=torch.float64)
+    target = torch.randint(0, PV, (6,), generator=g)
+
+    def on(t: Any, value: Any, where: tuple = (0, 0), ranks: tuple = (0, 1)) -> Any:
+        out = t.clone()
+        if rank in ranks:
+            out[where] = value
+        return out
+
+    def both(hal_fn: Callable[[], Any], ref_fn: Callable[[], Any], **kw: Any) -> Callable[[], tuple[str, str]]:
+        return lambda: compare(hal_fn, ref_fn, **kw)
+
+    def bad(fn: Callable[[], Any]) -> Callable[[], tuple[str, str]]:
+        return lambda: refused(fn)
+
+    def outside(make: Callable[[Any], Any]) -> Callable[[], tuple[str, str]]:
+        """Rank 1 is not in the group: refused there; rank 0 builds the layer."""
+        if rank == 1:
+            return lambda: refused(lambda: make(only0))
+        return lambda: holds(lambda: make(only0) is not None)
+
+    cases: dict[str, Callable[[], tuple[str, str]]] = {}
+    # ids: nn.Embedding's behaviour (IndexError out of range) on the same ids
+    for name, value, ranks in (("past_vocab", PV + 3, (0, 1)), ("negative", -1, (0, 1)), ("padding_row", PV, (0, 1)),
+                               ("huge", 2**40, (0, 1)), ("very_negative", -(2**40), (0, 1)), ("rank1_only", PV, (1,)),
+                               ("rank0_only_negative", -2, (0,)), ("last", PV - 1, (0, 1)), ("first", 0, (0, 1))):
+        t = on(ids, value, (1, 2), ranks)
+        t_ref = on(ids, value, (1, 2), (0, 1))  # what torch sees: the bad id wherever any rank holds it
+        if ranks == (0, 1):
+            cases[f"ids/{name}"] = both(lambda t=t: emb(t), lambda t=t: table(t), atol=1e-12, rtol=1e-12)
+        else:
+            cases[f"ids/{name}"] = bad(lambda t=t: emb(t))
+    for dt in ("int32", "int16", "uint8", "bool", "float32"):
+        t = ids.to(getattr(torch, dt)) if dt != "bool" else ids > 4
+        cases[f"ids_dtype/{dt}"] = both(lambda t=t: emb(t), lambda t=t: table(t), atol=1e-12, rtol=1e-12, refused_ok=True)
+    cases["ids/alone_in_group"] = bad(lambda: VocabParallelEmbedding(PV, 3, alone[rank])(on(ids, PV + rank)))
+    cases["ids/empty"] = both(lambda: emb(ids[:, :0]), lambda: table(ids[:, :0]))
+    cases["ids/scalar"] = both(lambda: emb(ids[0, 0]), lambda: table(ids[0, 0]), atol=1e-12, rtol=1e-12)
+    cases["ids/noncontig"] = both(lambda: emb(ids.t()), lambda: table(ids.t()), atol=1e-12, rtol=1e-12)
+    # targets of the vocab-parallel LM head + loss: F.cross_entropy's behaviour
+    for name, value, ranks in (("past_vocab", PV + 7, (0, 1)), ("padding_row", PV, (0, 1)), ("negative", -5, (0, 1)),
+                               ("ignored", -100, (0, 1)), ("huge", 2**40, (0, 1)), ("rank0_only", PV, (0,)),
+                               ("rank1_only_negative", -3, (1,)), ("last", PV - 1, (0, 1))):
+        t = on(target, value, (2,), ranks)
+        if ranks == (0, 1):
+            cases[f"target/{name}"] = both(lambda t=t: head(x5, t), lambda t=t: F.cross_entropy(head_full(x5), t), atol=1e-10, rtol=1e-9)
+            cases[f"target_none/{name}"] = both(lambda t=t: head_none(x5, t),
+                                               lambda t=t: F.cross_entropy(head_full(x5), t, reduction="none"), atol=1e-10, rtol=1e-9)
+            cases[f"target_fn/{name}"] = both(
+                lambda t=t: vocab_parallel_linear_cross_entropy(x5, head.weight, t, vocab_size=PV),
+                lambda t=t: F.cross_entropy(head_full(x5), t), atol=1e-10, rtol=1e-9)
+        else:
+            cases[f"target/{name}"] = bad(lambda t=t: head(x5, t))
+    cases["target/all_ignored"] = both(lambda: head(x5, torch.full((6,), -100)), lambda: F.cross_entropy(head_full(x5), torch.full((6,), -100)))
+    cases["target/float"] = both(lambda: head(x5, target.double()), lambda: F.cross_entropy(head_full(x5), target.double()), refused_ok=True)
+    cases["target/rows_mismatch"] = both(lambda: head(x5, target[:4]), lambda: F.cross_entropy(head_full(x5), target[:4]))
+    cases["target/2d"] = both(lambda: head(x5, target[None]), lambda: F.cross_entropy(head_full(x5), target[None]), refused_ok=True)
+    cases["target/label_smoothing"] = both(lambda: vocab_parallel_linear_cross_entropy(x5, head.weight, target, vocab_size=PV, label_smoothing=0.2),
+                                           lambda: F.cross_entropy(head_full(x5), target, label_smoothing=0.2), atol=1e-10, rtol=1e-9)
+    cases["target/label_smoothing_bad"] = both(lambda: vocab_parallel_linear_cross_entropy(x5, head.weight, target, vocab_size=PV, label_smoothing=1.5),
+                                               lambda: F.cross_entropy(head_full(x5), target, label_smoothing=1.5), atol=1e-10, rtol=1e-9)
+    cases["target/reduction_bad"] = bad(lambda: vocab_parallel_linear_cross_entropy(x5, head.weight, target, vocab_size=PV, reduction="avg"))
+    cases["target/vocab_size_wrong"] = bad(lambda: vocab_parallel_linear_cross_entropy(x5, head.weight, target, vocab_size=PV + 5))
+    # a group without the calling rank
+    cases["group/column"] = outside(lambda grp: ColumnParallelLinear(4, 8, mesh=grp))
+    cases["group/row"] = outside(lambda grp: RowParallelLinear(4, 8, mesh=grp))
+    cases["group/embedding"] = outside(lambda grp: VocabParallelEmbedding(PV, 4, grp))
+    cases["group/head"] = outside(lambda grp: VocabParallelLMHead(4, PV, grp))
+    cases["group/rmsnorm"] = outside(lambda grp: ParallelRMSNorm(8, mesh=grp))
+    cases["group/moe"] = outside(lambda grp: ExpertParallelMoE(4, 6, 2, 1, group=grp))
+    cases["group/gather"] = (lambda: refused(lambda: comm.gather_from_parallel(x8, 0, only0))) if rank == 1 else \
+        (lambda: compare(lambda: comm.gather_from_parallel(x8, 0, only0), lambda: x8))
+    # shapes, dtypes, values differing across ranks: the same clear error on every rank
+    for name, fn in (
+        ("column_rows", lambda: col(x8[: 2 + rank])),
+        ("column_dtype", lambda: col(x8.float() if rank else x8)),
+        ("column_width", lambda: ColumnParallelLinear(8 + rank, 6)(torch.randn(2, 8 + rank))),
+        ("row_rows", lambda: row(x6[: 2 + rank])),
+        ("row_dtype", lambda: RowParallelLinear(8, 6, dtype=torch.float64 if rank else torch.float32)(
+            torch.randn(3, 4, dtype=torch.float64 if rank else torch.float32))),
+        ("embedding_ids_shape", lambda: emb(ids[: 2 + rank])),
+        ("embedding_ids_values", lambda: emb(on(ids, (int(ids[0, 0]) + 1) % PV, ranks=(1,)))),
+        ("embedding_ids_dtype", lambda: emb(ids.int() if rank else ids)),
+        ("head_rows", lambda: head(x5[: 5 + rank], target[: 5 + rank])),
+        ("head_targets", lambda: head(x5, on(target, (int(target[0]) + 1) % PV, (0,), (1,)))),
+        ("head_x_dtype", lambda: head(x5.float() if rank else x5, target)),
+        ("loss_settings", lambda: vocab_parallel_linear_cross_entropy(x5, head.weight, target, vocab_size=PV, ignore_index=-100 - rank)),
+        ("gather_shape", lambda: comm.gather_from_parallel(torch.ones(2, 3 + rank), 0)),
+        ("gather_dtype", lambda: comm.gather_from_parallel(torch.ones(2, 3, dtype=torch.float64 if rank else torch.float32), 0)),
+        ("gather_dim", lambda: comm.gather_from_parallel(torch.ones(2, 3), rank)),
+        ("reduce_shape", lambda: comm.reduce_from_parallel(torch.ones(4 + rank))),
+        ("reduce_dtype", lambda: comm.reduce_from_parallel(torch.ones(4, dtype=torch.float64 if rank else torch.float32))),
+        ("scatter_shape", lambda: comm.scatter_to_parallel(torch.ones(4, 2 + 2 * rank), -1)),
+        ("reduce_scatter_shape", lambda: comm.reduce_scatter_to_parallel(torch.ones(4 + 2 * rank, 2), 0)),
+        ("copy_shape", lambda: comm.copy_to_parallel(torch.ones(3 + rank, requires_grad=True)).sum().backward()),
+        ("norm_width_backward", lambda: ParallelRMSNorm(8 + 2 * rank)(torch.randn(2, 8 + 2 * rank, requires_grad=True)).sum().backward()),
+        ("layernorm_bias_backward", lambda: ParallelLayerNorm(8, bias=rank == 0)(torch.randn(2, 8, requires_grad=True)).sum().backward()),
+        ("moe_dtype", lambda: ExpertParallelMoE(4, 6, 2, 1, group=dist.group.WORLD, dtype=torch.float64 if rank else None)(
+            torch.randn(5, 4, dtype=torch.float64 if rank else torch.float32))),
+        ("moe_width", lambda: ExpertParallelMoE(4 + rank, 6, 2, 1, group=dist.group.WORLD)(torch.randn(5, 4 + rank))),
+    ):
+        cases[f"mismatch/{name}"] = bad(fn)
+    # valid input: one process's torch result
+    cases["valid/column_gathered"] = both(lambda: col(x8), lambda: col_full(x8), atol=1e-12, rtol=1e-10)
+    cases["valid/column_noncontig"] = both(lambda: col(x8.t().contiguous().t()), lambda: col_full(x8), atol=1e-12, rtol=1e-10)
+    cases["valid/row"] = both(lambda: row(x6), lambda: row_full(x6), atol=1e-12, rtol=1e-10)
+    cases["valid/column_nan"] = both(lambda: col(on(x8, float("nan"), (1, 2))), lambda: col_full(on(x8, float("nan"), (1, 2))))
+    cases["valid/row_inf"] = both(lambda: row(on(x6, float("inf"), (0, 1))), lambda: row_full(on(x6, float("inf"), (0, 1))))
+    cases["valid/head_logits_gathered"] = both(lambda: head(x5, gather=True), lambda: head_full(x5), atol=1e-12, rtol=1e-10)
+    cases["valid/head_loss_nan_x"] = both(lambda: head_none(on(x5, float("nan"), (3, 1)), target),
+                                          lambda: F.cross_entropy(head_full(on(x5, float("nan"), (3, 1))), target, reduction="none"))
+    cases["valid/reduce"] = both(lambda: comm.reduce_from_parallel(x8), lambda: 2 * x8)
+    cases["valid/gather"] = both(lambda: comm.gather_from_parallel(x8 + rank, 0), lambda: torch.cat([x8, x8 + 1], 0))
+    cases["valid/scatter"] = both(lambda: comm.scatter_to_parallel(x6, -1), lambda: x6.chunk(2, -1)[rank])
+    cases["valid/empty_reduce"] = both(lambda: comm.reduce_from_parallel(x8[:0]), lambda: x8[:0])
+    cases["valid/loss_grad"] = both(lambda: _loss_grads(lambda x: head(x, target), x5), lambda: _loss_grads(lambda x: F.cross_entropy(head_full(x), target), x5),
+                                    atol=1e-10, rtol=1e-9)
+    cases["valid/after_errors"] = both(lambda: row(F.gelu(col_full(x8))[:, :6] * 0 + x6), lambda: row_full(x6), atol=1e-12, rtol=1e-10)
+    return cases
+
+
+def _loss_grads(fn: Callable[[Any], Any], x: Any) -> Any:
+    x = x.detach().clone().requires_grad_(True)
+    loss = fn(x)
+    loss.backward()
+    return loss.detach(), x.grad
+
+
+def _parallel_rank(rank: int, n: int, seed: int, names: list, folder: str) -> int:
+    """Run the named cases in order, writing each start and outcome to ``folder/rank<r>.jsonl``."""
+    import hal.dist as hd
+
+    SEED[0] = seed
+    warnings.simplefilter("ignore")
+    hd.set_timeout(15.0)
+    cases = _parallel_cases(rank)
+    with open(Path(folder) / f"rank{rank}.jsonl", "a", buffering=1) as out:
+        for name in names:
+            out.write(json.dumps({"start": name}) + "\n")
+            try:
+                status, detail = cases[name]()
+            except Verdict as v:
+                status, detail = v.status, v.detail
+            except Exception as exc:  # noqa: BLE001
+                status, detail = judge_exception(exc)
+            out.write(json.dumps({"name": name, "status": status, "detail": str(detail)[:600]}) + "\n")
+            out.flush()
+    return len(names)
+
+
+#: the outcomes of the batch launched by the first parallel attack of a worker: name -> record
+_PARALLEL_DONE: dict[str, dict] = {}
+
+
+def _parallel_launch(names: list[str]) -> None:
+    """Launch 2 gloo ranks on ``names``; where a rank dies or hangs, the case it was in is a crash
+    and a new launch takes the rest."""
+    from hal.dist import launch as hl
+
+    if "hal.parallel" not in hl.PRELOAD:
+        hl.PRELOAD.append("hal.parallel")
+    todo = list(names)
+    while todo:
+        folder = tempfile.mkdtemp(prefix="a41par-")
+        try:
+            results = hl.launch("benchmarks.attacks41:_parallel_rank", 2, (SEED[0], todo, folder),
+                                timeout_s=90 + len(todo), pg_timeout_s=30, env={"HAL_TUNE": "off"}, final_barrier=True)
+            per_rank: list[dict] = []
+            started: list[Optional[str]] = []
+            for r in range(2):
+                done, last = {}, None
+                path = Path(folder) / f"rank{r}.jsonl"
+                for line in (path.read_text().splitlines() if path.exists() else []):
+                    rec = json.loads(line)
+                    if "start" in rec:
+                        last = rec["start"]
+                    else:
+                        done[rec["name"]] = rec
+                        last = None
+                per_rank.append(done)
+                started.append(last)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        lost = None
+        for name in todo:
+            recs = [per_rank[r].get(name) for r in range(2)]
+            if all(recs):
+                worst = max((rec["status"] for rec in recs), key=_WORST.__getitem__)
+                detail = "; ".join(f"rank {r}: {rec['status']} {rec['detail'][:250]}" for r, rec in enumerate(recs))
+                _PARALLEL_DONE[name] = {"status": worst, "detail": detail}
+                continue
+            how = "; ".join(f"rank {res.rank}: {res.message[:200]}" for res in results if not res.ok) or "a rank did not report"
+            _PARALLEL_DONE[name] = {"status": "crash", "detail": f"a rank died or hung in this case ({how})"}
+            lost = name
+            break
+        todo = todo[todo.index(lost) + 1:] if lost is not None else []
+
+
+def _parallel_attack(name: str, names: list[str]) -> Callable[[], tuple[str, str]]:
+    def run() -> tuple[str, str]:
+        if name not in _PARALLEL_DONE:
+            batch = [n for n in names if n in _PARALLEL_QUICK] if QUICK[0] else names
+            _parallel_launch(batch[batch.index(name):])
+        rec = _PARALLEL_DONE[name]
+        return rec["status"], rec["detail"]
+    return run
+
+
+_PARALLEL_QUICK = ("ids/past_vocab", "ids/rank1_only", "target/past_vocab", "target/rank0_only", "group/column", "mismatch/column_rows",
+                   "mismatch/gather_shape", "mismatch/reduce_dtype", "valid/column_gathered", "valid/after_errors")
+#: set by --quick in the worker: the parallel batch is then the quick cases only (one launch)
+QUICK = [False]
+
+
+@builder("parallel")
+def _parallel_attacks() -> list[Attack]:
+    names = list(_parallel_cases(None))
+    return [Attack("parallel", name, _parallel_attack(name, names), quick=name in _PARALLEL_QUICK, timeout_s=600) for name in names]
 
 
 if __name__ == "__main__":

@@ -351,9 +351,12 @@ def vocab_parallel_linear_cross_entropy(
         raise InvalidArgumentError(op, "bias_shard", f"a ({per_rank},) tensor", f"{tuple(bias_shard.shape)}")
     dtype = autocast_dtype(x)
     x, w, b = _cast(x, dtype), _cast(weight_shard, dtype), _cast(bias_shard, dtype)
+    # the agreement check first: x's dtype differing across ranks is then the same error on every rank (checked
+    # locally first, the rank whose x alone differed raised by itself and its peers paired their next call's check
+    # with its next call's, out of step from then on)
+    _check_loss(x, w, b, target, group, vocab, int(ignore_index), float(label_smoothing), reduction, sequence_parallel)
     if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         raise InvalidArgumentError(op, "weight_shard", f"x's dtype {x.dtype} (outside autocast)", str(w.dtype))
-    _check_loss(x, w, b, target, group, vocab, int(ignore_index), float(label_smoothing), reduction, sequence_parallel)
     if sequence_parallel:  # (unchecked: the call was checked as a whole above)
         x = comm.gather_from_parallel(x, 0, group, grad_reduce=True, check=False)
         target = hd.all_gather(target.contiguous(), group=group) if ranks > 1 else target
@@ -424,6 +427,10 @@ class VocabParallelLMHead(nn.Module):
     def forward(self, x: torch.Tensor, target: Optional[torch.Tensor] = None, *, gather: bool = False) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if target is not None:
+            if isinstance(target, torch.Tensor) and tuple(target.shape) != tuple(x.shape[:-1]):
+                # as F.cross_entropy: one target per row of x (flattening both matched (6,) targets to a (1, 6) x)
+                raise InvalidArgumentError("VocabParallelLMHead", "target", f"a tensor of x's leading shape {tuple(x.shape[:-1])} "
+                                           "(one class id per row of x, as F.cross_entropy)", f"shape {tuple(target.shape)}")
             loss = vocab_parallel_linear_cross_entropy(
                 rows, self.weight, target.reshape(-1), self.group, vocab_size=self.vocab_size, bias_shard=self.bias,
                 ignore_index=self.ignore_index, label_smoothing=self.label_smoothing, reduction=self.reduction,

@@ -129,11 +129,14 @@ class TuneCache:
         directory: Optional[Path] = None,
         seeds: Sequence[Path] = (),
     ) -> None:
-        if not _DEVICE_SLUG.fullmatch(device):
+        if not isinstance(device, str) or not _DEVICE_SLUG.fullmatch(device):
             raise ValueError(
                 f"tuning cache device {device!r} is not a slug: use letters, digits, '.', '_' and "
                 "'-' only, starting with a letter or digit (it names a file), e.g. 'nvidia-h200-sm90'"
             )
+        if not isinstance(versions, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items()):
+            raise TypeError(f"hal tuning cache versions must be a mapping of names to version strings, e.g. "
+                            f"{{'hal': '0.1.0', 'torch': '2.11.0'}}; got {versions!r}")
         self.device = device
         self.versions = dict(versions)
         self.path = Path(directory if directory is not None else cache_dir()) / (
@@ -299,6 +302,8 @@ def _read_entries(path: Path, device: str, versions: Optional[Mapping[str, str]]
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise _Unusable(f"not valid JSON: {error}") from error
+    except RecursionError as error:  # arrays or objects nested deeper than the parser's recursion limit
+        raise _Unusable(f"not a tuning cache: JSON nested too deeply to read ({error})") from error
     return _checked_entries(document, device, versions)
 
 

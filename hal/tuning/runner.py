@@ -62,6 +62,11 @@ def tune(step: Callable[..., Any], *args: Any, **kwargs: Any) -> TuneReport:
     Decisions cached before the call are dropped afterwards, so later calls take the measured
     choices (a step tuned under :func:`hal.graphs.device_bound` measures device time, as replays of
     a CUDA graph pay)."""
+    if not callable(step):
+        from hal.errors import InvalidArgumentError
+
+        raise InvalidArgumentError("hal.tune", "step", "a callable (the step to run once, measuring its kernel choices)",
+                                   f"{type(step).__name__} {step!r}"[:200])
     first = len(LOG)
     started = time.perf_counter()
     with config.scope(tune="on"):

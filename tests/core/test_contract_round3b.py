@@ -212,3 +212,41 @@ def test_library_refuses_an_undeclared_backward_op_at_registration() -> None:
     assert "register_kernel: argument 'op'" in lines[0] and "'no_such_backward'" in lines[0] and "forward='r3b_cube'" in lines[0]
     assert "argument 'backward'" in lines[1] and "'softmax', an op declared as a forward op" in lines[1]
     assert "argument 'tolerances'" in lines[2] and "hal.library.Tolerance" in lines[2]
+
+
+# --- the tune cache and hal.tune (attacks41's tuning class) ------------------------------------------
+
+
+def test_a_tune_cache_nested_too_deeply_is_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: json.loads raised RecursionError out of TuneCache (every call measuring its kernels
+    raised); the docs promise a file hal cannot use is ignored with one warning."""
+    import logging
+
+    from hal.tuning import TuneCache
+
+    first = TuneCache("cpu-a41-model", {"hal": "x"}, tmp_path)
+    first.put("k", {"winner": "a", "times_us": {"a": 1.0}})
+    first.path.write_text("[" * 100000 + "]" * 100000)
+    with caplog.at_level(logging.WARNING, logger="hal"):
+        again = TuneCache("cpu-a41-model", {"hal": "x"}, tmp_path)
+        assert again.get("k") is None
+        again.put("k", {"winner": "b", "times_us": {"b": 2.0}})
+    assert "nested too deeply" in caplog.text and str(again.path) in caplog.text
+    assert TuneCache("cpu-a41-model", {"hal": "x"}, tmp_path).get("k")["winner"] == "b"
+
+
+@pytest.mark.parametrize("device, versions, error", [(5, {"hal": "x"}, "not a slug"), ("cpu-a41", ["hal"], "versions must be a mapping"),
+                                                     ("cpu-a41", {"hal": 1}, "versions must be a mapping")])
+def test_tune_cache_refuses_a_device_or_versions_of_the_wrong_type(tmp_path: Path, device, versions, error: str) -> None:
+    """Before: re's "expected string or bytes-like object, got 'int'" and dict()'s "dictionary update
+    sequence element #0 has length 3; 2 is required" (a {"hal": 1} was taken and hashed)."""
+    from hal.tuning import TuneCache
+
+    with pytest.raises((ValueError, TypeError), match=error):
+        TuneCache(device, versions, tmp_path)
+
+
+def test_hal_tune_refuses_a_step_that_is_not_callable() -> None:
+    """Before: TypeError: 'int' object is not callable, from inside hal.tune."""
+    with pytest.raises(hal.InvalidArgumentError, match="hal.tune: argument 'step' must be a callable"):
+        hal.tune(5)
