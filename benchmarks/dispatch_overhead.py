@@ -20,7 +20,9 @@ most of a shared machine's drift. Rows:
   * the peer: a ``torch.library.custom_op`` wrapping the same trivial kernel, over the bare kernel;
   * the installed backends (the CPU backend's real kernels): a small elementwise op,
     ``scale_shift_act(x, 1.0, 0.0, "relu")`` on a (4, 4) NumPy array, against bare NumPy
-    (``np.maximum(x, 0)``) and against the same call on a torch tensor (the cost of NumPy input).
+    (``np.maximum(x, 0)``) and against the same call on a torch tensor (the cost of NumPy input);
+    since 2026-12-07 the CPU backend runs it with NumPy's own ufunc for a NumPy caller, so the cost
+    of NumPy input through a torch kernel (the conversions) is the next row's, ``softmax(x, -1)``.
 
 Issue 41 item 13 (2026-12-03, the 2-core AMD EPYC VM, AVX2, load 6-8 from other jobs; thread CPU
 time, 1 torch thread, base and new checkouts alternated process by process, medians of 15 paired
@@ -30,6 +32,20 @@ rounds each, range over processes): ``scale_shift_act`` relu on a (4, 4) NumPy a
 1.50x -> 1.26x. What is left of a NumPy call is ``torch.from_numpy`` and ``Tensor.numpy`` (1.7 and
 2.2 us on that machine) and freeing the views; the array conversion around the kernel no longer
 looks at parameters that hold no array (``hal.dispatch.adapt.array_slots``).
+
+Issue 41 item 13 again (2026-12-07, the same AMD EPYC 2-core VM, AVX2, load 0.4-2.6 from other
+sessions; this script with ``--repeat 15 --number 10000``, the base ``270dc74`` and the new tree
+alternated process by process, 8 processes each, medians over processes and their ranges):
+``scale_shift_act`` relu on a (4, 4) NumPy array 4.07 us (3.85-9.27) -> 1.56 us (1.51-1.57), over
+``np.maximum``'s 0.50 us +3.56 -> +1.05 us, NumPy call over tensor call 1.70x (1.67-1.80) -> 0.65x
+(0.63-0.69): the CPU backend's ``numpy`` kernel (NumPy's own ``maximum`` for a NumPy caller's array
+of up to 4096 elements, no tensor made). Through a torch kernel (the softmax row) 1.61x (1.61-1.75)
+-> 1.46x (1.44-1.61): a plan's runner converts exactly the slots its key says hold arrays
+(``hal.dispatch.adapt._numpy_into_torch``). What is left there is torch's own conversions: bare
+``torch.softmax(torch.from_numpy(x), -1).numpy()`` costs 1.99 us against 1.04 us on the tensor
+(``from_numpy`` 0.38 us, ``Tensor.numpy`` 0.53 us, freeing both), and hal's NumPy call 1.00 us over
+its tensor call (thread time, one process): about 0.04 us of it is hal's. The trivial-kernel rows
+did not move beyond the noise (within 0-4%).
 
     python benchmarks/dispatch_overhead.py [--repeat 21] [--number 20000] [--device cuda] [--json]
 
@@ -172,6 +188,8 @@ def main() -> None:
     relu = lambda x: hal.ops.scale_shift_act(x, 1.0, 0.0, "relu")  # noqa: E731
     row("installed backends: numpy, scale_shift_act relu vs np.maximum", (relu, (x,)), (np.maximum, (x, 0)))
     row("installed backends: scale_shift_act relu, numpy vs torch tensor", (relu, (x,)), (relu, (torch.from_numpy(x.copy()),)))
+    softmax = lambda x: hal.ops.softmax(x, -1)  # noqa: E731 - a torch kernel for either caller: the cost of the conversions
+    row("installed backends: softmax (torch's kernel), numpy vs torch tensor", (softmax, (x,)), (softmax, (torch.from_numpy(x.copy()),)))
 
     backward_rows = {}
     for r in rows:

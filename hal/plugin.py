@@ -71,6 +71,13 @@ class Inputs:
         return self.op.bind(self.args)
 
     @property
+    def numpy_caller(self) -> bool:
+        """Whether the caller gave NumPy arrays (``device`` is then the string "cpu"). A kernel
+        taking NumPy arrays sees views of a torch caller's tensors (``array_type`` is the type the
+        kernel takes), so a kernel meant for NumPy callers alone tells them apart by this."""
+        return isinstance(self.device, str)
+
+    @property
     def traced(self) -> bool:
         """Whether the call is decided for a torch.compile graph (its arrays are being traced, see
         :func:`traced`, or ``hal.explain`` asks what a graph would run): there Inductor compiles a

@@ -223,8 +223,13 @@ def tune_key(decl: OpDecl, prepared: Prepared, context: str, grads: bool = True)
     layout and (``grads``) whether it requires grad, and the static arguments that shape the
     computation (floats and volatile values by type only: an epsilon or a learning rate does not
     change which kernel is fastest). The compiled context keys without grads: a graph's node sees
-    its inputs below autograd, and the context says whether the call trains."""
+    its inputs below autograd, and the context says whether the call trains. A NumPy caller's
+    measurements are its own ("numpy" after the context): they include the conversions to and from
+    a torch kernel, and a kernel may serve NumPy callers only, so a winner measured for one array
+    type is neither valid for the other nor to be overwritten by its measurements."""
     parts = [decl.name, context]
+    if prepared.inputs.array_type == "numpy":
+        parts.append("numpy")
     for p, a in zip(decl.params, prepared.inputs.args):
         if p.kind in ARRAY_KINDS and arrays.is_array(a):
             parts.append(_array_key(a, grads))

@@ -301,7 +301,7 @@ class _Search:
         recordable = (self.choice.torch_autograd and not _differentiates_more(self.decl, self.inputs.args)
                       and _made_of_torch_ops(k, api, mode, inputs))
         host_of = self.inputs.device if mode == "host" else None
-        fn = kernel_runner(self.decl, k.fn, api, "torch" if mode == "host" else self.inputs.array_type, host_of)
+        fn = kernel_runner(self.decl, k.fn, api, "torch" if mode == "host" else self.inputs.array_type, host_of, self.inputs.args)
         return Option(state.name, k.name, fn, fallback, recordable)
 
 

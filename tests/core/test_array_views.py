@@ -8,6 +8,7 @@ arrays give what the same calls on tensors give.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 import hal
 from hal.arrays import BFLOAT16, from_numpy, to_numpy
+from hal.plugin import Plugin
 
 
 def _rand(*shape: int) -> np.ndarray:
@@ -111,3 +113,101 @@ def test_numpy_in_place_op_writes_the_callers_arrays() -> None:
     for g, b in zip(grads, before):
         np.testing.assert_array_equal(g, b * np.float32(0.5))
     assert float(found) == 0.0
+
+
+# --- the runner a cached plan uses for NumPy arrays into a torch kernel (hal.dispatch.adapt) -----------
+
+
+def _recording_plugin(seen: list, result: Any = None) -> Plugin:
+    """A CPU backend whose torch kernel of scale_shift_act records what it receives and returns
+    ``result(x)`` (default ``x * 2``)."""
+    p = Plugin("rec", "1.0")
+    p.define_backend(priority=1000, device_types=("cpu",), array_api="torch")
+
+    @p.kernel("scale_shift_act", name="rec")
+    def rec(x, scale, shift, act):
+        seen.append((x, scale, shift, act))
+        return x * 2 if result is None else result(x)
+
+    return p
+
+
+def _ptr(v: Any) -> Any:
+    return v.data_ptr() if isinstance(v, torch.Tensor) else v.ctypes.data if isinstance(v, np.ndarray) else v
+
+
+def test_a_cached_numpy_call_converts_exactly_its_array_slots(install_plugins) -> None:
+    seen: list = []
+    install_plugins([_recording_plugin(seen)])
+    x, shift = _rand(3, 4), _rand(4)
+    for _ in range(2):  # decided, then the cached plan
+        out = hal.ops.scale_shift_act(x, 0.5, shift, "relu")
+        assert type(out) is np.ndarray and np.array_equal(out, x * 2)
+        got = seen.pop()
+        assert [type(v) for v in got] == [torch.Tensor, float, torch.Tensor, str]
+        assert (_ptr(got[0]), got[1], _ptr(got[2]), got[3]) == (x.ctypes.data, 0.5, shift.ctypes.data, "relu")  # views, no copies
+    only_x = hal.ops.scale_shift_act(x, 1.0, 0.0, "none")  # numbers in the array parameters stay numbers
+    assert np.array_equal(only_x, x * 2)
+    assert [type(v) for v in seen.pop()] == [torch.Tensor, float, float, str]
+
+
+def test_a_cached_numpy_call_copies_a_read_only_array_without_a_warning(install_plugins) -> None:
+    seen: list = []
+    install_plugins([_recording_plugin(seen, result=lambda x: x.add_(1))])  # a kernel writing its input
+    x = _rand(3, 4)
+    hal.ops.scale_shift_act(x.copy(), 1.0, 0.0, "none")  # the key's plan, decided on a writeable array
+    locked = x.copy()
+    locked.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when it views a read-only array
+        out = hal.ops.scale_shift_act(locked, 1.0, 0.0, "none")
+    assert np.array_equal(locked, x) and np.array_equal(out, x + 1)
+    assert _ptr(seen[-1][0]) != locked.ctypes.data
+
+
+@pytest.mark.parametrize("result", ["bfloat16", "requires_grad", "tuple", "0-d"])
+def test_results_torch_cannot_view_as_numpy_still_come_back_as_arrays(install_plugins, result: str) -> None:
+    make = {
+        "bfloat16": lambda x: x.to(torch.bfloat16),
+        "requires_grad": lambda x: x.clone().requires_grad_(),
+        "tuple": lambda x: (x + 1, x.sum()),
+        "0-d": lambda x: x.sum(),
+    }[result]
+    install_plugins([_recording_plugin([], result=make)])
+    x = _rand(3, 4)
+    out = hal.ops.scale_shift_act(x, 1.0, 0.0, "none")
+    want = make(torch.from_numpy(x))
+    for o, w in zip(out, want) if result == "tuple" else ((out, want),):
+        assert type(o) is np.ndarray and o.shape == tuple(w.shape)
+        np.testing.assert_array_equal(o.astype(np.float32), w.detach().float().numpy())
+    if result == "bfloat16":
+        assert out.dtype == BFLOAT16
+
+
+def test_the_slot_runner_leaves_uncommon_arguments_to_the_general_one() -> None:
+    from hal.dispatch import adapt
+    from hal.registry import get_op
+
+    ssa, unscale = get_op("scale_shift_act"), get_op("amp_unscale_")
+    kernel = lambda *a: a[0]  # noqa: E731
+    x = _rand(2, 3)
+    assert adapt._numpy_into_torch(ssa, kernel, (x, 1.0, 0.0, "relu")) is not None
+    assert adapt._numpy_into_torch(ssa, kernel, (x, x[0], None, "relu")) is not None
+    class Sub(np.ndarray):
+        pass
+
+    for uncommon in (x.astype(BFLOAT16), x[::-1], x.view(Sub)):
+        assert adapt._numpy_into_torch(ssa, kernel, (uncommon, 1.0, 0.0, "relu")) is None
+    assert adapt._numpy_into_torch(unscale, kernel, ([x], 0.5)) is None  # a list of arrays, an op writing them
+    run = adapt._numpy_into_torch(ssa, lambda x, scale, shift, act: scale * 3, (1.0, x, 0.0, "relu"))  # one array, not first
+    out = run(1.0, x, 0.0, "relu")
+    assert type(out) is np.ndarray and np.array_equal(out, x * 3)
+
+
+def test_uncommon_numpy_arrays_give_what_tensors_give() -> None:
+    x = _rand(6, 5)
+    for view in (x[::-1], x.astype(BFLOAT16), x.T):
+        out = hal.ops.softmax(view, -1)
+        want = hal.ops.softmax(from_numpy(view), -1)
+        assert type(out) is np.ndarray and out.dtype == view.dtype
+        np.testing.assert_array_equal(out.astype(np.float32), want.float().numpy())

@@ -359,3 +359,26 @@ def test_measuring_leaves_torchs_random_stream_where_it_was(tuning, install_plug
     hal.ops.softmax(x, 1).sum().backward()
     assert hal.explain("softmax", x, 1).measurement is not None, "the call was meant to be measured"
     torch.testing.assert_close(torch.rand(5), expected, rtol=0, atol=0)
+
+
+def test_numpy_and_torch_callers_keep_their_own_measurements(tuning, install_plugins, monkeypatch):
+    """A kernel may serve NumPy callers only (hal.plugin.Inputs.numpy_caller), and a NumPy call's
+    times include the conversions: a torch caller's measurement of the same shape must neither
+    answer a NumPy call nor replace its record (it did, under one key for both)."""
+    import numpy as np
+
+    p = plugin({"slow": 0.004, "fast": 0.0})
+    p.kernel("softmax", name="numpy_only", priority=200,
+             check=lambda inputs: [] if inputs.numpy_caller else ["torch tensors: not this kernel's"])(sleeping_softmax("numpy_only", 0.0))
+    install_plugins([p])
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    hal.ops.softmax(x, 1)
+    hal.ops.softmax(torch.from_numpy(x), 1)  # measures slow against fast for torch callers
+    monkeypatch.setenv("HAL_TUNE", "cached")
+    dispatch.reset()  # the tune cache is read again from disk
+    RAN.clear()
+    hal.ops.softmax(x, 1)
+    hal.ops.softmax(torch.from_numpy(x), 1)
+    assert RAN == ["numpy_only", "fast"]
+    keys = [m.key for m in measure.LOG[-2:]]
+    assert keys[0].split("|")[:3] == ["softmax", "eager", "numpy"] and "numpy" not in keys[1].split("|"), keys

@@ -33,6 +33,21 @@ def numba_kernel(op: str, *, priority: int, dtypes: Iterable[str] = NUMBA_FLOATS
                          check=_all([_numba_check, *checks]))
 
 
+def numpy_kernel(op: str, *, priority: int, dtypes: Optional[Iterable[str]] = None,
+                 checks: Iterable[Check] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a kernel named ``numpy``: NumPy's own functions on a NumPy caller's arrays, with no
+    conversion to torch and back (about 1 us a call on the project's VM, more than a small array's
+    work). It declines torch callers: for them torch's kernel runs without converting."""
+    return plugin.kernel(op, name="numpy", priority=priority, dtypes=dtypes, array_api="numpy",
+                         check=_all([_numpy_caller, *checks]))
+
+
+def _numpy_caller(inputs: Inputs) -> list[str]:
+    if inputs.numpy_caller:
+        return []
+    return ["torch tensors: torch's kernel runs them without converting (this kernel is NumPy's own, for NumPy callers)"]
+
+
 def _all(checks: list[Check]) -> Optional[Callable[[Inputs], list[str]]]:
     if not checks:
         return None

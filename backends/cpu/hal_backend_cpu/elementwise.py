@@ -22,7 +22,7 @@ from hal_torch.elementwise import (ACTIVATION_FNS, EXACT_ACTS, exact_activation,
                                            residual_activation_reasons)
 
 from . import _numba
-from ._common import FLOATS, contiguous, kernel, numba_kernel
+from ._common import FLOATS, contiguous, kernel, numba_kernel, numpy_kernel
 from ._layout import channel_split, channel_vector
 
 Scalar = Union[float, torch.Tensor]
@@ -66,11 +66,13 @@ def activate_(z: torch.Tensor, act: str) -> torch.Tensor:
     Outside autograd z is overwritten. Where autograd records the kernel the activation is torch's
     out-of-place one (an in-place GELU would make autograd save a copy of z). GELU's +inf elements
     are marked only where z's maximum is not finite (one read pass, no buffer), or always where
-    torch.compile traces the kernel (fake tensors hold no maximum).
+    torch.compile traces the kernel (fake tensors hold no maximum). The maximum is ``max().item()``,
+    detached only where z requires grad: 1.0 us against 1.7 for ``float(z.detach().amax())`` at
+    (8, 64), the host time the issue 41 item 13 row spent beyond torch's own linear + GELU.
     """
     traced = type(z) is not torch.Tensor
     at_inf = None
-    if act == "gelu" and z.numel() and (traced or not math.isfinite(float(z.detach().amax()))):
+    if act == "gelu" and z.numel() and (traced or not math.isfinite((z.detach() if z.requires_grad else z).max().item())):
         at_inf = z == math.inf
     y = ACTIVATION_FNS[act](z) if traced or z.requires_grad else _ACT_INPLACE[act](z)
     return y if at_inf is None else y.masked_fill_(at_inf, math.inf)
@@ -172,6 +174,35 @@ def scale_shift_act_numba(x, scale, shift, act):
     _numba.family("elementwise").affine_rows(x.reshape(p, c * i), np.repeat(s, i), np.repeat(b, i), out.reshape(p, c * i),
                                              act == "relu")
     return out
+
+
+#: elements up to which NumPy's own ufunc on a NumPy caller's array beats torch's kernel and the
+#: two conversions around it (hal's measured choice, float32 relu on the 2-core EPYC VM, 2026-12-07:
+#: 1.2 against 2.8 us at 1024 elements, 2.1 against 2.8 at 4096; bare np.maximum against torch's
+#: relu with the conversions 5.5 against 2.7 us at 16384: NumPy's maximum is slower per element)
+NUMPY_ELEMENTS = 4096
+
+
+def _exact_small(inputs: Inputs) -> list[str]:
+    act, x = inputs["act"], inputs["x"]
+    if act not in EXACT_ACTS or not _identity_numbers(inputs["scale"], inputs["shift"]):
+        return ["not a bare relu or copy (scale 1 and shift 0 as numbers, act none or relu): torch's kernels compute the affine"]
+    if x.size > NUMPY_ELEMENTS:
+        return [f"{x.size} elements: beyond {NUMPY_ELEMENTS}, torch's vectorised kernel is faster than NumPy's even with the conversions"]
+    return []
+
+
+def _identity_numbers(scale: object, shift: object) -> bool:
+    return isinstance(scale, (int, float)) and isinstance(shift, (int, float)) and scale == 1 and shift == 0
+
+
+@numpy_kernel("scale_shift_act", priority=27, dtypes=FLOATS, checks=[_exact_small])
+def scale_shift_act_numpy(x, scale, shift, act):
+    """relu(x) or a copy of x, for a NumPy caller's small array: one NumPy call, no torch tensor made
+    (the cost of NumPy input was the two conversions, 1.5-2x a torch caller's call). NaN propagates
+    (np.maximum); a zero keeps the sign NumPy's maximum gives it, as in cpu_ref (-0.0 becomes +0.0 in
+    float32 and float64, where torch's CPU relu keeps -0.0)."""
+    return np.maximum(x, 0) if act == "relu" else x.copy(order="K")
 
 
 @kernel("scale_shift_act", name="torch", priority=20, dtypes=FLOATS, differentiable=True)

@@ -55,6 +55,9 @@ def test_gelu_of_infinities_and_nan_on_both_paths(dtype) -> None:
         np.testing.assert_allclose(out[:6].detach().double().numpy(), want, rtol=1e-2)
     finite = values.clone()[3:6]
     assert ew.activate_(finite, "gelu").data_ptr() == finite.data_ptr()  # overwritten, no second buffer
+    no_nan = torch.tensor([1.0, math.inf, -2.0, 30.0] * 11, dtype=dtype)  # +inf the maximum itself, no NaN to flag it
+    for z in (no_nan.clone(), no_nan.clone().requires_grad_() * 1.0):
+        np.testing.assert_allclose(ew.activate_(z, "gelu")[:4].detach().double().numpy(), [0.8413447, math.inf, -0.0455003, 30.0], rtol=1e-2)
 
 
 def test_the_forward_of_a_training_call_is_recorded_without_in_place_writes(rng) -> None:
