@@ -27,6 +27,19 @@ own ``F.embedding`` and ``F.cross_entropy`` do on CUDA). With the checks on, a r
 part of its row, so every rank raises :class:`IndexOutOfRangeError` together; with them off, the
 rank that found it raises alone (its peers then wait in their next collective until the timeout:
 :class:`hal.dist.CommError`).
+
+The checks of a rank's own arguments (a tensor on another device than the layer's, ids of a dtype
+other than int64 or int32, a target not of x's leading shape, a bad ``reduction`` or ``chunk_rows``
+...) are part of the agreement too: the rank computes its verdict first (:class:`Local`: valid, or
+the first :class:`Check` that failed and a short text of what it was given), puts it in its row,
+and after the all-gather every rank raises the same :class:`hal.InvalidArgumentError`, naming each
+rank and what it passed (``got rank 0: a float64 tensor on meta, the layer on cpu; rank 1:
+valid``); the failing rank's own, more detailed error is its ``__cause__``. No rank raises alone
+before the collective, so a rank that catches the error and goes on stays in step with its
+peers. Where the rows are not exchanged (checks off, a group of one, a layer on ``meta``), the
+rank raises its own error at once, as before: its peers then wait in their next collective. A
+call that makes no collective (a norm without sequence parallelism or without grad) checks
+locally only: there is no exchange to carry its verdict.
 """
 
 from __future__ import annotations
@@ -68,6 +81,8 @@ CALLS = (
     "ParallelLayerNorm",
 )
 SLOTS = 40  # integers per row: the same for every call, so that the ranks' rows always gather
+_TEXT = 7  # integers of a rank's local verdict: what it was given, as up to 56 bytes of UTF-8
+_HEAD = 4 + _TEXT  # call, out of range?, the bad value, the failed check's code, its text; then the fields
 _DIMS = 4  # leading dims shown in full; the rest are covered by a hash of the whole shape
 _NONE = -(1 << 62)  # an absent value (None), a padding slot
 
@@ -199,10 +214,87 @@ def count(call: str, arg: str, value: Any, low: int) -> int:
 def on_device(call: str, arg: str, t: Optional[torch.Tensor], device: torch.device) -> None:
     """Raise :class:`hal.InvalidArgumentError` where tensor ``t`` (argument ``arg`` of ``call``) is not
     on ``device``, the layer's (torch's own errors there named neither: "unknown device type for
-    autocast" for a meta input, "unsupported scalarType" in the loss). A local check: a rank whose
-    input alone is elsewhere raises by itself, its peers in their next collective (CommError)."""
+    autocast" for a meta input, "unsupported scalarType" in the loss). A local check, for calls that
+    make no collective: the layers that do carry it in their row (:meth:`Local.device`)."""
     if t is not None and t.device != device:
         raise InvalidArgumentError(call, arg, f"a tensor on the layer's device, {device}", f"a {t.dtype} tensor on {t.device}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One local check of an argument, the same on every process: the op, the argument and what it
+    must be (the text every rank's error shows). Made by :func:`check`, once per check, at import."""
+
+    op: str
+    arg: str
+    expected: str
+
+    @property
+    def code(self) -> int:
+        """Its number in a row (crc32 of its texts: the same in every process, never 0)."""
+        return zlib.crc32(f"{self.op}\0{self.arg}\0{self.expected}".encode()) | 1
+
+
+_CHECKS: dict[int, Check] = {}
+
+
+def check(op: str, arg: str, expected: str) -> Check:
+    """A :class:`Check`, registered so that a peer's row can name it."""
+    made = Check(op, arg, expected)
+    _CHECKS[made.code] = made
+    return made
+
+
+class Local:
+    """This rank's verdict on its arguments of one call, before the agreement: valid, or the first
+    :class:`Check` that failed with a short text of what it was given (shown to every rank) and the
+    error this rank raises where the rows are not exchanged. :func:`agree` carries it in the row."""
+
+    __slots__ = ("failed", "got", "error")
+
+    def __init__(self) -> None:
+        self.failed: Optional[Check] = None
+        self.got = ""
+        self.error: Optional[InvalidArgumentError] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None
+
+    def fail(self, check: Check, got: str, expected: Optional[str] = None, got_here: Optional[str] = None) -> None:
+        """Record ``check`` as failed (the first failure is kept): ``got`` what this rank passed (as
+        every rank shows it); ``expected`` and ``got_here``, more precise texts than those for this
+        rank's own error (raised where the rows are not exchanged)."""
+        if self.failed is None:
+            self.failed, self.got = check, got
+            self.error = InvalidArgumentError(check.op, check.arg, expected or check.expected, got_here or got)
+
+    def device(self, check: Check, t: Optional[torch.Tensor], device: torch.device) -> None:
+        """:func:`on_device` as a verdict: ``t`` must be on ``device`` (the layer's)."""
+        if self.ok and t is not None and t.device != device:
+            self.fail(check, f"a {str(t.dtype).removeprefix('torch.')} tensor on {t.device}, the layer on {device}",
+                      f"a tensor on the layer's device, {device}", f"a {t.dtype} tensor on {t.device}")
+
+    def count(self, check: Check, value: Any, low: int) -> None:
+        """:func:`count` as a verdict (``check.expected``: "an int of at least ``low``")."""
+        if self.ok and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            self.fail(check, repr(value)[:40])
+
+    def raise_now(self) -> None:
+        """Raise this rank's error, if any (where no agreement carries it: no collective follows)."""
+        if self.error is not None:
+            raise self.error
+
+
+def device_check(op: str, arg: str) -> Check:
+    """The check that ``arg`` of ``op`` is on the layer's device (:meth:`Local.device`)."""
+    return check(op, arg, "a tensor on the layer's device")
+
+
+def row_device(layer: torch.device, given: torch.device) -> torch.device:
+    """Where a call's row travels: the layer's device (a tensor on another one is refused by every
+    rank through the row); the given tensor's where the layer's is ``meta``, which has no collectives."""
+    return given if layer.type == "meta" else layer
 
 
 def content_code(values: torch.Tensor) -> int:
@@ -254,29 +346,69 @@ def _show(value: Value, ints: list[int]) -> str:
     return "None" if ints[0] == _NONE else str(ints[0])
 
 
-def agree(call: str, group: Any, device: torch.device, fields: Sequence[Field], bounds: Optional[Bounds] = None) -> None:
+def _text(text: str) -> list[int]:
+    """A local verdict's text as _TEXT integers (UTF-8, cut with "..." where longer)."""
+    data = text.encode()
+    room = 8 * _TEXT
+    if len(data) > room:
+        data = data[: room - 3].decode(errors="ignore").encode() + b"..."
+    return list(struct.unpack(f"<{_TEXT}q", data.ljust(room, b"\0")))
+
+
+def _untext(ints: list[int]) -> str:
+    return struct.pack(f"<{_TEXT}q", *ints).rstrip(b"\0").decode(errors="replace")
+
+
+def agree(call: str, group: Any, device: torch.device, fields: Sequence[Field], bounds: Optional[Bounds] = None,
+          local: Optional[Local] = None) -> None:
     """Check that every rank of ``group`` makes the same ``call`` with the same ``fields`` (name,
     value, and optionally what the error says must agree) and valid input; raise the same error on
     every rank when not (see the module doc).
 
     ``bounds``: an argument of ids checked by :func:`out_of_range`; a bad value on any rank raises
     :class:`IndexOutOfRangeError` on every rank (on this rank alone when the check does not run).
-    Costs one small all-gather when it runs."""
-    bad = None if bounds is None else bounds.bad
+    ``local``: this rank's verdict on its own arguments; one that failed on any rank raises
+    :class:`hal.InvalidArgumentError` on every rank (its own error at once when the check does not
+    run). Where it failed, ``fields`` are not read (the caller may pass none). ``device``: where the
+    row travels, the layer's device (:func:`row_device`). Costs one small all-gather when it runs."""
+    failed = local is not None and not local.ok
+    bad = None if bounds is None or failed else bounds.bad
     if not exchanged(group, device):
+        if failed:
+            local.raise_now()
         if bounds is not None and bad is not None:
             raise IndexOutOfRangeError(call, bounds.arg, bounds.expected, f"{bad} (group rank {group_rank(group)})")
         return
     ranks = group_size(group)
-    encoded = [_encode(f[1]) for f in fields]
-    row = [CALLS.index(call), 0 if bad is None else 1, 0 if bad is None else bad, *(i for e in encoded for i in e)]
+    encoded = [] if failed else [_encode(f[1]) for f in fields]
+    verdict = [local.failed.code, *_text(local.got)] if failed else [0] * (1 + _TEXT)
+    row = [CALLS.index(call), 0 if bad is None else 1, 0 if bad is None else bad, *verdict, *(i for e in encoded for i in e)]
     if len(row) > SLOTS:
         raise AssertionError(f"hal.parallel.checks: {call}'s row has {len(row)} integers, more than SLOTS={SLOTS}")
     mine = torch.tensor(row + [_NONE] * (SLOTS - len(row)), dtype=torch.int64, device=device)
     rows = hd.all_gather(mine, group=group).view(ranks, SLOTS).tolist()
     error = _compare(call, rows, fields, encoded, bounds)
     if error is not None:
+        if failed:
+            raise error from local.error
         raise error
+
+
+def _refused(rows: list[list[int]]) -> InvalidArgumentError:
+    """The error of a table where some rank's own arguments failed their check (the same on every rank)."""
+    found = [_CHECKS.get(code, Check("hal.parallel", "?", f"valid (check {code} is unknown to this process)"))
+             for code in dict.fromkeys(r[3] for r in rows if r[3])]
+    several = len(found) > 1
+
+    def shown(r: list[int]) -> str:
+        if not r[3]:
+            return "valid"
+        text = _untext(r[4:_HEAD])
+        return f"{_CHECKS[r[3]].arg}: {text}" if several and r[3] in _CHECKS else text
+
+    expected = "; ".join(f"{c.arg}: {c.expected}" for c in found) if several else found[0].expected
+    return InvalidArgumentError(found[0].op, ", ".join(dict.fromkeys(c.arg for c in found)), expected,
+                                group_by([shown(r) for r in rows]))
 
 
 def _compare(call: str, rows: list[list[int]], fields: Sequence[Field], encoded: list[list[int]],
@@ -286,9 +418,11 @@ def _compare(call: str, rows: list[list[int]], fields: Sequence[Field], encoded:
         return InvalidArgumentError(
             "hal.parallel", "call", "the same call on every rank of the group, in the same order (each rank's model "
             "must run the same parallel layers on the same inputs)", group_by([CALLS[r[0]] for r in rows]))
+    if any(r[3] for r in rows):  # a rank's own arguments failed: before anything read from its fields
+        return _refused(rows)
     if any(r[1] for r in rows) and bounds is not None:
         return IndexOutOfRangeError(call, bounds.arg, bounds.expected, group_by([str(r[2]) if r[1] else "valid" for r in rows]))
-    start = 3
+    start = _HEAD
     for field, ints in zip(fields, encoded):
         name, value = field[0], field[1]
         got = [r[start : start + len(ints)] for r in rows]
@@ -300,5 +434,5 @@ def _compare(call: str, rows: list[list[int]], fields: Sequence[Field], encoded:
     return None
 
 
-__all__ = ["IndexOutOfRangeError", "Bounds", "set_checks", "refresh", "enabled", "exchanged", "agree", "out_of_range",
-           "count", "on_device", "content_code", "config_code"]
+__all__ = ["IndexOutOfRangeError", "Bounds", "Check", "Local", "set_checks", "refresh", "enabled", "exchanged", "agree",
+           "out_of_range", "check", "device_check", "row_device", "count", "on_device", "content_code", "config_code"]

@@ -317,15 +317,19 @@ class ExpertParallelMoE(nn.Module):
         return position < capacity, kept_all
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.dim:
-            raise InvalidArgumentError("ExpertParallelMoE", "x", f"a tensor whose last dimension is dim={self.dim}", f"shape {tuple(x.shape)}")
-        checks.on_device("ExpertParallelMoE", "x", x, self.router.device)
-        if self.group is not None:  # every exchange below follows from these: one check covers them, forward and backward
-            checks.agree("ExpertParallelMoE", self.group, x.device, [
+        local = checks.Local()  # this rank's own checks, carried in its row: every rank raises together
+        if x.dim() == 0 or x.shape[-1] != self.dim:
+            local.fail(_MOE_WIDTH, f"shape {tuple(x.shape)}"[:56], f"a tensor whose last dimension is dim={self.dim}")
+        local.device(_MOE_X, x, self.router.device)
+        if self.group is None:  # no peers
+            local.raise_now()
+        else:  # every exchange below follows from these: one check covers them, forward and backward
+            checks.agree("ExpertParallelMoE", self.group, checks.row_device(self.router.device, x.device), [] if not local.ok else [
                 ("x.dtype", x.dtype), ("x.shape[-1]", x.shape[-1]),
                 ("settings", checks.config_code(self.num_experts, self.top_k, self.capacity_factor, self.overlap_chunks,
                                                 self.normalize_weights, self.placement),
-                 "the same num_experts, top_k, capacity_factor, overlap_chunks, normalize_weights and placement on every rank")])
+                 "the same num_experts, top_k, capacity_factor, overlap_chunks, normalize_weights and placement on every rank")],
+                local=local)
         shape, k, n = x.shape, self.top_k, self.group_size
         x2 = x.reshape(-1, self.dim)
         rdt = torch.float64 if x.dtype == torch.float64 else torch.float32  # the router runs in float32 at least
@@ -373,6 +377,10 @@ class ExpertParallelMoE(nn.Module):
         received = comm.all_to_all(rows, self.group, plan.send_sizes, plan.recv_sizes, check=False)
         h = _experts(received[plan.perm], self.w_gate_up, self.w_down, plan.group_sizes)
         return comm.all_to_all(h[plan.inverse], self.group, plan.recv_sizes, plan.send_sizes, check=False)
+
+
+_MOE_WIDTH = checks.check("ExpertParallelMoE", "x", "a tensor whose last dimension is the layer's dim")
+_MOE_X = checks.device_check("ExpertParallelMoE", "x")
 
 
 def moe_aux_loss(model: nn.Module) -> torch.Tensor:

@@ -32,7 +32,7 @@ from torch import nn
 import hal
 import hal.dist as hd
 from hal.errors import InvalidArgumentError, UnsupportedError
-from hal.parallel.comm import gather_from_parallel, group_size, scatter_to_parallel
+from hal.parallel.comm import _agree, axis, gather_from_parallel, group_size, scatter_to_parallel
 from hal.parallel.blocks import ParallelAttention, ParallelMLP, head_parallel_attention, parallel_mlp
 from hal.parallel.tensor import (
     ColumnParallelLinear,
@@ -238,12 +238,16 @@ class SequenceEntry(ParallelStyle):
         if ctx.sequence_parallel:
             group, dim = tp_group(ctx.mesh)[0], ctx.sequence_dim
 
+            def scatter(x: torch.Tensor) -> torch.Tensor:
+                # the agreement first (x's dtype and shape, the dimension), then the length: the same on every rank
+                _agree("scatter_to_parallel", x, group, True, dim)
+                _check_sequence(x, axis(x, dim, "hal.parallel sequence parallelism", "sequence_dim"), group)
+                return scatter_to_parallel(x, dim, group, check=False)
+
             def split(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
                 if args:
-                    _check_sequence(args[0], dim, group)
-                    return (scatter_to_parallel(args[0], dim, group),) + tuple(args[1:]), kwargs
-                _check_sequence(kwargs["hidden_states"], dim, group)
-                return args, dict(kwargs, hidden_states=scatter_to_parallel(kwargs["hidden_states"], dim, group))
+                    return (scatter(args[0]),) + tuple(args[1:]), kwargs
+                return args, dict(kwargs, hidden_states=scatter(kwargs["hidden_states"]))
 
             module.register_forward_pre_hook(split, with_kwargs=True)
         return module

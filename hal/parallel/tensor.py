@@ -131,6 +131,13 @@ _SAME_LAYERS = ("the same layer settings on every rank of the group (in_features
                 "input_is_parallel, sequence_parallel, sequence_dim, overlap, chunks)")
 
 
+_ONE_GROUP = checks.check("column_parallel_linears", "layers", "layers of one group with the same sequence parallelism, "
+                           "sequence_dim and overlap")
+_COLUMN_X = checks.device_check("ColumnParallelLinear", "x")
+_ROW_X = checks.device_check("RowParallelLinear", "x")
+_NORM_X = {name: checks.device_check(name, "x") for name in ("ParallelRMSNorm", "ParallelLayerNorm")}
+
+
 def _uniform(shape: tuple[int, ...], fan_in: int, device: Any, dtype: Any) -> torch.Tensor:
     """nn.Linear's initialisation (uniform in ±1/sqrt(fan_in) of the *full* layer)."""
     bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
@@ -198,17 +205,21 @@ def column_parallel_linears(x: torch.Tensor, layers: Sequence[ColumnParallelLine
     input's gradient all-reduced once in the backward. The layers share group and settings (as
     attention's q, k, v and an MLP's gate and up do)."""
     first = layers[0]
+    weight_device = first.local("weight").device
+    local = checks.Local()  # this rank's own checks, carried in its row: every rank raises together
     for layer in layers[1:]:
         same = (layer.group is first.group and layer.sequence_parallel == first.sequence_parallel
                 and layer.sequence_dim == first.sequence_dim and layer.overlap == first.overlap)
-        if not same:
-            raise InvalidArgumentError("column_parallel_linears", "layers", "layers of one group with the same sequence "
-                                       "parallelism, sequence_dim and overlap", f"{first!r} and {layer!r}")
-    checks.on_device("ColumnParallelLinear", "x", x, first.local("weight").device)
-    dtype = autocast_dtype(x)
-    x = _cast(x, dtype)
-    settings = checks.config_code(*(layer.config() for layer in layers))
-    checks.agree("ColumnParallelLinear", first.group, x.device, [("x", x), ("layers", settings, _SAME_LAYERS)])
+        if not same and local.ok:
+            local.fail(_ONE_GROUP, f"layers {layers.index(layer)} and 0 differ", f"layers of one group with the same sequence "
+                       f"parallelism, sequence_dim and overlap ({first!r} and {layer!r})")
+    local.device(_COLUMN_X, x, weight_device)
+    if local.ok:
+        dtype = autocast_dtype(x)
+        x = _cast(x, dtype)
+        settings = checks.config_code(*(layer.config() for layer in layers))
+    checks.agree("ColumnParallelLinear", first.group, checks.row_device(weight_device, x.device),
+                 [("x", x), ("layers", settings, _SAME_LAYERS)] if local.ok else [], local=local)
     weights = [_cast(layer.local("weight"), dtype) for layer in layers]
     biases = [_cast(layer.local("bias"), dtype) for layer in layers]
     acts = tuple(layer.act for layer in layers)
@@ -368,11 +379,16 @@ class RowParallelLinear(_Sharded):
                 self.sequence_parallel, self.sequence_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        checks.on_device("RowParallelLinear", "x", x, self.local("weight").device)
+        weight_device = self.local("weight").device
+        local = checks.Local()
+        local.device(_ROW_X, x, weight_device)
+        if not local.ok:  # every rank raises, through the row
+            checks.agree("RowParallelLinear", self.group, checks.row_device(weight_device, x.device), [], local=local)
         dtype = autocast_dtype(x)
         x, weight, bias = _cast(x, dtype), _cast(self.local("weight"), dtype), _cast(self.local("bias"), dtype)
         # one check covers every collective below, forward and backward: their shapes follow from x's and the settings
-        checks.agree("RowParallelLinear", self.group, x.device, [("x", x), ("layers", checks.config_code(self.config()), _SAME_LAYERS)])
+        checks.agree("RowParallelLinear", self.group, x.device, [("x", x), ("layers", checks.config_code(self.config()), _SAME_LAYERS)],
+                     local=local)
         if self.sequence_parallel:  # y has x's dimensions
             axis(x, self.sequence_dim, "RowParallelLinear", "sequence_dim")
         if not self.input_is_parallel:
@@ -408,19 +424,22 @@ class _ParallelNorm(_Sharded):
 
     def _params(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
         weight, bias = self.local("weight"), self.local("bias")
+        local = checks.Local()
         if weight is not None:
-            checks.on_device(type(self).__name__, "x", x, weight.device)
+            name = type(self).__name__
+            local.device(_NORM_X.get(name) or checks.device_check(name, "x"), x, weight.device)
         if weight is not None and self.sequence_parallel and torch.is_grad_enabled() and (
                 weight.requires_grad or (bias is not None and bias.requires_grad)):
             # the backward sums the parameters' gradients over the group: gloo aborts a rank whose
             # parameters differ in size or dtype from a peer's (the next layer's check compares x,
             # which a weight of another dtype need not change)
-            checks.agree(type(self).__name__, self.group, x.device, [
+            checks.agree(type(self).__name__, self.group, checks.row_device(weight.device, x.device), [] if not local.ok else [
                 ("weight", weight),
                 ("bias", bias is not None, "a bias on every rank of the group, or on none"),
                 ("settings", checks.config_code(self.eps, weight.requires_grad, None if bias is None else (str(bias.dtype), bias.requires_grad)),
                  "the same eps, bias dtype and trained parameters on every rank of the group (under sequence parallelism "
-                 "the backward sums the parameters' gradients over the group)")])
+                 "the backward sums the parameters' gradients over the group)")], local=local)
+        local.raise_now()  # no collective in this call to carry it (no agreement ran): this rank alone
         return norm_inputs(x, weight, bias, self.group, self.sequence_parallel)
 
     def extra_repr(self) -> str:

@@ -118,11 +118,11 @@ class VocabParallelEmbedding(nn.Module):
         return p - self.vocab_start
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = checks.Local()  # this rank's own checks, carried in its row: every rank raises together
         if ids.dtype not in (torch.int64, torch.int32):  # bool and uint8 too: nn.Embedding takes these two only
-            raise InvalidArgumentError("VocabParallelEmbedding", "ids", "an int64 or int32 tensor of token ids (as nn.Embedding)",
-                                       f"a {ids.dtype} tensor")
-        checks.on_device("VocabParallelEmbedding", "ids", ids, self.weight.device)
-        self._check(ids)
+            local.fail(_IDS_DTYPE, f"a {ids.dtype} tensor")
+        local.device(_IDS_DEVICE, ids, self.weight.device)
+        self._check(ids, local)
         inside = (ids >= self.vocab_start) & (ids < self.vocab_start + self.vocab_real)
         local = torch.where(inside, ids - self.vocab_start, 0)
         out = F.embedding(local, self.weight, self._local_padding())
@@ -134,13 +134,17 @@ class VocabParallelEmbedding(nn.Module):
         dim = comm.axis(out, self.sequence_dim, "VocabParallelEmbedding", "sequence_dim", of="the output (the ids' dimensions, then the embedding's)")
         return comm.reduce_scatter_to_parallel(out, dim, self.group, check=False)
 
-    def _check(self, ids: torch.Tensor) -> None:
+    def _check(self, ids: torch.Tensor, local: checks.Local) -> None:
         """Every id in [0, vocab_size), as ``nn.Embedding`` requires (an :class:`IndexError`), and, with
-        the agreement check, the same ids, table dtype and settings on every rank."""
+        the agreement check, the same ids, table dtype and settings on every rank, and this rank's
+        own checks (``local``) passed on every rank."""
+        device = checks.row_device(self.weight.device, ids.device)
+        if not local.ok:  # every rank raises, through the row (nothing else of this rank's is read)
+            checks.agree("VocabParallelEmbedding", self.group, device, [], local=local)
         bounds = checks.Bounds("ids", f"token ids in [0, {self.vocab_size}) (index out of range in self)",
                                checks.out_of_range(ids, self.vocab_size))
         same_ids = checks.content_code(ids) if checks.exchanged(self.group, ids.device) else 0
-        checks.agree("VocabParallelEmbedding", self.group, ids.device, [
+        checks.agree("VocabParallelEmbedding", self.group, device, [
             ("ids", ids),
             ("ids", same_ids, "the same token ids on every rank of the group (each rank looks up its slice of the "
              "vocabulary for all of them: feed the tensor-parallel ranks the same batch)"),
@@ -152,6 +156,10 @@ class VocabParallelEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (f"vocab_size={self.vocab_size}, embedding_dim={self.embedding_dim}, ids [{self.vocab_start}, "
                 f"{self.vocab_start + self.vocab_real}) here, sequence_dim={self.sequence_dim}")
+
+
+_IDS_DTYPE = checks.check("VocabParallelEmbedding", "ids", "an int64 or int32 tensor of token ids (as nn.Embedding)")
+_IDS_DEVICE = checks.device_check("VocabParallelEmbedding", "ids")
 
 
 # --- LM head + cross-entropy ----------------------------------------------------------------------
@@ -327,34 +335,80 @@ def vocab_parallel_linear_cross_entropy(
     float32. The result is the same on every rank. No rank holds more than ``chunk_rows`` (default:
     :func:`chunk_rows_for`) rows of its local logits at a time.
     """
-    op = "vocab_parallel_linear_cross_entropy"
-    if x.dim() != 2 or weight_shard.dim() != 2 or weight_shard.shape[1] != x.shape[1]:
-        raise InvalidArgumentError(op, "x, weight_shard", "(N, K) and (per_rank, K) tensors",
-                                   f"{tuple(x.shape)} and {tuple(weight_shard.shape)}")
-    if target.dim() != 1 or target.shape[0] != x.shape[0] or target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise InvalidArgumentError(op, "target", f"an integer tensor of shape ({x.shape[0]},) (one class id per row of x)",
-                                   f"{target.dtype} {tuple(target.shape)}")
+    return _linear_cross_entropy(x, weight_shard, target, group, vocab_size, bias_shard, ignore_index, label_smoothing, reduction,
+                                 sequence_parallel, chunk_rows, checks.Local())
+
+
+_OP = "vocab_parallel_linear_cross_entropy"
+_LOSS = {
+    "x": checks.check(_OP, "x, weight_shard", "(N, K) and (per_rank, K) tensors"),
+    "target": checks.check(_OP, "target", "an integer tensor of shape (N,) (one class id per row of x)"),
+    "device": {arg: checks.device_check(_OP, arg) for arg in ("x", "target", "bias_shard")},
+    "reduction": checks.check(_OP, "reduction", "one of none, mean, sum"),
+    "label_smoothing": checks.check(_OP, "label_smoothing", "a number in [0, 1]"),
+    "ignore_index": checks.check(_OP, "ignore_index", "an int"),
+    "chunk_rows": checks.check(_OP, "chunk_rows", "an int of at least 1"),
+    "vocab_size": checks.check(_OP, "vocab_size", "a size in [1, per_rank x ranks] (the ranks' slices of weight_shard's rows)"),
+    "bias_shard": checks.check(_OP, "bias_shard", "a (per_rank,) tensor (weight_shard's rows)"),
+}
+_HEAD_X = checks.device_check("VocabParallelLMHead", "x")
+_HEAD_TARGET = checks.check("VocabParallelLMHead", "target", "a tensor of x's leading shape (one class id per row of x, as F.cross_entropy)")
+
+
+def _linear_cross_entropy(x: torch.Tensor, weight_shard: torch.Tensor, target: Optional[torch.Tensor], group: Any,
+                          vocab_size: Optional[int], bias_shard: Optional[torch.Tensor], ignore_index: Any, label_smoothing: Any,
+                          reduction: Any, sequence_parallel: bool, chunk_rows: Any, local: checks.Local) -> torch.Tensor:
+    """:func:`vocab_parallel_linear_cross_entropy` given this rank's verdict so far (``local``: the
+    LM head's own checks; ``target`` None where they failed). Every argument check below goes into
+    it, so that a rank whose arguments alone are wrong raises with its peers, after the agreement."""
+    op = _OP
+    ranks = comm.group_size(group)  # (a group without this rank: no peer shares a collective with it)
+    per_rank = weight_shard.shape[0] if weight_shard.dim() == 2 else 0
+    vocab = per_rank * ranks
+    if local.ok and (x.dim() != 2 or weight_shard.dim() != 2 or weight_shard.shape[1] != x.shape[1]):
+        local.fail(_LOSS["x"], f"{tuple(x.shape)} and {tuple(weight_shard.shape)}")
+    if local.ok and (target.dim() != 1 or target.shape[0] != x.shape[0] or target.is_floating_point() or target.is_complex()
+                     or target.dtype == torch.bool):
+        local.fail(_LOSS["target"], f"{target.dtype} {tuple(target.shape)}, x of {x.shape[0]} rows",
+                   f"an integer tensor of shape ({x.shape[0]},) (one class id per row of x)", f"{target.dtype} {tuple(target.shape)}")
     for arg, t in (("x", x), ("target", target), ("bias_shard", bias_shard)):
-        checks.on_device(op, arg, t, weight_shard.device)
-    if reduction not in REDUCTIONS:
-        raise InvalidArgumentError(op, "reduction", "one of none, mean, sum", repr(reduction))
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise InvalidArgumentError(op, "label_smoothing", "a number in [0, 1]", repr(label_smoothing))
+        if local.ok:
+            local.device(_LOSS["device"][arg], t, weight_shard.device)
+    if local.ok and (not isinstance(reduction, str) or reduction not in REDUCTIONS):
+        local.fail(_LOSS["reduction"], repr(reduction)[:40])
+    if local.ok:
+        try:
+            label_smoothing = float(label_smoothing)
+        except (TypeError, ValueError):
+            label_smoothing = math.nan
+        if not 0.0 <= label_smoothing <= 1.0:
+            local.fail(_LOSS["label_smoothing"], repr(label_smoothing)[:40])
+    if local.ok:
+        try:
+            ignore_index = int(ignore_index)
+        except (TypeError, ValueError):
+            local.fail(_LOSS["ignore_index"], repr(ignore_index)[:40])
     if chunk_rows is not None:
-        checks.count(op, "chunk_rows", chunk_rows, 1)
-    ranks = comm.group_size(group)
-    per_rank = weight_shard.shape[0]
-    vocab = per_rank * ranks if vocab_size is None else int(vocab_size)
-    if not 0 < vocab <= per_rank * ranks:
-        raise InvalidArgumentError(op, "vocab_size", f"a size in [1, {per_rank * ranks}] ({ranks} slices of {per_rank} rows)", repr(vocab))
-    if bias_shard is not None and tuple(bias_shard.shape) != (per_rank,):
-        raise InvalidArgumentError(op, "bias_shard", f"a ({per_rank},) tensor", f"{tuple(bias_shard.shape)}")
+        local.count(_LOSS["chunk_rows"], chunk_rows, 1)
+    if local.ok:
+        try:
+            vocab = per_rank * ranks if vocab_size is None else int(vocab_size)
+        except (TypeError, ValueError):
+            vocab = vocab_size
+        if not isinstance(vocab, int) or not 0 < vocab <= per_rank * ranks:
+            local.fail(_LOSS["vocab_size"], f"{vocab!r} for {ranks} slices of {per_rank} rows"[:56],
+                       f"a size in [1, {per_rank * ranks}] ({ranks} slices of {per_rank} rows)", repr(vocab))
+    if local.ok and bias_shard is not None and tuple(bias_shard.shape) != (per_rank,):
+        local.fail(_LOSS["bias_shard"], f"{tuple(bias_shard.shape)} for {per_rank} rows", f"a ({per_rank},) tensor",
+                   f"{tuple(bias_shard.shape)}")
+    if not local.ok:  # every rank raises, through the row (nothing else of this rank's is read)
+        checks.agree(op, group, checks.row_device(weight_shard.device, x.device), [], local=local)
     dtype = autocast_dtype(x)
     x, w, b = _cast(x, dtype), _cast(weight_shard, dtype), _cast(bias_shard, dtype)
     # the agreement check first: x's dtype differing across ranks is then the same error on every rank (checked
     # locally first, the rank whose x alone differed raised by itself and its peers paired their next call's check
     # with its next call's, out of step from then on)
-    _check_loss(x, w, b, target, group, vocab, int(ignore_index), float(label_smoothing), reduction, sequence_parallel)
+    _check_loss(x, w, b, target, group, vocab, ignore_index, label_smoothing, reduction, sequence_parallel, local)
     if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         raise InvalidArgumentError(op, "weight_shard", f"x's dtype {x.dtype} (outside autocast)", str(w.dtype))
     if sequence_parallel:  # (unchecked: the call was checked as a whole above)
@@ -363,7 +417,7 @@ def vocab_parallel_linear_cross_entropy(
     start = comm.group_rank(group) * per_rank
     real = max(0, min(per_rank, vocab - start))
     chunk = chunk_rows_for(x.shape[0], per_rank, chunk_rows)
-    s = _Setup(group, vocab, start, real, int(ignore_index), float(label_smoothing), reduction, chunk, not sequence_parallel)
+    s = _Setup(group, vocab, start, real, ignore_index, label_smoothing, reduction, chunk, not sequence_parallel)
     loss = _VocabParallelLCE.apply(x, w, b, target, s)
     if sequence_parallel and reduction == "none":
         return comm.scatter_to_parallel(loss, 0, group, check=False)  # the backward gathers every rank's row gradients
@@ -371,7 +425,7 @@ def vocab_parallel_linear_cross_entropy(
 
 
 def _check_loss(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], target: torch.Tensor, group: Any, vocab: int,
-                ignore_index: int, label_smoothing: float, reduction: str, sequence_parallel: bool) -> None:
+                ignore_index: int, label_smoothing: float, reduction: str, sequence_parallel: bool, local: checks.Local) -> None:
     """Every target in [0, vocab) or ``ignore_index``, as ``F.cross_entropy`` requires (an
     :class:`IndexError`), and, with the agreement check, the same shapes, dtypes, settings and (unless
     the rows are split along the sequence) targets on every rank."""
@@ -379,13 +433,13 @@ def _check_loss(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], tar
     bounds = checks.Bounds("target", f"class ids in [0, {vocab}) or ignore_index={ignore_index} (target out of bounds)",
                            checks.out_of_range(target, vocab, ignore_index))
     same_targets = checks.content_code(target) if checks.exchanged(group, x.device) and not sequence_parallel else 0
-    checks.agree(op, group, x.device, [
+    checks.agree(op, group, checks.row_device(w.device, x.device), [
         ("x", x), ("target", target), ("weight_shard", w), ("bias_shard", b is not None, "a bias_shard on every rank of the group, or on none"),
         ("target", same_targets, "the same targets on every rank of the group (the rows are whole on every rank "
          "without sequence_parallel: feed the tensor-parallel ranks the same batch)"),
         ("settings", checks.config_code(vocab, ignore_index, label_smoothing, reduction, sequence_parallel),
          "the same vocab_size, ignore_index, label_smoothing, reduction and sequence_parallel on every rank of the group"),
-    ], bounds)
+    ], bounds, local)
 
 
 class VocabParallelLMHead(nn.Module):
@@ -426,17 +480,21 @@ class VocabParallelLMHead(nn.Module):
 
     def forward(self, x: torch.Tensor, target: Optional[torch.Tensor] = None, *, gather: bool = False) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
+        local = checks.Local()  # this rank's own checks, carried in its row: every rank raises together
         if target is not None:
-            if isinstance(target, torch.Tensor) and tuple(target.shape) != tuple(x.shape[:-1]):
+            if not isinstance(target, torch.Tensor) or tuple(target.shape) != tuple(x.shape[:-1]):
                 # as F.cross_entropy: one target per row of x (flattening both matched (6,) targets to a (1, 6) x)
-                raise InvalidArgumentError("VocabParallelLMHead", "target", f"a tensor of x's leading shape {tuple(x.shape[:-1])} "
-                                           "(one class id per row of x, as F.cross_entropy)", f"shape {tuple(target.shape)}")
-            loss = vocab_parallel_linear_cross_entropy(
-                rows, self.weight, target.reshape(-1), self.group, vocab_size=self.vocab_size, bias_shard=self.bias,
-                ignore_index=self.ignore_index, label_smoothing=self.label_smoothing, reduction=self.reduction,
-                sequence_parallel=self.sequence_parallel, chunk_rows=self.chunk_rows)
+                got = f"shape {tuple(target.shape)}" if isinstance(target, torch.Tensor) else f"a {type(target).__name__}"
+                local.fail(_HEAD_TARGET, f"{got}, x {tuple(x.shape)}"[:56],
+                           f"a tensor of x's leading shape {tuple(x.shape[:-1])} (one class id per row of x, as F.cross_entropy)", got)
+            loss = _linear_cross_entropy(
+                rows, self.weight, target.reshape(-1) if local.ok else None, self.group, self.vocab_size, self.bias,
+                self.ignore_index, self.label_smoothing, self.reduction, self.sequence_parallel, self.chunk_rows, local)
             return loss.reshape(target.shape) if self.reduction == "none" else loss
-        checks.on_device("VocabParallelLMHead", "x", x, self.weight.device)
+        local.device(_HEAD_X, x, self.weight.device)
+        call = "gather_from_parallel" if self.sequence_parallel else "copy_to_parallel"
+        if not local.ok:  # every rank raises, through the row of the collective below
+            checks.agree(call, self.group, checks.row_device(self.weight.device, x.device), [], local=local)
         if self.sequence_parallel:
             rows = comm.gather_from_parallel(rows, 0, self.group, grad_reduce=True)
         else:

@@ -457,19 +457,19 @@ BAD_EDGES = [
     ("ids_bool", "VocabParallelEmbedding: argument 'ids' must be an int64 or int32 tensor", "torch.bool"),
     ("ids_uint8", "VocabParallelEmbedding: argument 'ids' must be an int64 or int32 tensor", "torch.uint8"),
     ("target_bool", "vocab_parallel_linear_cross_entropy: argument 'target' must be an integer tensor", "torch.bool"),
-    ("meta_column", "ColumnParallelLinear: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
-    ("meta_column_layer", "ColumnParallelLinear: argument 'x' must be a tensor on the layer's device, meta", "tensor on cpu"),
-    ("meta_row", "RowParallelLinear: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
-    ("meta_ids", "VocabParallelEmbedding: argument 'ids' must be a tensor on the layer's device, cpu", "tensor on meta"),
+    ("meta_column", "ColumnParallelLinear: argument 'x' must be a tensor on the layer's device; got ranks 0, 1:", "tensor on meta, the layer on cpu"),
+    ("meta_column_layer", "ColumnParallelLinear: argument 'x' must be a tensor on the layer's device; got ranks 0, 1:", "a float32 tensor on cpu, the layer on meta"),
+    ("meta_row", "RowParallelLinear: argument 'x' must be a tensor on the layer's device; got ranks 0, 1:", "tensor on meta, the layer on cpu"),
+    ("meta_ids", "VocabParallelEmbedding: argument 'ids' must be a tensor on the layer's device; got ranks 0, 1:", "tensor on meta, the layer on cpu"),
     ("meta_loss_target", "vocab_parallel_linear_cross_entropy: argument 'target' must be a tensor on the layer's device", "tensor on meta"),
-    ("meta_head", "VocabParallelLMHead: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
-    ("meta_norm", "ParallelRMSNorm: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
-    ("meta_moe", "ExpertParallelMoE: argument 'x' must be a tensor on the layer's device, cpu", "tensor on meta"),
+    ("meta_head", "VocabParallelLMHead: argument 'x' must be a tensor on the layer's device; got ranks 0, 1:", "tensor on meta, the layer on cpu"),
+    ("meta_norm", "ParallelRMSNorm: argument 'x' must be a tensor on the layer's device; got ranks 0, 1:", "tensor on meta, the layer on cpu"),
+    ("meta_moe", "ExpertParallelMoE: argument 'x' must be a tensor on the layer's device; got ranks 0, 1:", "tensor on meta, the layer on cpu"),
     ("size_negative", "ColumnParallelLinear: argument 'in_features' must be an int of at least 0", "got -8"),
     ("size_float", "RowParallelLinear: argument 'out_features' must be an int of at least 0", "got 6.0"),
     ("size_embedding_float", "VocabParallelEmbedding: argument 'embedding_dim' must be an int of at least 1", "got 4.5"),
     ("size_head_vocab_zero", "VocabParallelLMHead: argument 'vocab_size' must be an int of at least 1", "got 0"),
-    ("size_chunk_rows_zero", "vocab_parallel_linear_cross_entropy: argument 'chunk_rows' must be an int of at least 1", "got 0"),
+    ("size_chunk_rows_zero", "vocab_parallel_linear_cross_entropy: argument 'chunk_rows' must be an int of at least 1", "got ranks 0, 1: 0"),
     ("size_chunks_bool", "ColumnParallelLinear: argument 'chunks' must be an int of at least 1", "got True"),
 ]
 
@@ -484,7 +484,7 @@ def test_bad_edges_are_invalid_argument_errors_on_every_rank(outcomes: list, cas
     or "unsupported scalarType"; negative or float sizes raised torch.empty's RuntimeError or
     TypeError, and chunk_rows=0, chunks=True and an LM head of vocab_size 0 were taken."""
     _raised(outcomes, case, "InvalidArgumentError", head, detail)
-    if case.startswith(("dim_bad", "norm_")):  # the ranks differ: the same error, from the shared table
+    if case.startswith(("dim_bad", "norm_", "meta_", "ids_", "target_", "size_chunk")):  # the same error, from the shared table
         assert outcomes[0][case]["message"] == outcomes[1][case]["message"]
 
 
