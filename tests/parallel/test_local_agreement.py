@@ -96,6 +96,11 @@ def _cases(rank: int, seed: int) -> dict[str, tuple[Callable[[], Any], Callable[
         norm_backward(x)
         return _diff(ParallelRMSNorm(8, dtype=torch.float64)(x), F.rms_norm(x, (8,)))
 
+    from hal.parallel.plan import PlanContext, SequenceEntry
+
+    entry = SequenceEntry().apply(torch.nn.Identity(), PlanContext(mesh=None, sequence_parallel=True))
+    seq = draw(2, 6, 8)
+
     return {
         "column_meta_x_rank1": (lambda: column(bad_on(1, x8.to(META), x8)), lambda: _diff(column(x8), col_full(x8))),
         "row_meta_x_rank0": (lambda: row(bad_on(0, x6.to(META), x6)), lambda: _diff(row(x6), row_full(x6))),
@@ -112,6 +117,9 @@ def _cases(rank: int, seed: int) -> dict[str, tuple[Callable[[], Any], Callable[
                                    valid_loss),
         "moe_width_rank1": (lambda: moe(bad_on(1, draw(3, 5)[:, :5], tokens)), moe_valid),
         "norm_meta_x_rank0": (lambda: norm_backward(bad_on(0, draw(4, 8).to(META), draw(4, 8))), norm_valid),
+        # parallelize's sequence split: rank 1's length 5 is no multiple of 2 (refused by it alone before the agreement)
+        "sequence_entry_length_rank1": (lambda: entry(bad_on(1, seq[:, :5], seq[:, :4])),
+                                        lambda: _diff(entry(seq[:, :4]), seq[:, :4].chunk(N, 1)[rank])),
         # a group of one rank: no exchange, the rank's own detailed error at once (as before)
         "alone_meta_x": (lambda: ColumnParallelLinear.from_linear(col_full, mesh=alone[rank])(x8.to(META)),
                          lambda: _diff(ColumnParallelLinear.from_linear(col_full, mesh=alone[rank])(x8), col_full(x8))),
@@ -168,6 +176,8 @@ CASES = [
      "rank 0: valid; rank 1: shape (3, 5)"),
     ("norm_meta_x_rank0", "ParallelRMSNorm: argument 'x' must be a tensor on the layer's device; got "
      "rank 0: a float64 tensor on meta, the layer on cpu; rank 1: valid"),
+    ("sequence_entry_length_rank1", "scatter_to_parallel: argument 'x' must be the same dtype and shape on every rank of the group; "
+     "got rank 0: float64 (2, 4, 8); rank 1: float64 (2, 5, 8)"),
 ]
 
 
