@@ -105,9 +105,9 @@ def recompute(model: nn.Module, rewritten: nn.Module, policy: Optional[str]) -> 
     if not found:
         return rewritten, Decision("none", f"recompute={policy!r}, but the {'fused ' if rewritten is not model else ''}model has no "
                                            "repeated blocks (an nn.ModuleList of two or more modules of one class): nothing recomputed")
-    target = twin(model) if rewritten is model else rewritten
+    target = twin(model) if rewritten is model else rewritten  # a twin has the same blocks, as copies
     count = recompute_blocks(target, policy)
-    kinds = _counted(collections.Counter(getattr(type(b), "_hal_original", type(b)).__name__ for b in blocks(target)))
+    kinds = _counted(collections.Counter(type(b).__name__ for b in found))
     what = ("keep the outputs of GEMMs and attention and recompute the rest (norms, activations, rotary embeddings)"
             if policy == "selective" else "keep their inputs only and run their forward again")
     return target, Decision(policy, f"{count} blocks ({kinds}) {what} in the backward, in the 'hal' variant (hal.nn.recompute)")

@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hal.nn.modules import _cast
+
 #: whether :class:`CopyLinear` reads its copy (set by :meth:`WeightCopies.active`; torch.compile
 #: guards on it, so a graph compiled inside the step and one compiled outside stay apart)
 _ACTIVE = False
@@ -112,13 +114,10 @@ def weight_in(module: nn.Module, dtype: Optional[torch.dtype]) -> torch.Tensor:
     """``module.weight`` as autocast would cast it to ``dtype`` (None: as it is): its copy inside
     :meth:`WeightCopies.active` where it has one of that dtype (a module whose class sets
     ``reads_weight_copy``), else the weight cast."""
-    weight = module.weight
     copy = module.__dict__.get("weight_copy")
     if _ACTIVE and copy is not None and copy.dtype == dtype:
-        return _ReadCopy.apply(weight, copy)
-    if dtype is None or weight.dtype in (dtype, torch.float64):
-        return weight
-    return weight.to(dtype)
+        return _ReadCopy.apply(module.weight, copy)
+    return _cast(module.weight, dtype)
 
 
 @dataclasses.dataclass
