@@ -175,6 +175,11 @@ class OpDecl:
     reduction: Optional[Callable[[Named], int]] = None
     #: what the op does under torch.autocast (None: not an autocast op; see :class:`Autocast`).
     autocast: Optional[Autocast] = None
+    #: the op's time is arithmetic, not memory traffic (a GEMM, convolution or attention): selective
+    #: activation recomputation keeps its output (:mod:`hal.nn.recompute`). Ops that autocast lowers
+    #: are compute-bound by that rule (see :attr:`compute_bound`); this declares the others (the FP8
+    #: and int8 GEMMs, which take quantised operands and so are on no autocast list).
+    declared_compute_bound: bool = False
     #: parameters whose values change from call to call (a learning rate, a step count): the decision
     #: cache keys them by type only, and these validators (op, name, value) -> canonical value check
     #: them on every call instead of once per input signature.
@@ -195,6 +200,13 @@ class OpDecl:
     #: the module that declared the op: its family module (``hal.ops.conv``) for hal's own ops,
     #: which :mod:`hal.ops` finds and orders by family (:func:`arrange`).
     module: str = ""
+
+    @property
+    def compute_bound(self) -> bool:
+        """Whether the op's time is arithmetic: declared so, or an op autocast lowers (linear,
+        matmul, attention, convolution: autocast's lower-precision list is torch's list of
+        compute-bound operators)."""
+        return self.declared_compute_bound or (self.autocast is not None and self.autocast.policy == "lower")
 
     @property
     def trainable(self) -> bool:
@@ -363,6 +375,7 @@ def declare(
     reduction: Optional[Callable[[Named], int]] = None,
     volatile: Optional[Mapping[str, Callable[[str, str, Any], Any]]] = None,
     autocast: Optional[Autocast] = None,
+    compute_bound: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare an op from a typed function (its signature is the schema, its docstring the doc).
 
@@ -370,6 +383,8 @@ def declare(
     ``gradients`` that op returns (a tuple of parameter names, or one name when it returns a single
     tensor). ``dtype_from`` names the parameter whose dtype is the op's dtype (default: the first
     tensor parameter). ``autocast``: the op's cast policy under ``torch.autocast`` (:class:`Autocast`).
+    ``compute_bound``: the op's time is arithmetic though autocast does not lower it (an FP8 or int8
+    GEMM; see :attr:`OpDecl.compute_bound`).
     """
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -409,6 +424,7 @@ def declare(
             reduction=reduction,
             volatile=dict(volatile or {}),
             autocast=_autocast_of(autocast, params),
+            declared_compute_bound=bool(compute_bound),
             module=getattr(fn, "__module__", None) or "",
         )
         if not _ENTRY_FACTORY:

@@ -293,7 +293,7 @@ def _fp8_mma(t: str) -> Tolerance:
 SCALED_MM_TOLERANCE = {"uint8": _fp8_mma("float32"), **{t: _fp8_mma(t) for t in OUT_DTYPES}}
 
 
-@declare(dtypes=("uint8",), tolerances=SCALED_MM_TOLERANCE, reduction=_scaled_mm_k)
+@declare(dtypes=("uint8",), tolerances=SCALED_MM_TOLERANCE, reduction=_scaled_mm_k, compute_bound=True)
 def fp8_scaled_mm(
     a: Tensor,
     b: Tensor,

@@ -223,7 +223,7 @@ def _empty_fake_quantize_backward(a: Mapping[str, Any]) -> Any:
 OUT_DTYPES = ("float16", "bfloat16", "float32")
 
 
-@declare(dtypes=("int8",), tolerances=REDUCTION, reduction=lambda a: int(a["x_q"].shape[-1]))
+@declare(dtypes=("int8",), tolerances=REDUCTION, reduction=lambda a: int(a["x_q"].shape[-1]), compute_bound=True)
 def int8_linear(
     x_q: Tensor,
     w_q: Tensor,

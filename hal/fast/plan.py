@@ -113,6 +113,35 @@ def recompute(model: nn.Module, rewritten: nn.Module, policy: Optional[str]) -> 
     return target, Decision(policy, f"{count} blocks ({kinds}) {what} in the backward, in the 'hal' variant (hal.nn.recompute)")
 
 
+def fp8(model: nn.Module, rewritten: nn.Module, recipe: Any) -> tuple[nn.Module, Decision]:
+    """The ``hal`` variant's model with its linear layers in FP8 (``hal.fp8.convert(...,
+    within="auto")``: those of its repeated blocks, else all but the first and last), and the
+    decision. ``model`` itself is not changed: where the rewrite left it as it is, a :func:`twin` is
+    converted (a fused GraphModule is converted itself: its containers are its own). A device without
+    FP8 keeps the autocast dtype, with the reason."""
+    import hal.fp8
+    from hal.errors import UnsupportedError
+    from hal.nn.recompute import blocks
+
+    if recipe is None:
+        return rewritten, Decision("none", "linear layers in the autocast dtype (fp8=None)")
+    if not isinstance(recipe, hal.fp8.Recipe):
+        raise TypeError(f"hal.optimize: fp8 must be None or a hal.fp8 recipe (hal.fp8.CurrentScaling(), "
+                        f"hal.fp8.DelayedScaling(), hal.fp8.RowwiseScaling(), ...), not {type(recipe).__name__}")
+    target = twin(model) if rewritten is model else rewritten
+    where = ("inside its repeated blocks (embeddings, LM head and layers outside the blocks stay in the autocast dtype)"
+             if blocks(target) else "all but the first and last (the model has no repeated blocks)")
+    try:
+        hal.fp8.convert(target, recipe, within="auto")
+    except UnsupportedError as exc:
+        return rewritten, Decision("none", f"fp8={recipe} asked, but {str(exc).splitlines()[0]} (kept in the autocast dtype)")
+    converted = sum(isinstance(m, hal.fp8.Linear) for m in target.modules())
+    if not converted:
+        return rewritten, Decision("none", f"fp8={recipe} asked, but the model has no nn.Linear to convert")
+    return target, Decision("fp8", f"{converted} nn.Linear layers {where} run their GEMMs in FP8 with {recipe}, "
+                                   "in the 'hal' variant (hal.fp8.convert)")
+
+
 # --- the optimizer ---------------------------------------------------------------------------------
 
 #: the hyperparameters hal.optim.AdamW reads from a group (all others must be at their AdamW defaults)

@@ -113,6 +113,7 @@ class OptimizeReport:
     graph: Decision
     untouched: str = ""
     recompute: Decision = Decision("none", "activations held from forward to backward (recompute=None)")
+    fp8: Decision = Decision("none", "linear layers in the autocast dtype (fp8=None)")
     chosen: Optional[str] = None  # None until the first call
     why: str = ""  # why the chosen candidate
     trials: list[Trial] = dataclasses.field(default_factory=list)
@@ -149,7 +150,7 @@ class OptimizedStep:
                  amp: Optional[torch.dtype] = None, scaler: Any = None, rewrite: str = "auto",
                  replace_optimizer: bool = True, compile: Optional[bool] = None, compile_mode: Optional[str] = None,
                  graph: Optional[bool] = None, measure_steps: int = 5, margin: float = 0.03,
-                 candidates: Optional[Sequence[str]] = None, recompute: Optional[str] = None) -> None:
+                 candidates: Optional[Sequence[str]] = None, recompute: Optional[str] = None, fp8: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"hal.optimize: model must be a torch.nn.Module, not {type(model).__name__}")
         if amp not in (None, torch.bfloat16, torch.float16):
@@ -178,6 +179,8 @@ class OptimizedStep:
         self.loss_fn, self.inputs, self.amp = loss_fn, inputs, amp
         self.measure_steps, self.margin, self.compile_mode = measure_steps, margin, compile_mode
         rewritten, rewrite_decision = plan.rewrite(model, rewrite)
+        rewritten, fp8_decision = plan.fp8(model, rewritten, fp8)
+        self._fp8 = fp8
         rewritten, recompute_decision = plan.recompute(model, rewritten, recompute)
         hal_optimizer, opt_decision = plan.choose_optimizer(model, optimizer, replace_optimizer)
         if optimizer is None:
@@ -215,7 +218,7 @@ class OptimizedStep:
                    f"no cast per linear, forward or backward; weight gradients leave the GEMM in float32), {_written_when(copies)}, "
                    "in the 'hal' variant: autocast's numbers (hal.nn.weight_copies)")
         self.report = OptimizeReport(type(model).__name__, str(self.device), rewrite_decision, opt_decision, precision, weights, compile_d, graph_d,
-                                     untouched, recompute_decision)
+                                     untouched, recompute_decision, fp8_decision)
         self._compiled: dict[str, Callable[..., torch.Tensor]] = {}
         self._runs: dict[str, Callable[..., torch.Tensor]] = {}
         self._made_capturable: list[dict] = []  # param groups a graph candidate set capturable (undone unless a graph wins)
@@ -495,13 +498,18 @@ class OptimizedStep:
             r.notes = [n for n in r.notes if "capturable=True" not in n]
         which = name.split(" ", 1)[0]
         variant = self._variants[which]
-        if which == "hal" and variant.model is not self._user_model and (r.rewrite.choice == "patch" or r.recompute.choice != "none"):
+        if which == "hal" and variant.model is not self._user_model and r.rewrite.choice != "fuse" \
+                and (r.rewrite.choice == "patch" or r.recompute.choice != "none" or r.fp8.choice != "none"):
             import hal.nn
 
             # measured on a twin sharing your parameters; the step runs on your model, patched in
             # place as hal.nn.patch does (a compiled step compiles again, for your model's modules)
             if r.rewrite.choice == "patch":
                 hal.nn.patch(self._user_model)
+            if r.fp8.choice != "none":
+                import hal.fp8
+
+                hal.fp8.convert(self._user_model, self._fp8, within="auto")
             if r.recompute.choice != "none":
                 from hal.nn.recompute import recompute
 
@@ -538,6 +546,7 @@ class OptimizedStep:
                  f"  optimizer  {r.optimizer.choice}: {r.optimizer.reason}",
                  f"  precision  {r.precision}",
                  f"  weights    {r.weights}",
+                 f"  fp8        {r.fp8.choice}: {r.fp8.reason}",
                  f"  recompute  {r.recompute.choice}: {r.recompute.reason}",
                  f"  compile    {r.compile.choice}: {r.compile.reason}",
                  f"  graph      {r.graph.choice}: {r.graph.reason}"]
@@ -659,7 +668,7 @@ def optimize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
              amp: Optional[torch.dtype] = None, scaler: Any = None, rewrite: str = "auto",
              replace_optimizer: bool = True, compile: Optional[bool] = None, compile_mode: Optional[str] = None,
              graph: Optional[bool] = None, measure_steps: int = 5, margin: float = 0.03,
-             candidates: Optional[Sequence[str]] = None, recompute: Optional[str] = None) -> OptimizedStep:
+             candidates: Optional[Sequence[str]] = None, recompute: Optional[str] = None, fp8: Any = None) -> OptimizedStep:
     """The fastest training step hal can build for ``model`` and ``optimizer``, never slower (as
     measured on the first batch) than the model and optimizer as given; see ``docs/api.md`` ("A fast
     step in one call") and :class:`OptimizedStep`.
@@ -678,7 +687,12 @@ def optimize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     ``recompute``: "selective" or "full" to make the ``hal`` variant's repeated blocks recompute
     their activations in the backward (``hal.nn.recompute``: less memory for some arithmetic; your
     model untouched, as ever, until that variant wins); None (default) holds them. ``explain()``
-    shows how far device memory grew in each candidate's step.
+    shows how far device memory grew in each candidate's step. ``fp8``: a ``hal.fp8`` recipe
+    (``hal.fp8.CurrentScaling()``, ``DelayedScaling()``, ``RowwiseScaling()``, ...) to run the ``hal``
+    variant's linear layers inside repeated blocks (a transformer's layers) in FP8
+    (``hal.fp8.convert(..., within="blocks")``; embeddings and the LM head stay in the autocast
+    dtype): other numbers than bf16's, so only where you ask; the measurement still decides
+    against your untouched model. A device without FP8 keeps the autocast dtype (``explain()`` says why).
 
     Dropout and other random ops: the eager candidates draw what a plain loop draws; compiled ones
     draw other numbers of the same distribution (Inductor's generator), so their run is not the
@@ -686,7 +700,7 @@ def optimize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     the first batch is raised as it is, with a note listing every candidate's failure."""
     return OptimizedStep(model, optimizer, loss_fn=loss_fn, inputs=inputs, amp=amp, scaler=scaler, rewrite=rewrite,
                          replace_optimizer=replace_optimizer, compile=compile, compile_mode=compile_mode, graph=graph,
-                         measure_steps=measure_steps, margin=margin, candidates=candidates, recompute=recompute)
+                         measure_steps=measure_steps, margin=margin, candidates=candidates, recompute=recompute, fp8=fp8)
 
 
 __all__ = ["optimize", "OptimizedStep", "OptimizeReport", "Trial", "Variant", "CANDIDATES"]

@@ -158,12 +158,25 @@ class Linear(nn.Linear):
 
 
 def convert(model: nn.Module, recipe: Optional[Recipe] = None,
-            keep: Union[Iterable[str], str] = ("first", "last")) -> nn.Module:
+            keep: Union[Iterable[str], str, None] = None, within: str = "model") -> nn.Module:
     """Replace ``model``'s ``nn.Linear`` layers, in place, by :class:`Linear` sharing their parameters,
-    and return the model. ``keep``: layers left in higher precision, by qualified name
+    and return the model. State-dict keys do not change.
+
+    ``within``: ``"model"`` (default) converts every ``nn.Linear``; ``"blocks"`` only those inside
+    the model's repeated blocks (the children of an ``nn.ModuleList`` of two or more modules of one
+    class, :func:`hal.nn.recompute.blocks`: a transformer's layers), so embeddings, input projections
+    and the output head stay in higher precision, where FP8 costs the most accuracy and saves the
+    least time; ``"auto"``: ``"blocks"`` where the model has repeated blocks, else ``"model"``. ``keep``: layers left in higher precision besides, by qualified name
     (``"layers.0.proj"``) or ``"first"`` / ``"last"`` (the first and last ``nn.Linear`` in
-    ``model.named_modules()`` order, usually the input projection and the output head, the layers
-    most sensitive to FP8). ``keep=()`` converts them all. State-dict keys do not change."""
+    ``model.named_modules()`` order, usually the input projection and the output head). Default:
+    ``("first", "last")`` within the model, nothing within blocks. ``keep=()`` converts them all."""
+    from hal.nn.recompute import blocks
+
+    if within not in ("model", "blocks", "auto"):
+        raise ValueError(f"hal.fp8.convert: within must be 'model', 'blocks' or 'auto', not {within!r}")
+    found = blocks(model) if within != "model" else []
+    within = "blocks" if found else "model" if within == "auto" else within
+    keep = (("first", "last") if within == "model" else ()) if keep is None else keep
     keep = (keep,) if isinstance(keep, str) else tuple(keep)
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, Linear)]
     names = [n for n, _ in linears]
@@ -179,6 +192,11 @@ def convert(model: nn.Module, recipe: Optional[Recipe] = None,
         kept.add(names[0])
     if names and "last" in keep:
         kept.add(names[-1])
+    if within == "blocks":
+        inside = {id(m) for block in found for m in block.modules()}
+        kept.update(n for n, m in linears if id(m) not in inside)
+    if "" in names and "" not in kept:
+        raise ValueError("hal.fp8.convert: the model itself is an nn.Linear; use hal.fp8.Linear.from_linear(model)")
     chosen = CurrentScaling() if recipe is None else recipe
     for device in {m.weight.device for n, m in linears if n not in kept and not m.weight.is_meta}:
         # every device first, so a model is converted whole or not at all
@@ -188,8 +206,6 @@ def convert(model: nn.Module, recipe: Optional[Recipe] = None,
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        if not name:
-            raise ValueError("hal.fp8.convert: the model itself is an nn.Linear; use hal.fp8.Linear.from_linear(model)")
         setattr(parent, attr, Linear.from_linear(module, recipe))
     return model
 

@@ -47,7 +47,7 @@ Reporting: the logger ``hal.nn.patch`` says at INFO how many modules of each kin
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -222,15 +222,30 @@ def _swap(m: nn.Module) -> Optional[nn.Module]:
     return _llama_rms_norm(m) or _swiglu_mlp(m) or patch_hf.swap(m)
 
 
-def patch(model: nn.Module) -> nn.Module:
+def patch(model: nn.Module, fp8: Any = None) -> nn.Module:
     """Swap hal's modules into ``model`` in place (module docstring: what, and when) and return it.
 
     Never changes what the model computes beyond the dtypes' rounding; a module that cannot be
     recognised is left as it is. Logs (logger ``hal.nn.patch``, INFO) how many modules of each kind
     were swapped. Raises ValueError when ``model`` itself would have to be replaced (patch its
-    parent, or the model's submodules)."""
+    parent, or the model's submodules).
+
+    ``fp8``: a ``hal.fp8`` recipe (``hal.fp8.CurrentScaling()``, ...) to run, besides, the linear
+    layers inside the model's repeated blocks (a transformer's layers) in FP8:
+    ``hal.fp8.convert(model, fp8, within="auto")`` after the swap. FP8 changes the numbers beyond
+    bf16's rounding, so only where asked; a device without FP8 raises ``UnsupportedError`` before
+    anything is changed."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"hal.nn.patch expects an nn.Module, got {type(model).__name__}")
+    if fp8 is not None:
+        import hal.fp8
+
+        if not isinstance(fp8, hal.fp8.Recipe):
+            raise TypeError(f"hal.nn.patch: fp8 must be None or a hal.fp8 recipe (hal.fp8.CurrentScaling(), ...), "
+                            f"not {type(fp8).__name__}")
+        devices = {p.device for p in model.parameters() if not p.is_meta}
+        for device in devices:  # before anything is swapped
+            hal.fp8.device.require_fp8("hal.nn.patch(fp8=...)", device, (fp8.format, fp8.backward_format))
     top = _swap(model)
     if top is not None and top is not model:
         raise ValueError(f"hal.nn.patch cannot replace the model itself ({type(model).__name__}); call it on a module that contains it")
@@ -240,6 +255,12 @@ def patch(model: nn.Module) -> nn.Module:
     _patch_children(model, counts, set())
     if patch_hf.patch_lm_head(model):
         counts[_kind(model)] = counts.get(_kind(model), 0) + 1
+    if fp8 is not None:
+        import hal.fp8
+
+        before = sum(isinstance(m, hal.fp8.Linear) for m in model.modules())
+        hal.fp8.convert(model, fp8, within="auto")
+        counts["fp8.Linear"] = sum(isinstance(m, hal.fp8.Linear) for m in model.modules()) - before
     log.info("hal.nn.patch: %s", ", ".join(f"{n} x{c}" for n, c in sorted(counts.items())) or "nothing to swap")
     return model
 

@@ -8,9 +8,9 @@ Two policies, both on torch's activation checkpointing (``torch.utils.checkpoint
 so that it also runs inside ``torch.compile`` graphs and CUDA graph captures):
 
 - ``"selective"``: each block keeps the outputs of its compute-bound ops and recomputes the rest.
-  Compute-bound are hal's ops that ``torch.autocast`` lowers (their declaration's ``autocast`` policy
-  ``"lower"``: linear, matmul, grouped GEMM, attention, convolutions, the fused LM head + loss) and
-  torch's GEMM, convolution and attention operators. hal's ops are operators that the policy sees
+  Compute-bound are hal's ops whose declaration says so (``OpDecl.compute_bound``: those that
+  ``torch.autocast`` lowers, i.e. linear, matmul, grouped GEMM, attention, convolutions, the fused LM
+  head + loss, and the FP8 and int8 GEMMs) and torch's GEMM, convolution and attention operators. hal's ops are operators that the policy sees
   under ``torch.compile``; in eager code they are autograd nodes of their own, which checkpointing
   records only as the torch operators their kernels call, so there the policy keeps torch's GEMMs
   and recomputes hal's ops. torch's selective activation checkpointing
@@ -55,13 +55,14 @@ def _torch_compute_bound() -> frozenset:
 
 @functools.lru_cache(maxsize=None)
 def _hal_compute_bound() -> frozenset:
-    """hal's operators (``torch.ops.hal.<op>``) whose declaration lowers them under autocast."""
+    """hal's operators (``torch.ops.hal.<op>``) whose declaration makes them compute-bound (an op
+    autocast lowers, or one declared ``compute_bound``: the FP8 and int8 GEMMs)."""
     from hal.integration.library import NAMESPACE
     from hal.registry import OPS
 
     namespace = getattr(torch.ops, NAMESPACE)
     return frozenset(getattr(namespace, d.name).default for d in OPS.values()
-                     if d.autocast is not None and d.autocast.policy == "lower" and hasattr(namespace, d.name))
+                     if d.compute_bound and hasattr(namespace, d.name))
 
 
 @functools.lru_cache(maxsize=None)
