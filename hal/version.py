@@ -53,7 +53,7 @@ def source_commit() -> tuple[Optional[str], Optional[bool]]:
     if os.environ.get("HAL_COMMIT"):
         return os.environ["HAL_COMMIT"], (os.environ["HAL_DIRTY"] == "1") if "HAL_DIRTY" in os.environ else None
     try:
-        stamp = importlib.import_module(f"hal.{STAMP_MODULE}")
+        stamp = importlib.import_module("hal._build_stamp")  # hal.STAMP_MODULE, named whole: it imports nothing of hal
     except ImportError:
         return checkout_commit(Path(__file__).resolve().parent.parent)
     return stamp.COMMIT, stamp.DIRTY
