@@ -35,6 +35,7 @@ untuned. The first choice keeps its place unless another route is faster by more
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -43,7 +44,7 @@ import re
 import statistics
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -332,8 +333,24 @@ def _measure(decl: OpDecl, args: Sequence[Any], routes: Sequence[Route], context
     before: measuring draws gradients and may run random kernels, and a step measured on its first
     call must draw the same dropout masks as any other (activation checkpointing replays them)."""
     gpus = [device] if isinstance(device, torch.device) and device.type == "cuda" else []
-    with torch.random.fork_rng(devices=gpus, device_type="cuda"):
+    with torch.random.fork_rng(devices=gpus, device_type="cuda"), _apart():
         return _measure_routes(decl, args, routes, context, runner, device)
+
+
+@contextlib.contextmanager
+def _apart() -> Iterator[None]:
+    """Measuring outside whatever watches the caller's ops: the tensors its forward and backward
+    save go to no saved-tensor hooks (activation checkpointing counts what a block saves, and
+    recomputes the block later without measuring), and its ops to no dispatch mode (selective
+    checkpointing caches each op it sees; a user's FLOP counter would count the candidates)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with torch.autograd.graph.saved_tensors_hooks(_same, _same), _disable_current_modes():
+        yield
+
+
+def _same(t: Any) -> Any:
+    return t
 
 
 def _measure_routes(decl: OpDecl, args: Sequence[Any], routes: Sequence[Route], context: str,

@@ -85,6 +85,31 @@ def test_gradients_are_those_without_recompute_eager_and_compiled(policy: str) -
     assert type(model.model.layers[0]) is transformers.models.llama.modeling_llama.LlamaDecoderLayer
 
 
+@pytest.mark.parametrize("policy", ["selective", "full"])
+def test_kernel_choices_measured_inside_a_recomputed_block(policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """HAL_TUNE=on with an empty cache: hal measures its kernel choices on the first forward, inside
+    the checkpointed block. What the measurement runs is no part of the block: before the fix its
+    saved tensors reached checkpointing's hooks (32 saved in the forward, 28 in the recomputation:
+    CheckpointError) and its ops selective checkpointing's cache."""
+    from hal import dispatch
+
+    model = hal.nn.patch(_tiny_llama(6))
+    ids = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(6))
+    want_loss, want, _ = _loss_and_grads(model, ids)
+    monkeypatch.setenv("HAL_TUNE", "on")
+    monkeypatch.setenv("HAL_TUNE_CACHE", str(tmp_path / "tune"))
+    dispatch.reset()
+    try:
+        recompute(model, policy)
+        loss, got, _ = _loss_and_grads(model, ids)
+        assert any((tmp_path / "tune").rglob("*.json")), "nothing was measured"
+    finally:
+        dispatch.reset()
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_full_recompute_saves_less_than_selective_under_compile() -> None:
     model = hal.nn.patch(_tiny_llama(3))
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
