@@ -10,9 +10,10 @@ an approximate division on NVIDIA).
 
 **amax as integers.** The float32 bits of ``|x|`` order like the values, and a NaN's bits lie
 above every other (infinity included); so the maximum of ``bits(x) & 0x7FFFFFFF`` is the amax with
-NaN propagating exactly, and reductions across programs are ``atomic_max`` on int32 (the per-tensor
-amax of current scaling: one float32 word on the device, read by the cast kernel, which computes
-the scale there: no host synchronisation, so it runs under CUDA graph capture).
+NaN propagating exactly, and reductions across programs are ``atomic_max`` on int32 (v1) or
+partial words, one a program, reduced by the next kernel (v2): the per-tensor amax of current
+scaling stays on the device, read by the cast kernel, which computes the scale there: no host
+synchronisation, so it runs under CUDA graph capture.
 
 **Encoding.** On a GPU (``HW=True``) the cast is the hardware's round-to-nearest-even conversion
 (``cvt.rn.satfinite.e4m3x2.f32`` on sm_89+, ``v_cvt_pk_fp8_f32`` / ``v_cvt_pk_bf8_f32`` on gfx942)
@@ -31,10 +32,86 @@ with integer arithmetic (exact, and a streaming kernel has the instructions to s
 accumulation); block scales are applied per K step (``BLOCK_K`` divides the block size, so a step
 lies in one scale block), tensor and row scales and the bias in the epilogue, then one rounding.
 In the interpreter the tiles are decoded to float32 first (exact: every FP8 value is a float32).
+
+NOTES: the casts' passes and bytes (issue 40)
+---------------------------------------------
+``benchmarks/fp8.py --only quant`` divides a device copy's time by the cast's, the copy moving the
+bytes of one read of x and one write of the codes: 3n for ``fp8_quantize`` of n bfloat16 values,
+4n for ``fp8_quantize_transpose`` (scales ignored). Figures for a bfloat16 8192 x 8192 (n = 2^26:
+x 128 MiB, q 64 MiB) with the CUDA tables (``block_elems`` 4096, 8 warps); "ceiling" is 3n or 4n
+over the DRAM bytes the kernels must move; the H200/H100 compute about 21 / 30 issue slots a
+thread per element at copy speed for a 3-byte element (so a kernel needing ~25 is issue-bound).
+
+v1 (``HAL_FP8_CAST=v1``; measured on the H200 at ce9d753):
+
+============  ===========================================================  =======  ========  ========
+call          launches and passes                                          DRAM     ceiling   measured
+============  ===========================================================  =======  ========  ========
+tensor        2 zero fills; amax (16384 programs of 1 x 4096, an atomic     5n       0.60      0.40
+              each); cast (16384 programs, IEEE division per element)
+row           1: a row a program (16 warps), amax in registers, cast       3n       1.00      0.58
+block         1: a 128 x 128 block a program, amax then cast (32-row       3n       1.00      0.52
+              strips, the second read from L2)
+tensor, t     2 fills; amax; cast of 64 x 64 tiles, codes once, q and      6n       0.67      0.41
+              the tile transposed through shared memory into q_t
+row, t        2 fills (M and K words); amax (64 x 64 tiles, 2 atomics a    6n       0.67      0.20
+              row and a column: 2M atomics); cast: two emulated encodes
+              and two divisions per element (~70 instructions)
+block, t      1 + ``s.mT.contiguous()`` (a copy launch)                    4n       1.00      0.49
+============  ===========================================================  =======  ========  ========
+
+Every v1 cast divided each element with ``div.rn.f32`` (MUFU.RCP, 4 FFMA, FCHK and a branch to a
+slow path: ~10 instructions of the ~25-30 an element in the sm_90 code), so the kernels issued
+near the H200's limit at about half the copy rate, whatever their bytes allowed.
+
+v2 (the default): the division in four FMA-pipe instructions (``_quot``: q0 = x r_dn + x r_lo
+with r_dn + r_lo = 1/s to 2^-47, the exact remainder x - q0 s, Markstein's correction with r =
+RN(1/s); bit for bit the IEEE quotient for every positive normal s in [2^-64, 2^64] and |x/s| <
+2^18, the reciprocals computed once a program; other scales take the IEEE division), and on NVIDIA
+the conversion alone (``cvt.rn.satfinite`` saturates and keeps the sign; a NaN is rewritten only
+where one can occur: not under a current scale that passed those checks, where |x| <= amax is
+finite). About 9 instructions an element for the plain casts, 15 for the transposed per-tensor
+one, 26 for transposed rows (two codes an element), counted in the sm_90 code (kits/triton/aot.py
+compiles each). Passes:
+
+============  ===========================================================  =======  ========  ==========
+call          launches and passes                                          DRAM     ceiling   predicted
+============  ===========================================================  =======  ========  ==========
+tensor        amax: 4 programs a multiprocessor, persistent, 16 KB tiles,  5n       0.60      0.55-0.63
+              one partial word each (no atomics, no fill); cast: the       (-L2)    (0.63)
+              same programs, each reduces the partials and computes the
+              scale on the device, tiles last-first (the tail of x the
+              amax read last is still in L2)
+row           1: a row a program in registers (16 warps for 8192), one     3n       1.00      0.85-0.95
+              read, scale per row, the fast quotient
+block         1: a 128 x 128 block a program in registers (16 warps),      3n       1.00      0.85-0.95
+              one read
+tensor, t     amax as above; cast: persistent over 64 x 64 tiles (tile     6n       0.67      0.58-0.67
+              walk without divisions), codes once, q and q_t coalesced     (-L2)    (0.70)
+row, t        row and column partial maxima of 128 x 1024 strips (512      6n       0.67      0.50-0.62
+              programs, 2.3 MB of partials, no atomics); the scales
+              (the s and st outputs) reduced from them; cast of 64 x 64
+              tiles: q from the tile, q_t from the tile transposed in
+              shared memory, each divided by one scale a tile row
+block, t      1: 32-row strips of the block (the second pass from L1/L2),  4n       1.00      0.80-0.90
+              the block's scale written to s and, transposed, to st
+============  ===========================================================  =======  ========  ==========
+
+Given scales (delayed scaling): one pass, 3n (4n transposed), no amax launch: per tensor the
+same kernels without the amax pass (a power-of-two scale multiplies by its exact reciprocal;
+any other nice scale takes the fast quotient of x clamped to +-2^17 s, which changes no code).
+
+What the 0.85 target can mean: a cast of current scale that needs the amax of a whole tensor (or
+of whole columns) before its first code must read x twice, so against the benchmark's copy of
+one read and one write its ceiling is 0.60 (0.67 transposed) unless the amax is fused into the
+kernel that produces x or the scale is delayed; 0.85 of the bytes actually moved is 0.51 (0.57)
+in the benchmark's units, which v2 is predicted to reach. Row and block casts can reach 0.85 as
+the benchmark counts.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -406,6 +483,405 @@ def fp8_gemm_kernel(
     tl.store(c, _rounded(acc, c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+# --- v2 casts: one read of x where the granularity allows it, the division in four FMA-pipe ----
+# instructions (see NOTES in the module docstring) -------------------------------------------------
+
+
+@triton.jit
+def _nice(s):
+    """Whether the scale s (any shape) is a positive normal float32 in [2^-64, 2^64] (False for
+    0, negatives, subnormals, infinities and NaN): where ``_quot`` is exact (NOTES)."""
+    return (s >= 5.421010862427522e-20) & (s <= 1.8446744073709552e19)
+
+
+@triton.jit
+def _recips(s):
+    """(r, r_dn, r_lo) of a nice s: r = RN(1/s) (the IEEE division); r_dn = r, or r one ulp
+    smaller where r > 1/s, so that the remainder e = 1 - s r_dn (exact in one FMA: r_dn is
+    within an ulp of 1/s) is >= 0; r_lo = e r_dn >= 0, and r_dn + r_lo = 1/s to about 2^-47."""
+    one = tl.zeros_like(s) + 1.0
+    r = tl.math.div_rn(one, s)
+    r_dn = tl.where(tl.fma(-s, r, one) < 0.0, (r.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), r)
+    return r, r_dn, tl.fma(-s, r_dn, one) * r_dn
+
+
+@triton.jit
+def _quot(x, s, r, r_dn, r_lo):
+    """``x / s`` rounded to nearest even, bit for bit the IEEE division, for a nice scale s (its
+    ``_recips``) and |x / s| < 2^18, in four FMA-pipe instructions: q0 = RN(x r_dn + x r_lo)
+    is within an ulp of x / s (faithful), the remainder x - q0 s is exact in one FMA, and
+    q0 + remainder * r is RN(x / s) (Markstein's theorem: r within half an ulp of 1/s, q0
+    faithful). r_lo >= 0 and the remainder formed negated (q0 s - x) keep x = -0 at -0."""
+    q0 = tl.fma(x, r_dn, x * r_lo)
+    nres = tl.fma(q0, s, -x)
+    return tl.fma(-nres, r, q0)
+
+
+@triton.jit
+def _codes(v, x, FMT: tl.constexpr, HW: tl.constexpr, NAN_OF: tl.constexpr):
+    """uint8 codes of the quotients v = x / s. NAN_OF: 0 v is finite and x has no NaN (current
+    scaling with a nice scale), 1 NaN codes where v is NaN, 2 where x is NaN (v of a clamped x).
+    On NVIDIA (HW, OCP formats) the conversion alone: ``cvt.rn.satfinite`` rounds to nearest
+    even, saturates (infinities included) and keeps the sign, -0 included; only a NaN is
+    rewritten as the canonical NaN."""
+    NAN_BITS: tl.constexpr = 0x7F if FMT < 2 else 0x80
+    if HW and FMT < 2:
+        if FMT == 0:
+            code = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        else:
+            code = v.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        if NAN_OF == 1:
+            code = tl.where(v != v, NAN_BITS, code).to(tl.uint8)
+    else:
+        code = _encode(v, FMT, HW)
+    if NAN_OF == 2:
+        code = tl.where(x != x, NAN_BITS, code).to(tl.uint8)
+    return code
+
+
+@triton.jit
+def _prep(s, POW2: tl.constexpr):
+    """What the codes of x / s need of the scales s (one, or one a row), computed once per
+    program: (kind, r, r_dn, r_lo). kind 0: s is nice, the four-instruction quotient with
+    ``_recips``; 1 (POW2, one given scale): a normal power of two, r its exact reciprocal; 2:
+    the IEEE division (s 0, negative, subnormal, below 2^-64 or above 2^64, infinite or NaN)."""
+    nice = _nice(s)
+    r, r_dn, r_lo = _recips(tl.where(nice, s, 1.0))
+    kind = tl.where(nice, 0, 2)
+    if POW2:
+        sb = s.to(tl.int32, bitcast=True)
+        e = (sb >> 23) & 0xFF
+        pow2 = ((sb & 0x7FFFFF) == 0) & (e >= 1) & (e <= 253)
+        r = tl.where(pow2, (((254 - e) << 23) | ((sb >> 31) << 31)).to(tl.float32, bitcast=True), r)
+        kind = tl.where(pow2, 1, kind)
+    return kind, r, r_dn, r_lo
+
+
+@triton.jit
+def _codes_of(x, s, kind, r, r_dn, r_lo, FMT: tl.constexpr, HW: tl.constexpr, GIVEN: tl.constexpr, POW2: tl.constexpr):
+    """Codes of float32 ``x / s`` (s, r, r_dn, r_lo from ``_prep``, scalars or (R, 1) columns;
+    kind one scalar for the whole tile). Current scaling (|x| <= amax = s * max_finite, so the
+    quotients are at most max_finite and finite where s is nice): the fast quotient. A given
+    scale: the fast quotient of x clamped to +-2^17 s (a quotient past 2^17 saturates either
+    way, infinities included; NaN codes from x), x times the exact reciprocal of a power of
+    two, or the division."""
+    if kind == 0:
+        if GIVEN:
+            c = s * 131072.0
+            code = _codes(_quot(tl.minimum(tl.maximum(x, -c), c), s, r, r_dn, r_lo), x, FMT, HW, 2)
+        else:
+            code = _codes(_quot(x, s, r, r_dn, r_lo), x, FMT, HW, 0)
+    else:
+        if POW2:
+            if kind == 1:
+                code = _codes(x * r, x, FMT, HW, 1)
+            else:
+                code = _codes(tl.math.div_rn(x, s + tl.zeros_like(x)), x, FMT, HW, 1)
+        else:
+            code = _codes(tl.math.div_rn(x, s + tl.zeros_like(x)), x, FMT, HW, 1)
+    return code
+
+
+@triton.jit
+def _codes_rows(x, s, FMT: tl.constexpr, HW: tl.constexpr, GIVEN: tl.constexpr):
+    """Codes of float32 ``x / s[:, None]`` for an (R, C) tile and one scale a row: the fast
+    quotient where every row's scale is nice, else the division for the whole tile."""
+    kind, r, r_dn, r_lo = _prep(s, False)
+    return _codes_of(x, s[:, None], tl.max(kind, axis=0), r[:, None], r_dn[:, None], r_lo[:, None], FMT, HW, GIVEN, False)
+
+
+@triton.jit(do_not_specialize=["n_tiles"])
+def fp8_v2_amax_kernel(x_ptr, part_ptr, N, n_tiles, BLOCK: tl.constexpr):
+    """Per-tensor amax, stage one: each of the persistent programs reduces tiles pid, pid + G, ...
+    of the flat x (|x| as float32 bits, NaN above all) in registers and writes one partial word
+    (no atomics, no zeroed buffer)."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in range(pid, n_tiles, tl.num_programs(0)):
+        idx = tl.cast(i, tl.int64) * BLOCK + offs
+        acc = tl.maximum(acc, _abs_bits(tl.load(x_ptr + idx, mask=idx < N, other=0.0)))
+    tl.store(part_ptr + pid, tl.max(acc, axis=0))
+
+
+@triton.jit
+def _tensor_scale(s_in_ptr, part_ptr, n_part, FMT: tl.constexpr, GIVEN: tl.constexpr, PART: tl.constexpr):
+    """The tensor's float32 scale: given, or from the partial amax words (stage two, in every
+    program: n_part words from L2)."""
+    if GIVEN:
+        s = tl.load(s_in_ptr).to(tl.float32)
+    else:
+        p = tl.arange(0, PART)
+        s = _scale_of(tl.max(tl.load(part_ptr + p, mask=p < n_part, other=0), axis=0), FMT)
+    return s
+
+
+@triton.jit(do_not_specialize=["n_tiles", "n_part"])
+def fp8_v2_tensor_kernel(x_ptr, q_ptr, s_in_ptr, s_ptr, st_ptr, part_ptr, N, n_tiles, n_part, FMT: tl.constexpr,
+                         HW: tl.constexpr, GIVEN: tl.constexpr, WRITE_ST: tl.constexpr, PART: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """Per-tensor cast of the flat x, persistent: the scale (given, or from the amax partials)
+    once per program, written by program 0; tiles visited last-first, so that the tail of x the
+    amax pass read last is still in L2 when this pass starts."""
+    pid = tl.program_id(0)
+    s = _tensor_scale(s_in_ptr, part_ptr, n_part, FMT, GIVEN, PART)
+    if pid == 0:
+        tl.store(s_ptr, s)
+        if WRITE_ST:
+            tl.store(st_ptr, s)
+    kind, r, r_dn, r_lo = _prep(s, GIVEN)
+    offs = tl.arange(0, BLOCK)
+    for i in range(pid, n_tiles, tl.num_programs(0)):
+        idx = tl.cast(n_tiles - 1 - i, tl.int64) * BLOCK + offs
+        mask = idx < N
+        x = tl.load(x_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+        tl.store(q_ptr + idx, _codes_of(x, s, kind, r, r_dn, r_lo, FMT, HW, GIVEN, GIVEN), mask=mask)
+
+
+@triton.jit
+def _origin(t, M, K, n_tm, n_tk, BATCHED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Tile t of a (B, M, K) array in (B, n_tm, n_tk) order: the offsets (int64) of its first
+    element in x (and q) and in the transpose (B, K, M), and how many of its rows and columns
+    lie inside (elements within a tile are int32 offsets from there: no 64-bit address per
+    element held in registers). BATCHED False: B is 1 (one integer division fewer)."""
+    if BATCHED:
+        per = n_tm * n_tk
+        bmk = tl.cast(t // per, tl.int64) * M * K
+        u = t % per
+    else:
+        bmk = tl.cast(0, tl.int64)
+        u = t
+    tm = u // n_tk
+    r0 = tm * BLOCK_R
+    c0 = (u - tm * n_tk) * BLOCK_C
+    return bmk + tl.cast(r0, tl.int64) * K + c0, bmk + tl.cast(c0, tl.int64) * M + r0, M - r0, K - c0
+
+
+@triton.jit(do_not_specialize=["n_tiles", "n_part", "n_tm", "n_tk"])
+def fp8_v2_tensor_t_kernel(x_ptr, q_ptr, qt_ptr, s_in_ptr, s_ptr, st_ptr, part_ptr, M, K, n_tm, n_tk, n_tiles, n_part,
+                           FMT: tl.constexpr, HW: tl.constexpr, GIVEN: tl.constexpr, PART: tl.constexpr,
+                           BATCHED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Per-tensor cast of a (B, M, K) array and of its transpose, persistent, tiles last-first:
+    one read of each tile, its codes computed once (q and q_t share the scale) and written twice,
+    row-major into q and through a tile transpose (shared memory) into q_t, both coalesced."""
+    pid = tl.program_id(0)
+    s = _tensor_scale(s_in_ptr, part_ptr, n_part, FMT, GIVEN, PART)
+    if pid == 0:
+        tl.store(s_ptr, s)
+        tl.store(st_ptr, s)
+    kind, r, r_dn, r_lo = _prep(s, GIVEN)
+    ar = tl.arange(0, BLOCK_R)
+    ac = tl.arange(0, BLOCK_C)
+    off = ar[:, None] * K + ac[None, :]
+    off_t = ac[:, None] * M + ar[None, :]
+    # visit tiles n_tiles - 1 - pid, ... - G, ...: (row of tiles g over all batches, column of
+    # tiles tk) stepped back by (G // n_tk, G % n_tk) with a borrow: no division in the loop
+    n_prog = tl.num_programs(0)
+    t = n_tiles - 1 - pid
+    g = t // n_tk
+    tk = t - g * n_tk
+    dg = n_prog // n_tk
+    dk = n_prog - dg * n_tk
+    for i in range(pid, n_tiles, n_prog):
+        if BATCHED:
+            b = g // n_tm
+            r0 = (g - b * n_tm) * BLOCK_R
+            bmk = tl.cast(b, tl.int64) * M * K
+        else:
+            r0 = g * BLOCK_R
+            bmk = tl.cast(0, tl.int64)
+        c0 = tk * BLOCK_C
+        o = bmk + tl.cast(r0, tl.int64) * K + c0
+        o_t = bmk + tl.cast(c0, tl.int64) * M + r0
+        nr = M - r0
+        nc = K - c0
+        tk = tk - dk
+        g = g - dg
+        borrow = (tk < 0).to(tl.int32)
+        tk = tk + borrow * n_tk
+        g = g - borrow
+        mask = (ar < nr)[:, None] & (ac < nc)[None, :]
+        x = tl.load(x_ptr + o + off, mask=mask, other=0.0).to(tl.float32)
+        code = _codes_of(x, s, kind, r, r_dn, r_lo, FMT, HW, GIVEN, GIVEN)
+        tl.store(q_ptr + o + off, code, mask=mask)
+        tl.store(qt_ptr + o_t + off_t, tl.trans(code), mask=(ac < nc)[:, None] & (ar < nr)[None, :])
+
+
+@triton.jit(do_not_specialize=["R"])
+def fp8_v2_rows_kernel(x_ptr, q_ptr, s_in_ptr, s_ptr, R, K, FMT: tl.constexpr, HW: tl.constexpr, GIVEN: tl.constexpr,
+                       ONE_TILE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Row-wise cast of an (R, K) array, BLOCK_R rows a program: the scales given, or each row's
+    amax reduced in registers (one read of x when the row fits the tile, else two, the second
+    from L2), then the codes and the scales written."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    base = rows.to(tl.int64)[:, None] * K
+    cols = tl.arange(0, BLOCK_C)
+    if ONE_TILE:
+        mask = row_ok[:, None] & (cols < K)[None, :]
+        x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if GIVEN:
+            s = tl.load(s_in_ptr + rows, mask=row_ok, other=1.0).to(tl.float32)
+        else:
+            s = _scale_of(tl.max(tl.where(mask, _abs_bits(x), 0), axis=1), FMT)
+        tl.store(q_ptr + base + cols[None, :], _codes_rows(x, s, FMT, HW, GIVEN), mask=mask)
+    else:
+        if GIVEN:
+            s = tl.load(s_in_ptr + rows, mask=row_ok, other=1.0).to(tl.float32)
+        else:
+            amax = tl.zeros([BLOCK_R], tl.int32)
+            for k0 in range(0, K, BLOCK_C):
+                mask = row_ok[:, None] & ((k0 + cols) < K)[None, :]
+                x = tl.load(x_ptr + base + (k0 + cols)[None, :], mask=mask, other=0.0)
+                amax = tl.maximum(amax, tl.max(tl.where(mask, _abs_bits(x), 0), axis=1))
+            s = _scale_of(amax, FMT)
+        kind, r, r_dn, r_lo = _prep(s, False)
+        kind = tl.max(kind, axis=0)
+        for k0 in range(0, K, BLOCK_C):
+            mask = row_ok[:, None] & ((k0 + cols) < K)[None, :]
+            x = tl.load(x_ptr + base + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+            code = _codes_of(x, s[:, None], kind, r[:, None], r_dn[:, None], r_lo[:, None], FMT, HW, GIVEN, False)
+            tl.store(q_ptr + base + (k0 + cols)[None, :], code, mask=mask)
+    tl.store(s_ptr + rows, s, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["n_rs", "n_cs"])
+def fp8_v2_amax_rc_kernel(x_ptr, rpart_ptr, cpart_ptr, M, K, n_rs, n_cs, ROWS: tl.constexpr, SUB_R: tl.constexpr,
+                          BLOCK_C: tl.constexpr):
+    """Row and column amax of a (B, M, K) array, stage one: program (b, i, j) reduces rows
+    [i ROWS, (i + 1) ROWS) x columns [j BLOCK_C, (j + 1) BLOCK_C), SUB_R rows at a time, and
+    writes the rows' maxima over its columns (rpart, (B, n_cs, M)) and its columns' maxima over
+    its rows (cpart, (B, n_rs, K)): no atomics, every word written once."""
+    pid = tl.program_id(0)
+    per = n_rs * n_cs
+    b = pid // per
+    t = pid % per
+    i = t // n_cs
+    j = t % n_cs
+    cols = j * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < K
+    sub = tl.arange(0, SUB_R)
+    base = b.to(tl.int64) * M * K
+    cmax = tl.zeros([BLOCK_C], tl.int32)
+    for r0 in range(0, ROWS, SUB_R):
+        rows = i * ROWS + r0 + sub
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        bits = tl.where(mask, _abs_bits(tl.load(x_ptr + base + rows.to(tl.int64)[:, None] * K + cols[None, :], mask=mask, other=0.0)), 0)
+        cmax = tl.maximum(cmax, tl.max(bits, axis=0))
+        tl.store(rpart_ptr + (b.to(tl.int64) * n_cs + j) * M + rows, tl.max(bits, axis=1), mask=row_ok)
+    tl.store(cpart_ptr + (b.to(tl.int64) * n_rs + i) * K + cols, cmax, mask=col_ok)
+
+
+@triton.jit(do_not_specialize=["n_rs", "n_cs", "n_rprog", "NBM", "NBK"])
+def fp8_v2_scales_rc_kernel(rpart_ptr, cpart_ptr, s_ptr, st_ptr, M, K, NBM, NBK, n_rs, n_cs, n_rprog, FMT: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    """Row and column amax, stage two: the first n_rprog programs reduce the n_cs partial words of
+    BLOCK rows each into the row scales (s, B*M words), the others the n_rs words of BLOCK columns
+    into the column scales (st, B*K words)."""
+    pid = tl.program_id(0)
+    idx = tl.arange(0, BLOCK)
+    if pid < n_rprog:
+        g = pid * BLOCK + idx
+        ok = g < NBM
+        src = rpart_ptr + (g // M).to(tl.int64) * n_cs * M + g % M
+        amax = tl.zeros([BLOCK], tl.int32)
+        for j in range(0, n_cs):
+            amax = tl.maximum(amax, tl.load(src + j * M, mask=ok, other=0))
+        tl.store(s_ptr + g, _scale_of(amax, FMT), mask=ok)
+    else:
+        g = (pid - n_rprog) * BLOCK + idx
+        ok = g < NBK
+        src = cpart_ptr + (g // K).to(tl.int64) * n_rs * K + g % K
+        amax = tl.zeros([BLOCK], tl.int32)
+        for i in range(0, n_rs):
+            amax = tl.maximum(amax, tl.load(src + i * K, mask=ok, other=0))
+        tl.store(st_ptr + g, _scale_of(amax, FMT), mask=ok)
+
+
+@triton.jit(do_not_specialize=["n_tm", "n_tk"])
+def fp8_v2_rows_t_kernel(x_ptr, q_ptr, qt_ptr, s_ptr, st_ptr, M, K, n_tm, n_tk, FMT: tl.constexpr, HW: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Row-wise codes of a (B, M, K) array and of its transpose from one read of each tile, the
+    row scales s and column scales st already computed: q from the tile divided by its rows'
+    scales, q_t from the transposed tile (shared memory) divided by its rows' (x's columns')
+    scales, each stored row-major, coalesced; every divisor is one per row of the tile it divides."""
+    t = tl.program_id(0)
+    o, o_t, nr, nc = _origin(t, M, K, n_tm, n_tk, True, BLOCK_R, BLOCK_C)
+    per = n_tm * n_tk
+    b = t // per
+    r0 = ((t % per) // n_tk) * BLOCK_R
+    c0 = (t % n_tk) * BLOCK_C
+    ar = tl.arange(0, BLOCK_R)
+    ac = tl.arange(0, BLOCK_C)
+    row_ok = ar < nr
+    col_ok = ac < nc
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(x_ptr + o + ar[:, None] * K + ac[None, :], mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + b.to(tl.int64) * M + r0 + ar, mask=row_ok, other=1.0)
+    st = tl.load(st_ptr + b.to(tl.int64) * K + c0 + ac, mask=col_ok, other=1.0)
+    tl.store(q_ptr + o + ar[:, None] * K + ac[None, :], _codes_rows(x, s, FMT, HW, False), mask=mask)
+    tl.store(qt_ptr + o_t + ac[:, None] * M + ar[None, :], _codes_rows(tl.trans(x), st, FMT, HW, False),
+             mask=col_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["mb", "kb"])
+def fp8_v2_blocks_kernel(x_ptr, q_ptr, qt_ptr, s_in_ptr, s_ptr, st_ptr, M, K, mb, kb, bs, FMT: tl.constexpr,
+                         HW: tl.constexpr, GIVEN: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_S: tl.constexpr,
+                         SUB_R: tl.constexpr):
+    """Block-wise cast of a (B, M, K) array, one bs x bs block a program (BLOCK_S its next power of
+    two). SUB_R == BLOCK_S: the whole block in registers, one read (its amax, one scalar scale,
+    its codes; the transpose through shared memory into q_t); else SUB_R rows at a time, two
+    passes for a current scale (the second from L1/L2). Writes the block's scale to s and,
+    transposed, to st."""
+    pid = tl.program_id(0)
+    b = pid // (mb * kb)
+    t = pid % (mb * kb)
+    bi = t // kb
+    bj = t % kb
+    bmk = b.to(tl.int64) * M * K
+    o = bmk + (bi * bs).to(tl.int64) * K + bj * bs
+    o_t = bmk + (bj * bs).to(tl.int64) * M + bi * bs
+    nr = tl.minimum(bs, M - bi * bs)
+    ac = tl.arange(0, BLOCK_S)
+    col_ok = ac < tl.minimum(bs, K - bj * bs)
+    sub = tl.arange(0, SUB_R)
+    if GIVEN:
+        s = tl.load(s_in_ptr + pid).to(tl.float32)
+    if SUB_R == BLOCK_S:
+        mask = (sub < nr)[:, None] & col_ok[None, :]
+        off = sub[:, None] * K + ac[None, :]
+        x = tl.load(x_ptr + o + off, mask=mask, other=0.0).to(tl.float32)
+        if not GIVEN:
+            s = _scale_of(tl.max(tl.max(tl.where(mask, _abs_bits(x), 0), axis=1), axis=0), FMT)
+        kind, r, r_dn, r_lo = _prep(s, GIVEN)
+        code = _codes_of(x, s, kind, r, r_dn, r_lo, FMT, HW, GIVEN, GIVEN)
+        tl.store(q_ptr + o + off, code, mask=mask)
+        if TRANSPOSE:
+            tl.store(qt_ptr + o_t + ac[:, None] * M + sub[None, :], tl.trans(code), mask=col_ok[:, None] & (sub < nr)[None, :])
+    else:
+        if not GIVEN:
+            amax = tl.zeros([SUB_R], tl.int32)
+            for i in range(0, bs, SUB_R):
+                mask = (i + sub < nr)[:, None] & col_ok[None, :]
+                x = tl.load(x_ptr + o + (i + sub)[:, None] * K + ac[None, :], mask=mask, other=0.0)
+                amax = tl.maximum(amax, tl.max(tl.where(mask, _abs_bits(x), 0), axis=1))
+            s = _scale_of(tl.max(amax, axis=0), FMT)
+        kind, r, r_dn, r_lo = _prep(s, GIVEN)
+        for i in range(0, bs, SUB_R):
+            mask = (i + sub < nr)[:, None] & col_ok[None, :]
+            off = (i + sub)[:, None] * K + ac[None, :]
+            x = tl.load(x_ptr + o + off, mask=mask, other=0.0).to(tl.float32)
+            code = _codes_of(x, s, kind, r, r_dn, r_lo, FMT, HW, GIVEN, GIVEN)
+            tl.store(q_ptr + o + off, code, mask=mask)
+            if TRANSPOSE:
+                tl.store(qt_ptr + o_t + ac[:, None] * M + (i + sub)[None, :], tl.trans(code),
+                         mask=col_ok[:, None] & (i + sub < nr)[None, :])
+    tl.store(s_ptr + pid, s)
+    if TRANSPOSE:
+        tl.store(st_ptr + b.to(tl.int64) * mb * kb + bj * mb + bi, s)
+
+
 # --- host functions ---------------------------------------------------------------------------
 
 
@@ -475,9 +951,21 @@ def _amax(x3, m, k, nb, mode, block_elems, num_warps):
 
 
 def quantize(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.Tensor], block_size: int, transpose: bool,
-             hw: bool, block_elems: int, num_warps: int) -> tuple:
+             hw: bool, block_elems: int, num_warps: int, programs: Optional[int] = None) -> tuple:
     """fp8_quantize (``transpose=False``: (q, scale)) or fp8_quantize_transpose ((q, scale, q_t,
-    scale_t)). ``hw`` picks the hardware cast (GPUs) or the emulated one (the interpreter)."""
+    scale_t)). ``hw`` picks the hardware cast (GPUs) or the emulated one (the interpreter);
+    ``programs`` the persistent programs of the v2 per-tensor kernels (default 4 a multiprocessor).
+    The kernels are :func:`cast_version`'s (``HAL_FP8_CAST``, v2 unless set)."""
+    if _CAST[0] == "v2":
+        got = _quantize_v2(x, fmt, granularity, scale, block_size, transpose, hw, block_elems, num_warps, programs)
+        if got is not None:
+            return got
+    return _quantize_v1(x, fmt, granularity, scale, block_size, transpose, hw, block_elems, num_warps)
+
+
+def _quantize_v1(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.Tensor], block_size: int, transpose: bool,
+                 hw: bool, block_elems: int, num_warps: int) -> tuple:
+    """quantize() with the v1 kernels (issue 40's baseline)."""
     x3, nb, m, k = _batched(x)
     dev = x.device
     q = torch.empty(x3.shape, dtype=torch.uint8, device=dev)
@@ -525,6 +1013,157 @@ def quantize(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.
         amax, _ = _amax(x3, m, k, nb, A_TENSOR, block_elems, num_warps)
         _encode_launch(x3, q, qt, s, st, amax, amax, m, k, nb, S_TENSOR_AMAX, fmt, transpose, hw, block_elems, num_warps)
     q = q.view(x.shape)
+    return (q, s, qt, st) if transpose else (q, s)
+
+
+# --- v2 host functions ----------------------------------------------------------------------------
+
+#: the cast kernels quantize() runs: "v2" (one read of x where the granularity allows, the
+#: division in four FMA-pipe instructions, persistent two-stage tensor amax) or "v1" (the kernels
+#: before issue 40, kept for A/B runs). ``HAL_FP8_CAST`` picks it once, at import; benchmarks
+#: switch it with :func:`set_cast_version` to compare both in one process.
+CAST_VERSIONS = ("v1", "v2")
+_CAST = [os.environ.get("HAL_FP8_CAST", "v2").strip().lower() or "v2"]
+if _CAST[0] not in CAST_VERSIONS:
+    raise ValueError(f"HAL_FP8_CAST={_CAST[0]!r}: use one of {', '.join(CAST_VERSIONS)}")
+
+
+def cast_version() -> str:
+    """The FP8 cast kernels quantize() runs now ("v1" or "v2")."""
+    return _CAST[0]
+
+
+def set_cast_version(version: str) -> str:
+    """Run the ``version`` cast kernels from now on ("v1" or "v2"); returns the previous one."""
+    if version not in CAST_VERSIONS:
+        raise ValueError(f"unknown FP8 cast version {version!r}: use one of {', '.join(CAST_VERSIONS)}")
+    old, _CAST[0] = _CAST[0], version
+    return old
+
+
+#: granularities whose v2 kernels encode with the emulated cast even on a GPU (none: every v2
+#: kernel divides by one scale a program or one a tile row, the layouts in which the hardware
+#: cast passed on the H200, see _EMULATED_MODES; a GPU run of tests/cuda/device/test_fp8_kernels.py
+#: decides, and listing a granularity here is the switch should one fail)
+_EMULATED_V2: tuple[str, ...] = ()
+
+#: longest rows / largest square blocks a v2 program keeps whole in registers on a GPU
+_ONE_TILE_BLOCK = 16384
+
+
+def _default_programs(x: torch.Tensor) -> int:
+    """Persistent programs where the caller did not say: 4 a multiprocessor (3 off a GPU)."""
+    if x.device.type != "cuda":
+        return 3
+    return 4 * int(torch.cuda.get_device_properties(x.device).multi_processor_count)
+
+
+def _stream_block(block_elems: int) -> int:
+    """Elements a v2 streaming program handles per iteration: twice the elementwise tile (8192 on
+    a GPU for large tensors: 16 KB of bfloat16 read, 32 elements a thread with 8 warps)."""
+    return 2 * block_elems
+
+
+def _transposed_tile(m: int, k: int, block_elems: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_C) of the v2 tiles stored transposed: 64 x 64 on a GPU for large tensors
+    (128-byte runs of bfloat16 x, 64-byte runs of q and q_t; larger tiles held more registers
+    than they saved instructions in the sm_90 code: 128 x 64 took 109 registers a thread with 8
+    warps against 63), at least 16 x 16."""
+    block_c = max(16, min(next_pow2(max(k, 1)), 64))
+    return max(16, min(next_pow2(max(m, 1)), block_elems // block_c)), block_c
+
+
+def _tensor_amax_v2(x3: torch.Tensor, n: int, block: int, programs: int, num_warps: int) -> tuple[torch.Tensor, int]:
+    """Stage one of the per-tensor amax: (partial words, their count)."""
+    n_tiles = cdiv(n, block)
+    p = max(1, min(n_tiles, programs))
+    part = torch.empty(p, dtype=torch.int32, device=x3.device)
+    launch(fp8_v2_amax_kernel, (p,), x3, part, n, n_tiles, BLOCK=block, num_warps=num_warps)
+    return part, p
+
+
+def _quantize_v2(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.Tensor], block_size: int,
+                 transpose: bool, hw: bool, block_elems: int, num_warps: int, programs: Optional[int]) -> Optional[tuple]:
+    """quantize() with the v2 kernels; None where they do not apply (empty x, a transpose of
+    fewer than two dimensions, a given row scale with the transpose, a matrix so large that a
+    tile's int32 element offsets could overflow): v1 runs those."""
+    if x.numel() == 0 or (transpose and (x.dim() < 2 or (granularity == "row" and scale is not None))):
+        return None
+    x3, nb, m, k = _batched(x)
+    if (transpose or granularity == "block") and max(m, k) * max(1024, next_pow2(block_size)) >= 2**31:
+        return None
+    dev = x.device
+    fid = FORMAT_IDS[fmt]
+    given = scale is not None
+    programs = programs or _default_programs(x)
+    q = torch.empty(x3.shape, dtype=torch.uint8, device=dev)
+    qt = torch.empty(x3.shape[:-2] + (k, m), dtype=torch.uint8, device=dev) if transpose else q
+    s_in = scale.contiguous() if given else q
+    common = dict(FMT=fid, HW=hw and granularity not in _EMULATED_V2, fp_fusion=False)
+    if granularity == "tensor":
+        n = x3.numel()
+        block = _stream_block(block_elems)
+        s = torch.empty((), dtype=torch.float32, device=dev)
+        st = torch.empty((), dtype=torch.float32, device=dev) if transpose else s
+        part, n_part = (q, 1) if given else _tensor_amax_v2(x3, n, block, programs, num_warps)
+        if transpose:
+            block_r, block_c = _transposed_tile(m, k, block_elems)
+            n_tm, n_tk = cdiv(m, block_r), cdiv(k, block_c)
+            n_tiles = nb * n_tm * n_tk
+            launch(fp8_v2_tensor_t_kernel, (max(1, min(n_tiles, programs)),), x3, q, qt, s_in, s, st, part, m, k, n_tm, n_tk, n_tiles,
+                   n_part, GIVEN=given, PART=next_pow2(n_part), BATCHED=nb > 1, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps, **common)
+            return q.view(x.shape), s, qt, st
+        n_tiles = cdiv(n, block)
+        launch(fp8_v2_tensor_kernel, (max(1, min(n_tiles, programs)),), x3, q, s_in, s, s, part, n, n_tiles, n_part, GIVEN=given,
+               WRITE_ST=False, PART=next_pow2(n_part), BLOCK=block, num_warps=num_warps, **common)
+        return q.view(x.shape), s
+    if granularity == "row":
+        s = torch.empty(x3.shape[:-1] + (1,), dtype=torch.float32, device=dev)
+        if not transpose:
+            rows = x3.numel() // k
+            block_r, block_c, warps = _row_tile(k, block_elems, num_warps)
+            launch(fp8_v2_rows_kernel, (cdiv(rows, block_r),), x3, q, s_in, s, rows, k, GIVEN=given, ONE_TILE=k <= block_c,
+                   BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps, **common)
+            return q, s
+        st = torch.empty(x3.shape[:-2] + (k, 1), dtype=torch.float32, device=dev)
+        # stage one: partial row and column maxima of (ROWS x BLOCK_C) strips
+        col_strip = max(16, min(next_pow2(k), block_elems // 4))
+        sub_r = max(1, min(next_pow2(m), _stream_block(block_elems) // col_strip))
+        strip_rows = sub_r * (16 if block_elems >= 1024 else 1)
+        n_rs, n_cs = cdiv(m, strip_rows), cdiv(k, col_strip)
+        rpart = torch.empty((nb, n_cs, m), dtype=torch.int32, device=dev)
+        cpart = torch.empty((nb, n_rs, k), dtype=torch.int32, device=dev)
+        launch(fp8_v2_amax_rc_kernel, (nb * n_rs * n_cs,), x3, rpart, cpart, m, k, n_rs, n_cs, ROWS=strip_rows, SUB_R=sub_r,
+               BLOCK_C=col_strip, num_warps=num_warps)
+        # stage two: the scales themselves (the outputs s and st)
+        red = max(16, block_elems // 4)
+        n_rprog = cdiv(nb * m, red)
+        launch(fp8_v2_scales_rc_kernel, (n_rprog + cdiv(nb * k, red),), rpart, cpart, s, st, m, k, nb * m, nb * k, n_rs, n_cs,
+               n_rprog, FMT=fid, BLOCK=red, num_warps=4)
+        block_r, block_c = _transposed_tile(m, k, block_elems)
+        n_tm, n_tk = cdiv(m, block_r), cdiv(k, block_c)
+        # 4 warps: two codes an element; 8 warps held 90 registers a thread (2 programs a
+        # multiprocessor), 4 hold 113 with twice the elements (4 programs)
+        launch(fp8_v2_rows_t_kernel, (nb * n_tm * n_tk,), x3, q, qt, s, st, m, k, n_tm, n_tk, BLOCK_R=block_r, BLOCK_C=block_c,
+               num_warps=max(1, min(num_warps, block_r * block_c // 1024)), **common)
+        return q, s, qt, st
+    # blocks
+    mb, kb = cdiv(m, block_size), cdiv(k, block_size)
+    s = torch.empty(x3.shape[:-2] + (mb, kb), dtype=torch.float32, device=dev)
+    st = torch.empty(x3.shape[:-2] + (kb, mb), dtype=torch.float32, device=dev) if transpose else s
+    block_s = max(16, next_pow2(block_size))
+    # current scales: the whole block in registers where it fits (16 warps for 128 x 128: 58
+    # registers a thread in the sm_90 code, 2 programs a multiprocessor); the transposed store's
+    # tile of codes in shared memory took 77 there (1 program), so transposed blocks go 32 rows at
+    # a time with 8 warps (77 registers, 3 programs), the second pass over the block from L1/L2.
+    # Given scales need no amax: row strips, one pass (72 registers for the whole block).
+    limit = _ONE_TILE_BLOCK if block_elems >= 1024 else 4 * block_elems
+    if block_s * block_s <= limit and not ((transpose or given) and block_s * block_s > block_elems):
+        sub_r, warps = block_s, max(num_warps, min(16, block_s * block_s // 1024))
+    else:
+        sub_r, warps = max(16 if transpose else 1, min(block_s, block_elems // block_s)), num_warps
+    launch(fp8_v2_blocks_kernel, (nb * mb * kb,), x3, q, qt, s_in, s, st, m, k, mb, kb, block_size, GIVEN=given, TRANSPOSE=transpose,
+           BLOCK_S=block_s, SUB_R=sub_r, num_warps=warps, **common)
     return (q, s, qt, st) if transpose else (q, s)
 
 
@@ -579,4 +1218,4 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: 
     return out
 
 
-__all__ = ["quantize", "dequantize", "scaled_mm", "FORMAT_IDS"]
+__all__ = ["quantize", "dequantize", "scaled_mm", "FORMAT_IDS", "cast_version", "set_cast_version", "CAST_VERSIONS"]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.cuda._support import assert_bits, assert_close, finite_codes, fresh_seed, rms
+from tests.cuda._support import assert_bits, assert_close, finite_codes, fresh_seed, rms, tie_cases
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="run by tests/cuda/test_interpreter.py with TRITON_INTERPRET=1"),
@@ -245,3 +245,162 @@ def test_device_reasons_name_the_architecture_and_the_formats() -> None:
     assert "gfx942 has e4m3fnuz and e5m2fnuz, not e4m3fn" in why
     assert "unknown FP8 format" in fp8_arch_reasons("sm_90", ["e3m4"])[0]
     assert fp8_device(torch.device("cpu"), ["e4m3fnuz"]) == []  # CPU tensors: the interpreter emulates every format
+
+
+# --- the v2 casts (issue 40): every path of hal_triton.fp8's v2 kernels and the v1 baseline they
+# replace, on odd shapes, specials and values built to land next to the format's rounding ties ---
+
+
+@pytest.fixture
+def poisoned(monkeypatch: pytest.MonkeyPatch):
+    """torch.empty fills what it hands out (0x7E bytes: a large finite code; 0x5A5A5A5A words;
+    float32 -1234.5), so an output element a kernel fails to write shows up as a wrong value."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if t.dtype == torch.uint8:
+            t.fill_(0x7E)
+        elif t.dtype == torch.int32:
+            t.fill_(0x5A5A5A5A)
+        elif t.is_floating_point():
+            t.fill_(-1234.5)
+        return t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def _f8():
+    from hal_triton import fp8
+
+    return fp8
+
+
+def _quantize(version: str, x, fmt, granularity, scale, bs, transpose, programs=None):
+    """hal_triton.fp8.quantize as the interpreter tables launch it, in cast ``version``."""
+    f8 = _f8()
+    old = f8.set_cast_version(version)
+    try:
+        return f8.quantize(x, fmt, granularity, scale, bs, transpose, False, 64, 4, programs)
+    finally:
+        f8.set_cast_version(old)
+
+
+def _specials(gen: torch.Generator, x: torch.Tensor, granularity: str) -> torch.Tensor:
+    """x (2-D or more) with a zero row, an all-equal row, -0, and (not per tensor: it would make the
+    whole tensor NaN) a NaN, an infinity and a huge value scattered in."""
+    x = x.clone()
+    rows = x.view(-1, x.shape[-1])
+    if rows.shape[0] >= 3:
+        rows[1] = 0
+        rows[2] = -3.25
+    rows.view(-1)[0] = -0.0
+    if granularity != "tensor" and rows.numel() >= 8:
+        idx = torch.randperm(rows.numel(), generator=gen)[:3]
+        rows.view(-1)[idx] = torch.tensor([math.nan, -math.inf, 3e38]).to(x.dtype)
+    return x
+
+
+V2_SHAPES = [(1, 1), (1, 70), (3, 1), (37, 53), (2, 19, 33), (5, 300), (70, 17)]
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@pytest.mark.parametrize("granularity", ["tensor", "row", "block"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["plain", "transposed"])
+def test_v2_casts_match_cpu_ref_and_v1_on_odd_shapes(poisoned, gen: torch.Generator, fmt: str, granularity: str, transpose: bool) -> None:
+    """Every v2 kernel (and its v1 twin) against cpu_ref bit for bit, outputs poisoned: one row,
+    one column, odd sizes, a batch, rows longer than the interpreter's tiles, blocks cut by the
+    edges, current and given scales, each shape with a different dtype and number of persistent
+    programs (1 to 5, fewer or more than the tiles); v1 on every other shape."""
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    for i, shape in enumerate(V2_SHAPES):
+        if (transpose or granularity == "block") and len(shape) < 2:
+            continue
+        bs = (16, 32, 12)[i % 3]
+        x = _specials(gen, wide(gen, *shape, dtype=dtypes[i % 3]), granularity)
+        for given in (False, True):
+            if given and transpose and granularity == "row":
+                continue
+            scale = given_scale(gen, shape, granularity, bs) if given else None
+            want = ref_quantize(x, fmt, granularity, scale, bs, transpose)
+            for version in ("v2", "v1") if i % 2 == 0 else ("v2",):  # v1 (the A/B baseline) on every other shape
+                got = _quantize(version, x, fmt, granularity, scale, bs, transpose, programs=1 + i % 5)
+                assert len(got) == len(want)
+                for g, w, what in zip(got, want, ("q", "scale", "q_t", "scale_t")):
+                    assert_bits(g, w, f"{version} {fmt} {granularity} {shape} {x.dtype} given={given} {what}")
+
+
+def test_v2_long_rows_and_large_blocks(poisoned, gen: torch.Generator) -> None:
+    """Rows past the one-tile limit (16384: the row kernel's two loops), a 2-D per-tensor cast over
+    many tiles of the persistent loops, and blocks larger than the interpreter keeps whole."""
+    for shape, granularity, bs, transpose in [((2, 16500), "row", 128, False), ((3, 150, 40), "tensor", 128, True),
+                                              ((70, 90), "block", 64, True), ((70, 90), "block", 64, False)]:
+        x = _specials(gen, wide(gen, *shape, dtype=torch.bfloat16), granularity)
+        for given in (False, True):
+            if given and (granularity == "row" or transpose):
+                continue
+            scale = given_scale(gen, shape, granularity, bs) if given else None
+            got = _quantize("v2", x, "e4m3fn", granularity, scale, bs, transpose, programs=4)
+            for g, w, what in zip(got, ref_quantize(x, "e4m3fn", granularity, scale, bs, transpose), ("q", "scale", "q_t", "scale_t")):
+                assert_bits(g, w, f"{shape} {granularity} given={given} {what}")
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_v2_quotients_next_to_every_tie(poisoned, gen: torch.Generator, fmt: str) -> None:
+    """x / scale on, or one or two float32 ulps beside, the format's values and the midpoints of
+    neighbouring values, for random current scales per row, per block and per tensor (each group
+    holds its own amax): where a quotient other than the IEEE division's would change a code."""
+    for granularity, x, bs, transpose in tie_cases(gen, fmt):
+        got = _quantize("v2", x, fmt, granularity, None, bs, transpose, programs=3)
+        for g, w, what in zip(got, ref_quantize(x, fmt, granularity, None, bs, transpose), ("q", "scale", "q_t", "scale_t")):
+            assert_bits(g, w, f"{fmt} {granularity} transpose={transpose} {what}")
+
+
+def test_v2_quotient_is_the_ieee_division() -> None:
+    """The v2 kernels' division sequence (hal_triton.fp8._recips and _quot: r_dn + r_lo, one
+    Newton remainder, Markstein's correction) in NumPy with an exact float32 FMA, against the IEEE
+    quotient bit for bit: 2 million pairs of random scales over [2^-64, 2^64] (mantissas anywhere,
+    near 1 and near 2) and numerators chosen to make quotients next to float32 midpoints, over the
+    quotient range of every format, and +-0; then quotients below 2^-19 (x down to float32
+    subnormals), where no format's code depends on more than the sign: those keep the sign and
+    stay below 2^-18."""
+    from triton._C.libtriton import interpreter as native
+
+    fma = native.fma_fp32
+    f32 = np.float32
+    rng = np.random.default_rng(fresh_seed())
+    n = 500_000
+    bad = 0
+    for trial in range(5):
+        mant = (rng.integers(0, 2**23, n), rng.integers(0, 2**10, n), 2**23 - 1 - rng.integers(0, 2**10, n), rng.integers(0, 2**23, n),
+                rng.integers(0, 2**23, n))[trial]
+        s = ((1 + mant / 2**23) * 2.0 ** rng.integers(-64, 64, n)).astype(f32)
+        mid = (rng.integers(2**24, 2**25, n) | 1) / 2**24 * 2.0 ** rng.integers(-20, 17, n)  # odd 25-bit: float32 midpoints
+        q = mid if trial < 3 else rng.uniform(0, 2**17, n) if trial == 3 else 2.0 ** rng.uniform(-200, -19, n)
+        x = (q * s.astype(np.float64)).astype(f32) * np.where(rng.random(n) < 0.5, f32(-1), f32(1))
+        x[:100], x[100:200] = f32(0.0), f32(-0.0)
+        one = np.ones_like(s)
+        with np.errstate(all="ignore"):
+            r = (one / s).astype(f32)
+            r_dn = np.where(fma(-s, r, one) < 0, (r.view(np.int32) - 1).view(f32), r)
+            r_lo = (fma(-s, r_dn, one) * r_dn).astype(f32)
+            q0 = fma(x, r_dn, (x * r_lo).astype(f32))
+            got = fma(-fma(q0, s, -x), r, q0)
+            want = (x / s).astype(f32)
+        if trial < 4:
+            bad += int((got.view(np.int32) != want.view(np.int32)).sum())
+        else:
+            bad += int(((np.signbit(got) != np.signbit(want)) | (np.abs(got) >= 2.0**-18)).sum())
+    assert bad == 0, f"{bad} quotients differ from the IEEE division"
+
+
+def test_cast_version_switch() -> None:
+    f8 = _f8()
+    assert f8.cast_version() in f8.CAST_VERSIONS
+    old = f8.set_cast_version("v1")
+    try:
+        assert f8.cast_version() == "v1"
+        with pytest.raises(ValueError, match="unknown FP8 cast version"):
+            f8.set_cast_version("v3")
+    finally:
+        f8.set_cast_version(old)
