@@ -4,11 +4,10 @@ several repeats interleaved across the variants compared, medians with [min, max
 (a) scaled GEMM at 8192^3: ``hal.ops.fp8_scaled_mm`` (tensor, row and 128 x 128 block scales) against
     the bfloat16 ``torch.mm`` (target >= 1.7x) and ``torch._scaled_mm`` called directly with the same
     scales (target >= 0.9x), with TFLOP/s and the kernel hal ran;
-(b) quantisation (``hal.ops.fp8_quantize`` per tensor, row and block of a bfloat16 8192 x 8192, per
-    tensor with a given (delayed) scale, and ``fp8_quantize_transpose`` where it exists) against a
-    device copy moving the same bytes (the kernel's one read of x and write of the 8-bit values,
-    scales ignored): fraction of the copy's bandwidth (target >= 0.85), for hal_triton.fp8's v2
-    and v1 cast kernels in turn (``HAL_FP8_CAST``'s A/B, interleaved in one process);
+(b) quantisation (``hal.ops.fp8_quantize`` per tensor, row and block of a bfloat16 8192 x 8192, and
+    ``fp8_quantize_transpose`` where it exists) against a device copy moving the same bytes (the
+    kernel's one read of x and write of the 8-bit values, scales ignored): fraction of the copy's
+    bandwidth (target >= 0.85);
 (c) a Llama-style training step (bench/models_llama.py's decoder with hal's ops, bfloat16 autocast,
     ``hal.optim.AdamW``) in FP8 (``hal.fp8.convert``, default recipe) against the same model's
     bfloat16 step: step-time ratio (target >= 1.25x) and peak memory (target: no higher), at the
@@ -153,71 +152,33 @@ def gemm(size: int, reps: int) -> dict[str, Any]:
 
 # ---- (b) quantisation --------------------------------------------------------------------------
 
-def cast_versions() -> tuple[Any, list[str]]:
-    """hal_triton.fp8 and its cast versions to compare (v2, v1), or (None, [the one running])."""
-    try:
-        from hal_triton import fp8 as f8
-    except ImportError:
-        return None, ["default"]
-    return f8, [f8.cast_version()] + [v for v in f8.CAST_VERSIONS[::-1] if v != f8.cast_version()]
-
-
-def in_version(f8: Any, version: str, fn: Fn) -> Fn:
-    """fn run with hal_triton.fp8's cast kernels of ``version`` (HAL_FP8_CAST's A/B in one process)."""
-    if f8 is None:
-        return fn
-
-    def run() -> Any:
-        old = f8.set_cast_version(version)
-        try:
-            return fn()
-        finally:
-            f8.set_cast_version(old)
-
-    return run
-
-
 def quant(size: int, reps: int) -> dict[str, Any]:
     dev = torch.device("cuda")
     x = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     n = x.numel()
-    given = torch.tensor(float(x.abs().max()) / 448.0 * 1.37, device=dev)  # a delayed scale: no amax pass
     cases: dict[str, tuple[Fn, int]] = {}
     for gran in ("tensor", "row", "block"):
         cases[f"fp8_quantize {gran}"] = (lambda gran=gran: hal.ops.fp8_quantize(x, "e4m3fn", gran), 2 * n + n)
-    cases["fp8_quantize tensor, given scale"] = (lambda: hal.ops.fp8_quantize(x, "e4m3fn", "tensor", given), 2 * n + n)
     qt = getattr(hal.ops, "fp8_quantize_transpose", None)
     if qt is not None:
         for gran in ("tensor", "row", "block"):
             cases[f"fp8_quantize_transpose {gran}"] = (lambda gran=gran: qt(x, "e4m3fn", gran, None, 128), 2 * n + 2 * n)
-    f8, versions = cast_versions()
-    out: dict[str, Any] = {"size": size, "results": {}, "cast_versions": versions}
-    print(f"(b) quantisation of a bfloat16 {size} x {size} to e4m3fn, against a copy of the same bytes; "
-          f"hal_triton.fp8 cast kernels {' and '.join(versions)} (HAL_FP8_CAST)")
+    out: dict[str, Any] = {"size": size, "results": {}}
+    print(f"(b) quantisation of a bfloat16 {size} x {size} to e4m3fn, against a copy of the same bytes")
     for name, (fn, traffic) in cases.items():
         src = torch.empty(traffic // 2, dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
-        fns = {v: in_version(f8, v, fn) for v in versions}
         try:
-            t = interleaved({**fns, "copy": lambda src=src, dst=dst: dst.copy_(src)}, reps, inner=10)
+            t = interleaved({"kernel": fn, "copy": lambda src=src, dst=dst: dst.copy_(src)}, reps, inner=10)
         except Exception as exc:  # noqa: BLE001
             print(f"    {name}: not run ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})")
             continue
-        c = t["copy"]
-        res: dict[str, Any] = {"copy": c, "bytes": traffic, "kernel_of": kernel_of("fp8_quantize" if "transpose" not in name else
-                                                                                  "fp8_quantize_transpose", x, "e4m3fn", name.split()[1].strip(","))}
-        for v in versions:
-            k = t[v]
-            frac = c["ms"] / k["ms"]
-            gbs = traffic / (k["ms"] * 1e-3) / 1e9
-            res[v] = {"kernel": k, "GB/s": gbs, "fraction_of_copy": frac}
-            print(f"    {name:34s} {v:7s} {spread(k)} {gbs:6.0f} GB/s; copy {spread(c)}; {frac:.2f} of copy "
-                  f"(target >= 0.85: {'met' if frac >= 0.85 else 'missed'})")
-        if len(versions) > 1:
-            print(f"    {'':34s} {versions[0]} vs {versions[1]}: {ratio_text(t[versions[1]], t[versions[0]])} faster")
-        # the first version's figures also where earlier JSON readers look for them
-        res.update({"kernel": t[versions[0]], "GB/s": res[versions[0]]["GB/s"], "fraction_of_copy": res[versions[0]]["fraction_of_copy"]})
-        out["results"][name] = res
+        k, c = t["kernel"], t["copy"]
+        frac = c["ms"] / k["ms"]
+        gbs = traffic / (k["ms"] * 1e-3) / 1e9
+        out["results"][name] = {"kernel": k, "copy": c, "bytes": traffic, "GB/s": gbs, "fraction_of_copy": frac}
+        print(f"    {name:30s} {spread(k)} {gbs:6.0f} GB/s; copy {spread(c)}; {frac:.2f} of copy "
+              f"(target >= 0.85: {'met' if frac >= 0.85 else 'missed'})")
         del src, dst
     return out
 

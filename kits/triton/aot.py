@@ -217,49 +217,6 @@ def _fp8() -> Iterator[Spec]:
                   bs=128, TRANSPOSE=True, HW=True, BLOCK_S=128, SUB_R=32)
     yield _spec("fp8", "fp8_blocks_kernel", "e4m3fn 128x128, transposed", fp8="ocp", FMT=0, **blocks)
     yield _spec("fp8", "fp8_blocks_kernel", "e4m3fnuz 128x128, transposed", fp8="fnuz", FMT=2, **blocks)
-    # the v2 casts (HAL_FP8_CAST=v2, the default), as kits/triton/fp8.py launches them on a GPU for
-    # large tensors: the hardware cast of each OCP format, fnuz on gfx942, the emulated cast anywhere
-    yield _spec("fp8", "fp8_v2_amax_kernel", "bf16", options={"num_warps": 8}, div16=("N",), x_ptr="*bf16", part_ptr="*i32",
-                **_ints("N", "n_tiles"), BLOCK=8192)
-    v2t = dict(options={**nofma, "num_warps": 8}, div16=("N",), x_ptr="*bf16", q_ptr="*u8", s_in_ptr="*fp32", s_ptr="*fp32",
-               st_ptr="*fp32", part_ptr="*i32", **_ints("N", "n_tiles", "n_part"), WRITE_ST=False, PART=1024, BLOCK=8192)
-    for fmt, fid, kind in (("e4m3fn", 0, "ocp"), ("e5m2", 1, "ocp"), ("e4m3fnuz", 2, "fnuz")):
-        yield _spec("fp8", "fp8_v2_tensor_kernel", f"{fmt} bf16, tensor amax", fp8=kind, FMT=fid, HW=True, GIVEN=False, **v2t)
-    yield _spec("fp8", "fp8_v2_tensor_kernel", "e4m3fn bf16, given tensor scale", fp8="ocp", FMT=0, HW=True, GIVEN=True, **v2t)
-    yield _spec("fp8", "fp8_v2_tensor_kernel", "emulated e5m2 bf16, tensor amax", FMT=1, HW=False, GIVEN=False, **v2t)
-    v2tt = dict(options={**nofma, "num_warps": 8}, div16=div, x_ptr="*bf16", q_ptr="*u8", qt_ptr="*u8", s_in_ptr="*fp32", s_ptr="*fp32",
-                st_ptr="*fp32", part_ptr="*i32", **_ints("M", "K", "n_tm", "n_tk", "n_tiles", "n_part"), PART=1024, BLOCK_R=64, BLOCK_C=64)
-    yield _spec("fp8", "fp8_v2_tensor_t_kernel", "e4m3fn bf16, tensor amax, transposed", fp8="ocp", FMT=0, HW=True, GIVEN=False,
-                BATCHED=False, **v2tt)
-    yield _spec("fp8", "fp8_v2_tensor_t_kernel", "e5m2 bf16, given tensor scale, batched, transposed", fp8="ocp", FMT=1, HW=True,
-                GIVEN=True, BATCHED=True, **v2tt)
-    v2r = dict(div16=("K",), x_ptr="*bf16", q_ptr="*u8", s_in_ptr="*fp32", s_ptr="*fp32", **_ints("R", "K"))
-    yield _spec("fp8", "fp8_v2_rows_kernel", "e4m3fn bf16, one tile of 8192, 16 warps", options={**nofma, "num_warps": 16}, fp8="ocp",
-                FMT=0, HW=True, GIVEN=False, ONE_TILE=True, BLOCK_R=1, BLOCK_C=8192, **v2r)
-    yield _spec("fp8", "fp8_v2_rows_kernel", "e5m2 bf16, given, loop", options={**nofma, "num_warps": 8}, fp8="ocp", FMT=1, HW=True,
-                GIVEN=True, ONE_TILE=False, BLOCK_R=1, BLOCK_C=4096, **v2r)
-    yield _spec("fp8", "fp8_v2_rows_kernel", "emulated e4m3fnuz bf16, 4 rows", options=nofma, FMT=2, HW=False, GIVEN=False,
-                ONE_TILE=True, BLOCK_R=4, BLOCK_C=1024, **v2r)
-    yield _spec("fp8", "fp8_v2_amax_rc_kernel", "bf16", options={"num_warps": 8}, div16=div, x_ptr="*bf16", rpart_ptr="*i32",
-                cpart_ptr="*i32", **_ints("M", "K", "n_rs", "n_cs"), ROWS=128, SUB_R=8, BLOCK_C=1024)
-    yield _spec("fp8", "fp8_v2_scales_rc_kernel", "e4m3fn", rpart_ptr="*i32", cpart_ptr="*i32", s_ptr="*fp32", st_ptr="*fp32",
-                **_ints("M", "K", "NBM", "NBK", "n_rs", "n_cs", "n_rprog"), FMT=0, BLOCK=1024)
-    v2rt = dict(options={**nofma, "num_warps": 4}, div16=div, x_ptr="*bf16", q_ptr="*u8", qt_ptr="*u8", s_ptr="*fp32", st_ptr="*fp32",
-                **_ints("M", "K", "n_tm", "n_tk"), BLOCK_R=64, BLOCK_C=64)
-    yield _spec("fp8", "fp8_v2_rows_t_kernel", "e5m2 bf16", fp8="ocp", FMT=1, HW=True, **v2rt)
-    yield _spec("fp8", "fp8_v2_rows_t_kernel", "emulated e4m3fn bf16", FMT=0, HW=False, **v2rt)
-    v2b = dict(div16=(*div, "bs"), x_ptr="*bf16", q_ptr="*u8", qt_ptr="*u8", s_in_ptr="*fp32", s_ptr="*fp32", st_ptr="*fp32",
-               **_ints("M", "K", "mb", "kb", "bs"))
-    yield _spec("fp8", "fp8_v2_blocks_kernel", "e4m3fn 128x128 in registers", options={**nofma, "num_warps": 16}, fp8="ocp",
-                FMT=0, HW=True, GIVEN=False, TRANSPOSE=False, BLOCK_S=128, SUB_R=128, **v2b)
-    yield _spec("fp8", "fp8_v2_blocks_kernel", "e4m3fn 128x128 given, in row strips", options={**nofma, "num_warps": 8}, fp8="ocp",
-                FMT=0, HW=True, GIVEN=True, TRANSPOSE=False, BLOCK_S=128, SUB_R=32, **v2b)
-    yield _spec("fp8", "fp8_v2_blocks_kernel", "e5m2 128x128 in row strips, transposed", options={**nofma, "num_warps": 8}, fp8="ocp",
-                FMT=1, HW=True, GIVEN=False, TRANSPOSE=True, BLOCK_S=128, SUB_R=32, **v2b)
-    yield _spec("fp8", "fp8_v2_blocks_kernel", "e4m3fnuz 256x256 in row strips, transposed", options={**nofma, "num_warps": 8},
-                fp8="fnuz", FMT=2, HW=True, GIVEN=False, TRANSPOSE=True, BLOCK_S=256, SUB_R=16, **v2b)
-    yield _spec("fp8", "fp8_v2_blocks_kernel", "emulated e5m2fnuz 64x64", options={**nofma, "num_warps": 4}, FMT=3, HW=False,
-                GIVEN=False, TRANSPOSE=False, BLOCK_S=64, SUB_R=64, **v2b)
     yield _spec("fp8", "fp8_decode_kernel", "e5m2 blocks to bf16", div16=div, q_ptr="*u8", out_ptr="*bf16", s_ptr="*fp32", s_val="fp32",
                 **tile, FMT=1, SCALE=4, BLOCK_R=16, BLOCK_C=256)
     gemm = dict(options={"num_warps": 8, "num_stages": 3}, div16=("N", "K", "sam", "sbn", "scm"), a_ptr="*u8", b_ptr="*u8",

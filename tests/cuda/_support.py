@@ -105,35 +105,3 @@ def rms(fmt: str) -> float:
 
     vals = format_values(fmt)
     return float(np.sqrt(np.mean(vals[np.isfinite(vals)] ** 2)))
-
-
-def near_ties(gen: torch.Generator, fmt: str, rows: int, cols: int) -> torch.Tensor:
-    """float32 (rows, cols) whose row i holds its amax a_i first (current row scale s_i = a_i /
-    max_finite, a_i log-uniform over 2^-60..2^61: scales below 2^-64 included), then values x with
-    x / s_i on, or one or two float32 ulps beside, a random value or midpoint of two neighbouring
-    values of ``fmt`` (x = RN(target * s_i) moved 0-2 ulps), signs mixed: where a division that
-    is not the IEEE one would change a code."""
-    from hal.ops.fp8 import FORMATS, format_values
-
-    vals = format_values(fmt)
-    fin = np.unique(vals[np.isfinite(vals) & (vals >= 0)])
-    targets = torch.from_numpy(np.concatenate([fin, (fin[1:] + fin[:-1]) / 2]).astype(np.float64))
-    amax = (2.0 ** torch.empty(rows, dtype=torch.float64).uniform_(-60, 60, generator=gen)
-            * (1 + torch.rand(rows, generator=gen, dtype=torch.float64))).float()
-    scales = torch.from_numpy((amax.numpy() / np.float32(FORMATS[fmt].max_finite)).astype(np.float32)).double()
-    x = (targets[torch.randint(0, len(targets), (rows, cols - 1), generator=gen)] * scales[:, None]).float()
-    step = torch.randint(-2, 3, x.shape, generator=gen, dtype=torch.int32)
-    x = (x.view(torch.int32) + step * (x != 0).to(torch.int32)).view(torch.float32)
-    x = torch.minimum(x.abs(), amax[:, None]) * torch.where(torch.rand(x.shape, generator=gen) < 0.5, -1.0, 1.0)
-    return torch.cat([amax[:, None], x], dim=1)
-
-
-def tie_cases(gen: torch.Generator, fmt: str, rows: int = 24, cols: int = 64, bs: int = 8) -> list[tuple[str, torch.Tensor, int, bool]]:
-    """(granularity, x, block_size, transpose) built from :func:`near_ties` so that every group
-    (row, bs x bs block, the tensor) holds its own amax and values next to the format's ties."""
-    rows_x = near_ties(gen, fmt, rows, cols)
-    mb, kb = rows // bs, cols // bs
-    blocks = near_ties(gen, fmt, mb * kb, bs * bs).reshape(mb, kb, bs, bs).permute(0, 2, 1, 3).reshape(rows, cols)
-    tensor = near_ties(gen, fmt, 1, rows * cols).reshape(rows, cols)
-    return [("row", rows_x, bs, False), ("row", rows_x, bs, True), ("block", blocks, bs, False), ("block", blocks, bs, True),
-            ("tensor", tensor, bs, False), ("tensor", tensor, bs, True)]

@@ -178,11 +178,6 @@ FP8_INSTRUCTIONS = {
     "fp8.fp8_encode_kernel": r"v_cvt_pk_fp8_f32",
     "fp8.fp8_rows_kernel": r"v_cvt_pk_fp8_f32",
     "fp8.fp8_blocks_kernel": r"v_cvt_pk_fp8_f32",
-    "fp8.fp8_v2_tensor_kernel": r"v_cvt_pk_fp8_f32",
-    "fp8.fp8_v2_tensor_t_kernel": r"v_cvt_pk_fp8_f32",
-    "fp8.fp8_v2_rows_kernel": r"v_cvt_pk_fp8_f32",
-    "fp8.fp8_v2_rows_t_kernel": r"v_cvt_pk_fp8_f32",
-    "fp8.fp8_v2_blocks_kernel": r"v_cvt_pk_fp8_f32",
     "fp8.fp8_gemm_kernel": r"v_mfma_f32_\w+_(bf8_fp8|fp8_bf8)\b",
 }
 

@@ -1,8 +1,7 @@
 """FP8: quantisation (amax fused, optionally transposed), dequantisation and the scaled GEMM, where
 the device has hardware FP8 in the formats asked for (:mod:`hal.plugin_sdk.fp8_hardware`). Launch
-configuration: the plugin's ``elementwise`` blocks and ``persistent_programs`` for the casts (the
-v2 per-tensor casts run that many persistent programs); its int8 GEMM tile candidates, the fastest
-measured per device and problem, for the GEMM."""
+configuration: the plugin's ``elementwise`` blocks for the casts; its int8 GEMM tile candidates,
+the fastest measured per device and problem, for the GEMM."""
 
 from __future__ import annotations
 
@@ -58,13 +57,11 @@ def register(kit: Kit) -> None:
 
     @kit.kernel("fp8_quantize", "triton", FIRST, checks=(_formats("format"), _blocks))
     def fp8_quantize(x, format, granularity, scale, block_size):
-        return family("fp8").quantize(x, format, granularity, scale, block_size, False, not interpreted(x), **tables.elementwise(x),
-                                      programs=tables.persistent_programs(x))
+        return family("fp8").quantize(x, format, granularity, scale, block_size, False, not interpreted(x), **tables.elementwise(x))
 
     @kit.kernel("fp8_quantize_transpose", "triton", FIRST, checks=(_formats("format"), _blocks))
     def fp8_quantize_transpose(x, format, granularity, scale, block_size):
-        return family("fp8").quantize(x, format, granularity, scale, block_size, True, not interpreted(x), **tables.elementwise(x),
-                                      programs=tables.persistent_programs(x))
+        return family("fp8").quantize(x, format, granularity, scale, block_size, True, not interpreted(x), **tables.elementwise(x))
 
     @kit.kernel("fp8_dequantize", "triton", FIRST, dtypes=("uint8",), checks=(_formats("format"),))
     def fp8_dequantize(q, scale, format, block_size, out_dtype):
