@@ -6,15 +6,17 @@ bias and rounds once to the output dtype (the autocast dtype where autocast is o
 Backward (a ``torch.autograd.Function``): the output gradient is quantised to the gradient format
 (e5m2); ``grad_input = grad_out @ W`` and ``grad_weight = grad_out^T @ x`` run as ``fp8_scaled_mm``
 too. The GEMM contracts along the last dimension of both operands, so these need ``W^T``, ``x^T``
-and ``grad_out^T``: they are **re-quantised from the high-precision tensors** (the forward saves x
-and W, as ``nn.Linear`` does, so no extra memory) by ``fp8_quantize_transpose``, one pass over each
-tensor and no transposed copy (``grad_out`` and its transpose come from the same pass), with the
-forward's scale where it is one per tensor (then identical to transposing the forward's FP8 values,
-and delayed scaling's state is touched once per call) and with fresh current scales of the recipe's
-granularity otherwise (row and block scales must group along the contraction dimension, which
-transposition changes). The bias
-gradient is ``grad_out.sum(0)`` in float32. Master weights stay in the module's dtype
-(float32, bfloat16 or float16): only the GEMM operands are FP8.
+and ``grad_out^T``. Each comes from the same pass as its tensor's own quantisation
+(``fp8_quantize_transpose``: one read, both layouts written, no transposed copy): the forward
+quantises x and W with their transposes where the backward will need them and saves the FP8
+transposes (one byte an element) instead of x and W, so the backward reads neither again; with one
+scale per tensor the transpose shares it (identical to transposing the FP8 values; delayed scaling's
+state is touched once per call), with row or block scales the transpose has its own current scales of
+the recipe's granularity (they must group along the contraction dimension, which transposition
+changes). Memory: a layer holds x^T in FP8 in place of x (half of bf16's bytes, where nothing else
+holds x) and W^T in FP8 besides its weight (a byte a weight element, as Transformer Engine's FP8
+weight transpose). The bias gradient is ``grad_out.sum(0)`` in float32. Master weights stay in the
+module's dtype (float32, bfloat16 or float16): only the GEMM operands are FP8.
 
 NaN: under delayed scaling a NaN in the input gives NaN in its output row, as ``nn.Linear``; under
 current scaling the NaN makes its group's scale NaN (the amax propagates NaN), which
@@ -28,7 +30,7 @@ from typing import Iterable, Optional, Union
 import torch
 from torch import nn
 
-from hal.ops import fp8_quantize_transpose, fp8_scaled_mm
+from hal.ops import fp8_scaled_mm
 
 from .device import require_fp8
 from .recipes import CurrentScaling, Recipe, Scaler
@@ -43,34 +45,34 @@ def _dtype_name(dt: torch.dtype, what: str) -> str:
     return _OUT_DTYPES[dt]
 
 
-def _transposed(t: torch.Tensor, fmt: str, scale: torch.Tensor, scaler: Scaler) -> tuple[torch.Tensor, torch.Tensor]:
-    """t^T in FP8 from one pass over t (``fp8_quantize_transpose``; no transposed copy): with the
-    forward's per-tensor scale, else current scales of the recipe's granularity along t^T's rows."""
-    bs = getattr(scaler, "block_size", 128)
-    if scale.dim() == 0:
-        _, _, q_t, s_t = fp8_quantize_transpose(t, fmt, "tensor", scale, bs)
-    else:
-        _, _, q_t, s_t = fp8_quantize_transpose(t, fmt, getattr(scaler, "granularity", "tensor"), None, bs)
-    return q_t, s_t
-
-
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, sx, sw, sg, out_dtype):  # type: ignore[override]
-        qx, scale_x = sx.quantize(x)
-        qw, scale_w = sw.quantize(weight)
+        # an operand whose transpose the backward reads is quantised with it, in one pass; the
+        # backward then reads the saved FP8 transpose instead of the high-precision tensor again
+        wants_wt, wants_xt = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if wants_xt:
+            qx, scale_x, qxt, scale_xt = sx.quantize_with_transpose(x)
+        else:
+            (qx, scale_x), qxt, scale_xt = sx.quantize(x), None, None
+        if wants_wt:
+            qw, scale_w, qwt, scale_wt = sw.quantize_with_transpose(weight)
+        else:
+            (qw, scale_w), qwt, scale_wt = sw.quantize(weight), None, None
         out = fp8_scaled_mm(qx, qw, scale_x, scale_w, bias, sx.format, sw.format, out_dtype,
                             getattr(sx, "block_size", 128))
-        ctx.save_for_backward(x, weight, scale_x, scale_w)
+        ctx.save_for_backward(qxt, scale_xt, qwt, scale_wt)
         ctx.scalers = (sx, sw, sg)
+        ctx.dtypes = (x.dtype, weight.dtype)
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        x, weight, scale_x, scale_w = ctx.saved_tensors
+        qxt, scale_xt, qwt, scale_wt = ctx.saved_tensors
         sx, sw, sg = ctx.scalers
+        x_dtype, w_dtype = ctx.dtypes
         bs = getattr(sx, "block_size", 128)
         g = g.contiguous()
         grad_x = grad_w = grad_b = None
@@ -78,14 +80,10 @@ class _Fp8LinearFn(torch.autograd.Function):
             qg, scale_g, qgt, scale_gt = sg.quantize_with_transpose(g)
         else:
             qg, scale_g = sg.quantize(g)
-        if ctx.needs_input_grad[0]:
-            qwt, scale_wt = _transposed(weight, sw.format, scale_w, sw)  # W^T (K, N)
-            grad_x = fp8_scaled_mm(qg, qwt, scale_g, scale_wt, None, sg.format, sw.format,
-                                   _dtype_name(x.dtype, "the input"), bs)
-        if ctx.needs_input_grad[1]:
-            qxt, scale_xt = _transposed(x, sx.format, scale_x, sx)  # x^T (K, M)
-            grad_w = fp8_scaled_mm(qgt, qxt, scale_gt, scale_xt, None, sg.format, sx.format,
-                                   _dtype_name(weight.dtype, "the weight"), bs)
+        if ctx.needs_input_grad[0]:  # grad_x = g @ W: W^T (K, N) from the forward
+            grad_x = fp8_scaled_mm(qg, qwt, scale_g, scale_wt, None, sg.format, sw.format, _dtype_name(x_dtype, "the input"), bs)
+        if ctx.needs_input_grad[1]:  # grad_w = g^T @ x: x^T (K, M) from the forward
+            grad_w = fp8_scaled_mm(qgt, qxt, scale_gt, scale_xt, None, sg.format, sx.format, _dtype_name(w_dtype, "the weight"), bs)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g.float().sum(0).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None, None, None, None

@@ -163,6 +163,47 @@ def test_linear_forward_and_gradients_within_fp8_bounds(name):
         assert torch.allclose(gb, ref.bias.grad, rtol=1e-5, atol=1e-5)  # the bias gradient is not quantised
 
 
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_linear_gradients_are_the_gemms_of_the_quantised_operands(name):
+    """The backward's two GEMMs read the FP8 transposes the forward made (x^T and W^T with the
+    forward's scales, or their own current row/block scales) and g's quantisation: each gradient
+    equals the float64 product of the dequantised operands to float32 rounding. The error bounds
+    above would pass an operand scaled 1% off; this would not."""
+    from hal.ops import fp8_dequantize, fp8_quantize_transpose
+
+    torch.manual_seed(11)
+    ref = nn.Linear(64, 48, bias=False)
+    recipe = RECIPES[name]()
+    m = hal.fp8.Linear.from_linear(ref, recipe)
+    bs = getattr(recipe, "block_size", 128)
+    for _ in range(2):
+        scale_x = m.input_scaler.scale.clone() if hasattr(m.input_scaler, "scale") else None
+        scale_w = m.weight_scaler.scale.clone() if hasattr(m.weight_scaler, "scale") else None
+        scale_g = m.grad_scaler.scale.clone() if hasattr(m.grad_scaler, "scale") else None
+        x = (torch.randn(32, 64) * 3).requires_grad_()
+        m.weight.grad = None
+        y = m(x)
+        g = torch.randn_like(y)
+        y.backward(g)
+        gran = getattr(m.input_scaler, "granularity", "tensor")
+
+        def deq_t(t, fmt, scale):  # t^T as the backward's GEMM reads it, dequantised, float64
+            _, _, q_t, s_t = fp8_quantize_transpose(t.detach(), fmt, gran, scale, bs)
+            return fp8_dequantize(q_t, s_t, fmt, bs).double()
+
+        def deq(t, fmt, scale):
+            q, s, _, _ = fp8_quantize_transpose(t.detach(), fmt, gran, scale, bs)
+            return fp8_dequantize(q, s, fmt, bs).double()
+
+        fmt, gfmt = recipe.format, recipe.backward_format
+        if gran == "tensor" and scale_x is None:  # current per-tensor scales: this call's amax
+            scale_x = scale_w = scale_g = None
+        want_x = deq(g, gfmt, scale_g) @ deq_t(m.weight, fmt, scale_w).T
+        want_w = deq_t(g, gfmt, scale_g) @ deq_t(x, fmt, scale_x).T
+        torch.testing.assert_close(x.grad.double(), want_x, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(m.weight.grad.double(), want_w, rtol=1e-5, atol=1e-5)
+
+
 def test_linear_under_autocast_bfloat16():
     torch.manual_seed(11)
     ref = nn.Linear(32, 16)
