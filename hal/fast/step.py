@@ -690,7 +690,7 @@ def optimize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
     shows how far device memory grew in each candidate's step. ``fp8``: a ``hal.fp8`` recipe
     (``hal.fp8.CurrentScaling()``, ``DelayedScaling()``, ``RowwiseScaling()``, ...) to run the ``hal``
     variant's linear layers inside repeated blocks (a transformer's layers) in FP8
-    (``hal.fp8.convert(..., within="blocks")``; embeddings and the LM head stay in the autocast
+    (``hal.fp8.convert(..., within="auto")``; embeddings and the LM head stay in the autocast
     dtype): other numbers than bf16's, so only where you ask; the measurement still decides
     against your untouched model. A device without FP8 keeps the autocast dtype (``explain()`` says why).
 

@@ -33,7 +33,7 @@ from torch import nn
 from hal.ops import fp8_scaled_mm
 
 from .device import require_fp8
-from .recipes import CurrentScaling, Recipe, Scaler
+from .recipes import CurrentScaling, Recipe
 
 _OUT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -164,10 +164,11 @@ def convert(model: nn.Module, recipe: Optional[Recipe] = None,
     the model's repeated blocks (the children of an ``nn.ModuleList`` of two or more modules of one
     class, :func:`hal.nn.recompute.blocks`: a transformer's layers), so embeddings, input projections
     and the output head stay in higher precision, where FP8 costs the most accuracy and saves the
-    least time; ``"auto"``: ``"blocks"`` where the model has repeated blocks, else ``"model"``. ``keep``: layers left in higher precision besides, by qualified name
-    (``"layers.0.proj"``) or ``"first"`` / ``"last"`` (the first and last ``nn.Linear`` in
-    ``model.named_modules()`` order, usually the input projection and the output head). Default:
-    ``("first", "last")`` within the model, nothing within blocks. ``keep=()`` converts them all."""
+    least time; ``"auto"``: ``"blocks"`` where the model has repeated blocks, else ``"model"``.
+    ``keep``: layers left in higher precision besides, by qualified name (``"layers.0.proj"``) or
+    ``"first"`` / ``"last"`` (the first and last ``nn.Linear`` in ``model.named_modules()`` order,
+    usually the input projection and the output head). Default: ``("first", "last")`` within the
+    model, nothing within blocks. ``keep=()`` converts them all."""
     from hal.nn.recompute import blocks
 
     if within not in ("model", "blocks", "auto"):
