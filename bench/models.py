@@ -54,7 +54,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import models_big
+from . import models_big, torchao_float8
 from .batch_search import largest_batch
 from .flops import mfu
 from .flops import peak_tflops as peak_tflops_of
@@ -134,6 +134,8 @@ def measure_variant(workload: Workload, variant: Variant, device: torch.device, 
     the workload counts its flops, the model TFLOP/s achieved and, given the device's ``peak``
     TFLOP/s, the MFU."""
     rec: dict[str, Any] = {"variant": variant.name, "impl": variant.impl, "compile_mode": variant.compile_mode}
+    if variant.fp8:
+        rec["fp8"] = True
     if variant.compile_mode:
         torch._dynamo.reset()  # each compiled variant compiles afresh (no recompile limit across variants)
     _free(device)
@@ -252,24 +254,37 @@ def add_ratios(row: dict[str, Any]) -> None:
 def is_peer(rec: dict[str, Any]) -> bool:
     """A peer's record: any variant that is not a hal step (hal's own recipes, such as the decoder's
     ``hal bf16 weights``, are neither a peer nor one of the hal steps of issue 28)."""
-    return rec["variant"] not in HAL_VARIANTS and not str(rec.get("impl") or "").startswith("hal")
+    return rec["variant"] not in HAL_VARIANTS and not _is_hal(rec)
+
+
+def _is_hal(rec: dict[str, Any]) -> bool:
+    return str(rec.get("impl") or "").startswith("hal")
 
 
 def best_of(row: dict[str, Any]) -> dict[str, Any]:
     """Issue 28's comparison for one row: the fastest measured peer and the fastest measured hal step
     (hal, hal+compile, hal+graph, hal+compile+graph), each ``{"variant", "step_us", "peak_bytes"}`` or
     None, ``ratio`` = best peer time / best hal time (above 1: hal is faster) and ``peak_vs_eager`` =
-    the best hal step's peak memory / eager's (None where either is unknown, as on the CPU)."""
+    the best hal step's peak memory / eager's (None where either is unknown, as on the CPU); FP8
+    variants stay out of it. Where the row has FP8 variants, ``fp8``: the fastest FP8 hal step and FP8
+    peer, and the best bf16 peer's and the FP8 peer's time over that hal step's (issue 40)."""
     measured = [r for r in row["variants"] if r.get("step_us")]
+    fp8 = [r for r in measured if r.get("fp8")]
+    measured = [r for r in measured if not r.get("fp8")]  # the bf16 comparison
     peers = [r for r in measured if is_peer(r)]
     hals = [r for r in measured if r["variant"] in HAL_VARIANTS]
     pick = lambda rs: min(rs, key=lambda r: r["step_us"]) if rs else None  # noqa: E731
     peer, hal = pick(peers), pick(hals)
     eager = next((r for r in measured if r["variant"] == "eager"), {})
     brief = lambda r: None if r is None else {"variant": r["variant"], "step_us": r["step_us"], "peak_bytes": r.get("peak_bytes")}  # noqa: E731
-    return {"peer": brief(peer), "hal": brief(hal),
-            "ratio": peer["step_us"] / hal["step_us"] if peer and hal else None,
+    ratio = lambda a, b: a["step_us"] / b["step_us"] if a and b else None  # noqa: E731
+    best = {"peer": brief(peer), "hal": brief(hal), "ratio": ratio(peer, hal),
             "peak_vs_eager": hal["peak_bytes"] / eager["peak_bytes"] if hal and hal.get("peak_bytes") is not None and eager.get("peak_bytes") else None}
+    if fp8:  # issue 40: the fastest FP8 hal step against the best bf16 peer and the fastest FP8 peer
+        fp8_hal, fp8_peer = pick([r for r in fp8 if _is_hal(r)]), pick([r for r in fp8 if not _is_hal(r)])
+        best["fp8"] = {"hal": brief(fp8_hal), "peer": brief(fp8_peer), "vs_bf16_peer": ratio(peer, fp8_hal),
+                       "vs_fp8_peer": ratio(fp8_peer, fp8_hal)}
+    return best
 
 
 def run_workload(workload: Workload, device: torch.device, timer: Timer, seed: int, use_compile: bool, max_autotune: bool,
@@ -399,7 +414,7 @@ def run(device: torch.device, models: Optional[Sequence[str]] = None, size: Opti
     doc: dict[str, Any] = environment(device)
     peak = peak_tflops or peak_tflops_of(device)
     doc.update(size=size, seed=seed, steps=steps, compile={"enabled": use_compile, "max_autotune": max_autotune}, graphs=graphs, liger=_liger_version(),
-               peak_tflops=peak, models=[])
+               torchao=torchao_float8.version(), peak_tflops=peak, models=[])
     for workload in workloads:
         if models and workload.name not in models:
             continue

@@ -37,6 +37,7 @@ from torch import nn
 
 from .flops import DecoderShape, FlopCount, train_flops
 from .models_hf import HFCausalLMTrain, _transformers
+from .workload import FP8_VARIANTS, Variant
 
 #: Llama-3.2-1B
 LLAMA_1B = DecoderShape(vocab=128256, dim=2048, layers=16, heads=32, kv_heads=8, ffn=8192, tied=True)
@@ -155,6 +156,10 @@ class HFLlama8BLayersTrain(HFDecoderTrain):
     full_shape = dataclasses.replace(LLAMA_8B, layers=15)
     full_seq = 4096
     full_batch = 1
+
+    def extra_variants(self) -> list[Variant]:
+        """The FP8 variants too (issue 40's FP8 targets are set on this row)."""
+        return [*super().extra_variants(), *FP8_VARIANTS]
 
 
 class HFMixtralTrain(HFDecoderTrain):

@@ -14,6 +14,10 @@ head compute the loss without the full logits. The implementations:
 - ``hal.optimize``: the model as built and ``torch.optim.AdamW(fused=True)`` handed to
   ``hal.optimize(model, optimizer, amp=...)``, the one call that rewrites, compiles and captures as
   its measurements on the first call decide (the measuring is inside the variant's warm-up);
+  ``hal.optimize fp8`` the same with ``fp8=hal.fp8.CurrentScaling()`` (the decoder layers' linear
+  layers in FP8);
+- ``torchao tensorwise`` / ``torchao rowwise``: torchao.float8's recipe on the model's linear layers
+  (:mod:`hal_bench.torchao_float8`), then torch's own step (the FP8 peer, compiled);
 - ``liger``: Liger-Kernel's Llama patch applied to this model instance
   (``apply_liger_kernel_to_llama(model=...)``: its RMSNorm, SwiGLU MLP, RoPE and the fused linear
   cross-entropy forward), ``torch.optim.AdamW(fused=True)``; ``liger+compile`` is the same patched
@@ -40,11 +44,11 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import nn
 
-from . import liger
+from . import liger, torchao_float8
 from .models_llama import CONFIGS, LlamaConfig
 from .workload import HAL_OPTIMIZE, LIGER_COMPILE, NotApplicable, Step, Variant, Workload, compiled, data_generator
 
-IMPLS = ("torch", "hal", "liger", "hal.optimize")
+IMPLS = ("torch", "hal", "liger", "hal.optimize", "hal.optimize fp8", "torchao tensorwise", "torchao rowwise")
 
 
 def _transformers() -> Any:
@@ -187,13 +191,16 @@ class HFCausalLMTrain(Workload):
         else:
             if impl == "liger":
                 forward_context = apply_liger(model, device, self.liger_patch)
+            elif impl.startswith(torchao_float8.PREFIX):
+                torchao_float8.convert(model, impl.removeprefix(torchao_float8.PREFIX), device)
             opt = torch.optim.AdamW(model.parameters(), lr=self.lr, eps=self.eps, fused=True)
         tokens = self.tokens(seed, device)
         amp = self.amp_dtype
-        if impl == "hal.optimize":
+        if impl.startswith("hal.optimize"):
             import hal
 
-            fast = hal.optimize(model, opt, amp=amp, **self.optimize_options)
+            fp8 = {"fp8": hal.fp8.CurrentScaling()} if impl.endswith(" fp8") else {}
+            fast = hal.optimize(model, opt, amp=amp, **fp8, **self.optimize_options)
             return Step(lambda: fast(input_ids=tokens, labels=tokens), model, fast.optimizer)
         forward = compiled(model, compile_mode)
 

@@ -30,6 +30,10 @@ BEST_SPEED_GOALS.update({"hf_llama1b_train": 1.2, "hf_llama1b_t4096_train": 1.2,
 #: issue 28: model -> the best hal step's peak memory as a fraction of eager's, at most (on a GPU); issue 40: 0.6 on its LLM rows
 BEST_MEMORY_GOALS = {"llama_train": 0.6, "hf_llama_train": 0.6, "hf_llama1b_train": 0.6, "hf_llama1b_t4096_train": 0.6,
                      "hf_llama8b_layers_train": 0.6, "hf_mixtral_train": 0.6}
+#: issue 40's FP8 targets: model -> (the fastest FP8 hal step over the best bf16 peer, over the fastest FP8 peer: torchao float8)
+FP8_GOALS = {"hf_llama8b_layers_train": (1.3, 1.1)}
+FP8_VS_BF16_TARGET = "FP8 hal vs the best bf16 peer (issue 40)"
+FP8_VS_FP8_TARGET = "FP8 hal vs the best FP8 peer, torchao float8 (issue 40)"
 BEST_SPEED_TARGET = "best hal vs best peer (issue 28)"
 BEST_MEMORY_TARGET = "best hal's peak memory / eager's (issue 28)"
 
@@ -84,6 +88,10 @@ def judge(row: dict[str, Any], gpu: bool) -> list[dict[str, Any]]:
                                 best.get("ratio")))
     if gpu and row["model"] in BEST_MEMORY_GOALS:
         out.append(_target(BEST_MEMORY_TARGET, BEST_MEMORY_GOALS[row["model"]], best.get("peak_vs_eager"), at_most=True))
+    if gpu and row["model"] in FP8_GOALS and best.get("fp8"):
+        versus_bf16, versus_fp8 = FP8_GOALS[row["model"]]
+        out.append(_target(FP8_VS_BF16_TARGET, versus_bf16, best["fp8"].get("vs_bf16_peer")))
+        out.append(_target(FP8_VS_FP8_TARGET, versus_fp8, best["fp8"].get("vs_fp8_peer")))
     out.append(_target("hal vs eager", 1.0, v.get("eager", {}).get("ratio")))
     out.append(_pair_target(row, "hal+compile vs torch.compile", 1.0, "compile", "hal+compile", v.get("hal+compile", {}).get("ratio_vs_compile")))
     return out
@@ -132,7 +140,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         "",
         f"- date {doc.get('date')}, commit `{doc.get('commit')}`" + (" (working tree dirty)" if doc.get("dirty") else ""),
         f"- hal {doc.get('hal_version')}, torch {doc.get('torch')}, triton {doc.get('triton')}, python {doc.get('python')}, "
-        f"Liger-Kernel {doc.get('liger') or 'not installed'}",
+        f"Liger-Kernel {doc.get('liger') or 'not installed'}, torchao {doc.get('torchao') or 'not installed'}",
         f"- sizes `{doc.get('size')}`, seed {doc.get('seed')}, torch.compile {'on' if comp.get('enabled') else 'off'}"
         + (", max-autotune-no-cudagraphs for inference" if comp.get("enabled") and comp.get("max_autotune") else ""),
         "",
@@ -155,6 +163,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         others = "; ".join(f"{n}: {_cell(r)}" for n, r in v.items() if n not in COLUMNS) or "-"
         lines.append(f"| {row['describe']} | " + " | ".join(_cell(v.get(c)) for c in COLUMNS) + f" | {others} |")
     lines += best_lines(doc)
+    lines += fp8_lines(doc)
     lines += paired_lines(doc)
     lines += flops_lines(doc)
     lines += max_batch_lines(doc)
@@ -211,6 +220,26 @@ def best_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(f"| {row['model']} | {named(best.get('peer'))} | {named(best.get('hal'))} | {ratio} | "
                      f"{'-' if speed is None else f'≥ {speed:.2f}×'} | {_x(best.get('peak_vs_eager'))} | "
                      f"{'-' if memory is None else f'≤ {memory:.2f}×'} | {verdict} |")
+    return lines
+
+
+def fp8_lines(doc: dict[str, Any]) -> list[str]:
+    """Issue 40's FP8 comparison, for the rows that have FP8 variants: the fastest FP8 hal step
+    against the best bf16 peer (the previous section's) and the fastest FP8 peer (torchao float8)."""
+    rows = [row for row in doc.get("models", []) if (row.get("best") or {}).get("fp8")]
+    if not rows:
+        return []
+    lines = ["", "## FP8 (issue 40)", "",
+             "FP8 hal: the fastest of hal's FP8 steps (hal.optimize with fp8=hal.fp8.CurrentScaling()); FP8 peer: the fastest of "
+             "torchao.float8's recipes (compiled, tensorwise also captured whole). Ratios: the peer's time / FP8 hal's.",
+             "", "| model | FP8 hal | best bf16 peer / FP8 hal | goal | FP8 peer | FP8 peer / FP8 hal | goal |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        fp8, goals = row["best"]["fp8"], FP8_GOALS.get(row["model"])
+        named = lambda b: "-" if not b else f"{b['variant']} {_us(b['step_us'])}"  # noqa: E731
+        goal = lambda i: "-" if goals is None else f"≥ {goals[i]:.2f}×"  # noqa: E731
+        lines.append(f"| {row['model']} | {named(fp8.get('hal'))} | {_x(fp8.get('vs_bf16_peer'))} | {goal(0)} | "
+                     f"{named(fp8.get('peer'))} | {_x(fp8.get('vs_fp8_peer'))} | {goal(1)} |")
     return lines
 
 

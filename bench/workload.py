@@ -55,6 +55,7 @@ class Variant:
     impl: str  # "torch", "hal", "liger" or a workload's own peer
     compile_mode: Optional[str] = None  # None: not compiled; "default" or a torch.compile mode
     graph: bool = False  # the whole step captured once and replayed (hal.graphs), CUDA only
+    fp8: bool = False  # GEMMs in FP8 (issue 40's FP8 targets): kept out of the bf16 comparisons
 
 
 EAGER = Variant("eager", "torch")
@@ -78,6 +79,14 @@ COMPILE_REDUCE_OVERHEAD = Variant("compile reduce-overhead", "torch", "reduce-ov
 #: the one-call step, ``hal.optimize(model, optimizer)``: hal picks rewrite, compile and graph itself
 #: by measuring them on its first call (a workload offers it where its step fits that call)
 HAL_OPTIMIZE = Variant("hal.optimize", "hal.optimize")
+#: FP8 (issue 40): hal.optimize with hal's FP8 layers (``fp8=hal.fp8.CurrentScaling()``), and
+#: torchao.float8's tensorwise and rowwise recipes under torch.compile (tensorwise also captured
+#: whole); their row's comparison is FP8 hal against the best bf16 peer and the best torchao
+HAL_OPTIMIZE_FP8 = Variant("hal.optimize fp8", "hal.optimize fp8", fp8=True)
+TORCHAO_TENSORWISE_COMPILE = Variant("torchao tensorwise+compile", "torchao tensorwise", "default", fp8=True)
+TORCHAO_ROWWISE_COMPILE = Variant("torchao rowwise+compile", "torchao rowwise", "default", fp8=True)
+TORCHAO_TENSORWISE_COMPILE_GRAPH = Variant("torchao tensorwise+compile+graph", "torchao tensorwise", "default", graph=True, fp8=True)
+FP8_VARIANTS = (HAL_OPTIMIZE_FP8, TORCHAO_TENSORWISE_COMPILE, TORCHAO_ROWWISE_COMPILE, TORCHAO_TENSORWISE_COMPILE_GRAPH)
 #: hal's steps (the "best hal" of a row is the fastest of these)
 HAL_VARIANTS = (HAL.name, HAL_COMPILE.name, HAL_GRAPH.name, HAL_COMPILE_GRAPH.name, HAL_OPTIMIZE.name)
 

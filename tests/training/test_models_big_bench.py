@@ -6,6 +6,7 @@ listed, and its reason on the CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import weakref
 from pathlib import Path
@@ -21,7 +22,7 @@ from hal_bench.flops import DecoderShape, mfu, train_flops  # noqa: E402
 from hal_bench.models_big import WORKLOADS, HFLlama1BTrain, HFLlama8BLayersTrain, HFMixtralTrain  # noqa: E402
 from hal_bench.models_hf import HFLlamaTrain, isolated_patch  # noqa: E402
 from hal_bench.timing import Timer  # noqa: E402
-from hal_bench.workload import EAGER, LIGER_COMPILE  # noqa: E402
+from hal_bench.workload import EAGER, HAL_OPTIMIZE_FP8, LIGER_COMPILE, TORCHAO_TENSORWISE_COMPILE  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -207,6 +208,54 @@ def test_issue40_goals_are_judged_on_a_gpu_row(model: str, goal: float) -> None:
     speed, memory = targets[models_report.BEST_SPEED_TARGET], targets[models_report.BEST_MEMORY_TARGET]
     assert (speed["goal"], speed["value"], speed["met"]) == (goal, pytest.approx(1.1), goal <= 1.1)
     assert (memory["goal"], memory["value"], memory["met"]) == (0.6, pytest.approx(0.55), True)
+
+
+def test_fp8_variants_on_the_8b_row_train_and_stay_out_of_the_bf16_comparison(seed: int) -> None:
+    """The 8B-layer row offers hal.optimize with FP8 layers and torchao.float8's recipes (issue 40's
+    FP8 targets are set there); hal's FP8 step trains its tiny model on the CPU (hal's FP8 ops
+    emulated), its decoder layers' linears in FP8. The FP8 variants are judged FP8 hal against the
+    best bf16 peer and the best FP8 peer, and never count as the bf16 row's best peer or best hal."""
+    import hal.fp8
+
+    w = HFLlama8BLayersTrain("tiny", eps=1e-4)
+    names = [v.name for v in w.variants(use_compile=True, max_autotune=False, graphs=True)]
+    assert {"hal.optimize fp8", "torchao tensorwise+compile", "torchao rowwise+compile", "torchao tensorwise+compile+graph"} <= set(names)
+    assert "hal.optimize fp8" not in [v.name for v in HFLlama1BTrain("tiny").variants(use_compile=True, max_autotune=False)]
+    w.optimize_options = {"candidates": ["hal eager"]}  # the FP8 variant wins: your model converted
+    step = w.make(HAL_OPTIMIZE_FP8.impl, None, CPU, seed)
+    losses = [float(step()) for _ in range(4)]
+    assert sum(isinstance(m, hal.fp8.Linear) for m in step.model.modules()) == 7 * w.shape.layers
+    assert losses[-1] < losses[0]
+    rec = lambda name, us, impl="torch", fp8=False: {"variant": name, "impl": impl, "step_us": us, "peak_bytes": 1, **({"fp8": True} if fp8 else {})}  # noqa: E731
+    row = {"model": w.name, "variants": [rec("eager", 30.0), rec("compile+graph", 24.0), rec("hal.optimize", 20.0, "hal.optimize"),
+                                         rec("torchao tensorwise+compile", 19.0, "torchao tensorwise", True),
+                                         rec("hal.optimize fp8", 16.0, "hal.optimize fp8", True)]}
+    models.add_ratios(row)
+    best = row["best"]
+    assert (best["peer"]["variant"], best["hal"]["variant"], best["ratio"]) == ("compile+graph", "hal.optimize", pytest.approx(1.2))
+    assert (best["fp8"]["hal"]["variant"], best["fp8"]["peer"]["variant"]) == ("hal.optimize fp8", "torchao tensorwise+compile")
+    targets = {t["target"]: t for t in models_report.judge(row, gpu=True)}
+    versus_bf16, versus_fp8 = targets[models_report.FP8_VS_BF16_TARGET], targets[models_report.FP8_VS_FP8_TARGET]
+    assert (versus_bf16["goal"], versus_bf16["value"], versus_bf16["met"]) == (1.3, pytest.approx(1.5), True)
+    assert (versus_fp8["goal"], versus_fp8["value"], versus_fp8["met"]) == (1.1, pytest.approx(19 / 16), True)
+    text = "\n".join(models_report.fp8_lines({"models": [row]}))
+    assert "## FP8 (issue 40)" in text and "1.50×" in text
+
+
+def test_torchao_peer_says_why_it_cannot_run_or_converts(seed: int) -> None:
+    """torchao's FP8 peer: where torchao does not import, the variant is skipped with the reason;
+    where it does (emulated on the CPU), the decoder's linears become Float8Linear, lm_head stays."""
+    w = HFLlama8BLayersTrain("tiny", eps=1e-4)
+    rec = models.measure_variant(w, dataclasses.replace(TORCHAO_TENSORWISE_COMPILE, compile_mode=None), CPU, Timer(CPU), seed, None)
+    try:
+        import torchao.float8  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed here (CI)
+        assert rec["skipped"].startswith("torchao.float8 does not import"), rec
+        return
+    assert rec.get("step_us") and rec["fp8"], rec
+    step = w.make(TORCHAO_TENSORWISE_COMPILE.impl, None, CPU, seed)
+    kinds = {type(m).__name__ for n, m in step.model.named_modules() if n.endswith("_proj")}
+    assert kinds == {"Float8Linear"} and type(step.model.lm_head).__name__ == "Linear"
 
 
 def test_cli_reports_mfu_and_the_largest_batch(tmp_path: Path) -> None:
