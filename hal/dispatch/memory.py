@@ -10,8 +10,12 @@ the results are large (:data:`ASK_FROM_BYTES`): on the CPU what ``/proc/meminfo`
 bounded by the address-space limit of the process (``RLIMIT_AS``) where one is set, on a GPU what
 the driver reports free plus what torch's caching allocator holds unused.
 
-Kernels' workspaces are not counted (they are each kernel's own); a kernel that would need one
-beyond memory declines in its capability check.
+Besides the results, the dense copy of each broadcast input (a tensor whose view repeats elements
+through a zero stride, as ``expand`` makes): a kernel that needs its input dense makes that copy,
+as large as the view (torch's softmax of a (1, 8192) row expanded to 15730 rows asked for 1 GiB,
+output and copy, where the results alone are 0.5 GiB). Kernels' other workspaces are not counted
+(they are each kernel's own); a kernel that would need one beyond memory declines in its
+capability check.
 """
 
 from __future__ import annotations
@@ -103,18 +107,33 @@ def _host_free() -> Optional[int]:
     return free
 
 
+def densified_bytes(inputs: Inputs) -> int:
+    """The bytes of dense copies of the call's broadcast tensor inputs (module docstring)."""
+    total = 0
+    for a in inputs.args:
+        for t in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(t, torch.Tensor) and any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+                total += t.numel() * t.element_size()
+    return total
+
+
 def check(decl: OpDecl, inputs: Inputs) -> Optional[UnsupportedError]:
-    """The error of a call whose results cannot fit in its device's free memory (None: they can,
-    or it cannot be told)."""
-    need = results_bytes(decl, inputs)
-    if need is None or need < ASK_FROM_BYTES:
+    """The error of a call whose results (and the dense copies of its broadcast inputs) cannot fit in
+    its device's free memory (None: they can, or it cannot be told)."""
+    results = results_bytes(decl, inputs)
+    if results is None:
+        return None
+    need = results + densified_bytes(inputs)
+    if need < ASK_FROM_BYTES:
         return None
     free = free_bytes(inputs)
     if free is None or need <= free:
         return None
     device = "cpu (numpy)" if inputs.array_type == "numpy" else str(inputs.device)
+    copies = need - results
+    what = f"its results need {_size(results)}" + (f" and dense copies of its broadcast inputs {_size(copies)}" if copies else "")
     return UnsupportedError(
-        f"{decl.name}: its results need {_size(need)} but {device} has {_size(free)} free; nothing was allocated. "
+        f"{decl.name}: {what} but {device} has {_size(free)} free; nothing was allocated. "
         "Split the call (a smaller batch or sequence), or free memory first."
     )
 

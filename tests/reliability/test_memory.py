@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import draw_seed
 
 from .calls import COUNTS
@@ -25,8 +27,12 @@ HEADROOM_MIB = 2048
 EXAMPLES = 40
 
 
-def test_calls_far_beyond_their_arguments_compute_or_raise_hal_errors() -> None:
-    seed = draw_seed()
+@pytest.mark.parametrize("fixed", [False, True], ids=["fresh seed", "seed 134934166"])
+def test_calls_far_beyond_their_arguments_compute_or_raise_hal_errors(fixed: bool) -> None:
+    """A fresh seed each run, and the seed that found softmax of a (1, 8192) row expanded to 15730
+    rows raising torch's raw allocation error: its 0.5 GiB of results fit, the dense copy torch
+    makes of the expanded input besides did not (hal.dispatch.memory counts that copy now)."""
+    seed = 134934166 if fixed else draw_seed()
     proc = subprocess.run(
         [sys.executable, "-m", "tests.reliability.memory_worker", str(HEADROOM_MIB), str(EXAMPLES), str(seed)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
