@@ -128,9 +128,11 @@ class _Block(nn.Module):
 
 def _as_accurate_as_eager(got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor, scale: float, name: str) -> None:
     """``got`` (the graph's float32 result) is within ten times eager float32's own largest error
-    against ``exact`` (float64, the same state and inputs), plus float32's epsilon times
-    ``scale``, the largest such value in the step."""
-    budget = 10 * (eager.double() - exact).abs().max().item() + torch.finfo(torch.float32).eps * scale
+    against ``exact`` (float64, the same state and inputs), plus four float32 epsilons times
+    ``scale``, the largest such value in the step: a sum taken in another order differs by a few
+    units in the last place whatever eager's luck (seed 574353363: the loss 2.53 off by 2 ulps
+    where eager's was off by 0.04; one epsilon failed it)."""
+    budget = 10 * (eager.double() - exact).abs().max().item() + 4 * torch.finfo(torch.float32).eps * scale
     torch.testing.assert_close(got.double(), exact, rtol=0.0, atol=budget, msg=name)
 
 
