@@ -33,8 +33,8 @@ def version() -> Optional[str]:
         return None
 
 
-def _keep_high_precision(module: nn.Module, fqn: str) -> bool:
-    """torchao's module filter: True converts."""
+def _converted(module: nn.Module, fqn: str) -> bool:
+    """torchao's module filter: whether the module at ``fqn`` becomes a ``Float8Linear``."""
     if fqn.split(".")[-1] == "lm_head":
         return False
     return not isinstance(module, nn.Linear) or (module.in_features % 16 == 0 and module.out_features % 16 == 0)
@@ -53,7 +53,7 @@ def convert(model: nn.Module, recipe: str, device: torch.device) -> int:
     config = Float8LinearConfig.from_recipe_name(recipe)
     if device.type != "cuda":
         config = dataclasses.replace(config, emulate=True)
-    convert_to_float8_training(model, config=config, module_filter_fn=_keep_high_precision)
+    convert_to_float8_training(model, config=config, module_filter_fn=_converted)
     converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     if not converted:
         raise NotApplicable("torchao converted no linear layer (none outside lm_head with dimensions that are multiples of 16)")
