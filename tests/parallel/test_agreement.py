@@ -22,10 +22,11 @@ import torch.nn.functional as F
 
 from hal.dist.launch import RankResult, launch
 
+from ._reference_layers import V, reference_layers
+
 pytestmark = pytest.mark.timeout(240)
 
 N = 2
-V = 11  # vocabulary: 6 ids per rank, the last row of rank 1's slice is padding
 #: a bound on every wait: a rank left waiting by a bug fails in seconds with CommError, not the group's 60 s
 WAIT_S = 20.0
 
@@ -169,15 +170,9 @@ def _edge_cases(rank: int, seed: int) -> dict[str, Callable[[], Any]]:
     def draw(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
-    column_full, row_full, head_full = (torch.nn.Linear(*io, dtype=torch.float64) for io in ((8, 6), (6, 8), (5, V)))
-    table = torch.nn.Embedding(V, 5, dtype=torch.float64)
-    with torch.no_grad():
-        for param in [*column_full.parameters(), *row_full.parameters(), *head_full.parameters(), table.weight]:
-            param.copy_(draw(*param.shape))
-    column = ColumnParallelLinear.from_linear(column_full, gather_output=True)
-    row = RowParallelLinear.from_linear(row_full, input_is_parallel=False)
-    emb = VocabParallelEmbedding.from_embedding(table)
-    head = VocabParallelLMHead.from_linear(head_full, reduction="none")
+    layers = reference_layers(g, reduction="none")
+    column_full, row_full, head_full, table = layers.column_full, layers.row_full, layers.head_full, layers.table
+    column, row, emb, head = layers.column, layers.row, layers.emb, layers.head
     ids = torch.randint(0, V, (4, 3), generator=g)
     x8, x6, x5 = draw(8, 4).t(), draw(6, 4).t(), draw(12, 5)[::2]  # views: transposed, strided
     target = torch.randint(0, V, (6,), generator=g)

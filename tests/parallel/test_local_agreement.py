@@ -21,10 +21,11 @@ import torch.nn.functional as F
 
 from hal.dist.launch import RankResult, launch
 
+from ._reference_layers import V, reference_layers
+
 pytestmark = pytest.mark.timeout(240)
 
 N = 2
-V = 11
 WAIT_S = 8.0
 META = torch.device("meta")
 
@@ -46,23 +47,16 @@ def _cases(rank: int, seed: int) -> dict[str, tuple[Callable[[], Any], Callable[
     """name -> (the call with one rank's bad argument, a valid call's difference from one process)."""
     import torch.distributed as dist
 
-    from hal.parallel import (ColumnParallelLinear, ExpertParallelMoE, ParallelRMSNorm, RowParallelLinear, VocabParallelEmbedding,
-                              VocabParallelLMHead, vocab_parallel_linear_cross_entropy)
+    from hal.parallel import ColumnParallelLinear, ExpertParallelMoE, ParallelRMSNorm, vocab_parallel_linear_cross_entropy
 
     g = torch.Generator().manual_seed(seed)
 
     def draw(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
-    col_full, row_full, head_full = (torch.nn.Linear(*io, dtype=torch.float64) for io in ((8, 6), (6, 8), (5, V)))
-    table = torch.nn.Embedding(V, 5, dtype=torch.float64)
-    with torch.no_grad():
-        for p in [*col_full.parameters(), *row_full.parameters(), *head_full.parameters(), table.weight]:
-            p.copy_(draw(*p.shape))
-    column = ColumnParallelLinear.from_linear(col_full, gather_output=True)
-    row = RowParallelLinear.from_linear(row_full, input_is_parallel=False)
-    emb = VocabParallelEmbedding.from_embedding(table)
-    head = VocabParallelLMHead.from_linear(head_full)
+    layers = reference_layers(g)
+    col_full, row_full, head_full, table = layers.column_full, layers.row_full, layers.head_full, layers.table
+    column, row, emb, head = layers.column, layers.row, layers.emb, layers.head
     x8, x6, x5 = draw(3, 8), draw(3, 6), draw(2, 3, 5)
     ids = torch.randint(0, V, (3, 4), generator=g)
     target = torch.randint(0, V, (2, 3), generator=g)
