@@ -166,25 +166,9 @@ def _numpy_into_torch(decl: OpDecl, fn: Callable[..., Any], args: Sequence[Any])
     view, to_numpy, tensor = torch.from_numpy, arrays.to_numpy, torch.Tensor
     if not at:
         return None
-    if len(at) == 1:
-        (i,) = at
+    if at == [0]:
 
-        def run_one(*args: Any) -> Any:
-            a = list(args)
-            x = a[i]
-            a[i] = view(x) if x.flags.writeable else view(x.copy())
-            out = fn(*a)
-            if type(out) is tensor:
-                try:
-                    return out.numpy()
-                except (RuntimeError, TypeError):
-                    return to_numpy(out)
-            return map_outputs(out, to_numpy)
-
-        if i != 0:
-            return run_one
-
-        def run_first(x: Any, *rest: Any) -> Any:  # the common case: the array first, no list built
+        def run_first(x: Any, *rest: Any) -> Any:  # the common case, the array first: no list built, no loop
             out = fn(view(x) if x.flags.writeable else view(x.copy()), *rest)
             if type(out) is tensor:
                 try:
