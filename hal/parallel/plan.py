@@ -20,6 +20,7 @@ whole weights (the unparallelized model's state_dict) and loads them.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import fnmatch
 from typing import Any, Optional, Union
@@ -83,14 +84,15 @@ class PlanContext:
         return out
 
 
-class ParallelStyle:
+class ParallelStyle(abc.ABC):
     """How one module is parallelized: :meth:`apply` returns its replacement (or the module itself,
     changed). ``replaces`` False: a style that only adds hooks, applied after the replacing ones."""
 
     replaces = True
 
+    @abc.abstractmethod
     def apply(self, module: nn.Module, ctx: PlanContext) -> nn.Module:
-        raise NotImplementedError
+        """``module`` parallelized in ``ctx`` (each style says how)."""
 
 
 def _need(style: str, module: nn.Module, ok: bool, what: str) -> None:
