@@ -22,21 +22,13 @@ import torch.nn.functional as F
 
 from hal.dist.launch import RankResult, launch
 
-from ._reference_layers import V, reference_layers
+from ._agreement_support import V, outcome as _outcome, reference_layers
 
 pytestmark = pytest.mark.timeout(240)
 
 N = 2
 #: a bound on every wait: a rank left waiting by a bug fails in seconds with CommError, not the group's 60 s
 WAIT_S = 20.0
-
-
-def _outcome(fn: Callable[[], Any]) -> dict[str, Any]:
-    try:
-        value = fn()
-    except Exception as exc:  # recorded for the test to judge
-        return {"raised": [c.__name__ for c in type(exc).__mro__], "message": f"{type(exc).__name__}: {exc}", "value": None}
-    return {"raised": [], "message": "", "value": value}
 
 
 def _cases(rank: int, seed: int) -> dict[str, Callable[[], Any]]:

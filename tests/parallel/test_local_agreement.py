@@ -21,21 +21,13 @@ import torch.nn.functional as F
 
 from hal.dist.launch import RankResult, launch
 
-from ._reference_layers import V, reference_layers
+from ._agreement_support import V, outcome as _outcome, reference_layers
 
 pytestmark = pytest.mark.timeout(240)
 
 N = 2
 WAIT_S = 8.0
 META = torch.device("meta")
-
-
-def _outcome(fn: Callable[[], Any]) -> dict[str, Any]:
-    try:
-        value = fn()
-    except Exception as exc:  # recorded for the test to judge
-        return {"raised": [c.__name__ for c in type(exc).__mro__], "message": f"{type(exc).__name__}: {exc}", "value": None}
-    return {"raised": [], "message": "", "value": value}
 
 
 def _diff(got: torch.Tensor, want: torch.Tensor) -> float:

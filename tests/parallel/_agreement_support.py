@@ -1,13 +1,13 @@
-"""The layers the two-rank agreement tests build (test_agreement.py's edge cases and
-test_local_agreement.py's cases): a column-parallel, a row-parallel and a vocabulary-parallel linear
-layer and a vocabulary-parallel embedding, each beside the full float64 layer it was cut from, the
-full layers' parameters drawn from the caller's generator (every rank draws the same numbers in the
-same order)."""
+"""What the two-rank agreement tests (test_agreement.py and test_local_agreement.py) share: the
+record of a call's outcome, and the layers they build (a column-parallel, a row-parallel and a
+vocabulary-parallel linear layer and a vocabulary-parallel embedding, each beside the full float64
+layer it was cut from, the full layers' parameters drawn from the caller's generator: every rank
+draws the same numbers in the same order)."""
 
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -32,3 +32,12 @@ def reference_layers(g: torch.Generator, **head_options: Any) -> types.SimpleNam
         row=RowParallelLinear.from_linear(row_full, input_is_parallel=False),
         emb=VocabParallelEmbedding.from_embedding(table),
         head=VocabParallelLMHead.from_linear(head_full, **head_options))
+
+
+def outcome(fn: Callable[[], Any]) -> dict[str, Any]:
+    """What ``fn()`` did, as a rank reports it: the exception's classes and message, or its value."""
+    try:
+        value = fn()
+    except Exception as exc:  # recorded for the test to judge
+        return {"raised": [c.__name__ for c in type(exc).__mro__], "message": f"{type(exc).__name__}: {exc}", "value": None}
+    return {"raised": [], "message": "", "value": value}
