@@ -25,10 +25,11 @@ that requires grad, owned by no other module (a weight tied to an embedding is l
 reads it in float32).
 
 A module of hal's that computes with its weight itself (``hal.nn.patch``'s LM head, whose fused loss
-reads the weight) declares ``reads_weight_copy = True`` on its class and reads the weight through
-:func:`weight_in`: it gets a copy too, also where its weight is tied to an embedding (only this
-module reads the copy; the embedding reads the float32 weight, whose gradient sums both). At
-Llama-3.2-1B's shape the tied LM head's cast is a 1 GiB read per step (0.51 ms on an H100).
+reads the weight; ``hal.fp8.Linear``, which quantises it) declares ``reads_weight_copy = True`` on
+its class and reads the weight through :func:`weight_in` (or :func:`copy_for`): it gets a copy too,
+also where its weight is tied to an embedding (only this module reads the copy; the embedding reads
+the float32 weight, whose gradient sums both). At Llama-3.2-1B's shape the tied LM head's cast is a
+1 GiB read per step (0.51 ms on an H100).
 """
 
 from __future__ import annotations
@@ -110,14 +111,21 @@ class _ReadCopy(torch.autograd.Function):
         return grad.to(torch.float32), None
 
 
+def copy_for(module: nn.Module, dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
+    """``module``'s copy of its weight where it may read it now: inside :meth:`WeightCopies.active`,
+    a copy of ``dtype`` (a module whose class sets ``reads_weight_copy``); else None. For a module
+    whose own autograd function takes the copy beside the float32 weight (the copy's values, the
+    weight's gradient), as ``hal.fp8.Linear`` does."""
+    copy = module.__dict__.get("weight_copy")
+    return copy if _ACTIVE and copy is not None and copy.dtype == dtype else None
+
+
 def weight_in(module: nn.Module, dtype: Optional[torch.dtype]) -> torch.Tensor:
     """``module.weight`` as autocast would cast it to ``dtype`` (None: as it is): its copy inside
     :meth:`WeightCopies.active` where it has one of that dtype (a module whose class sets
     ``reads_weight_copy``), else the weight cast."""
-    copy = module.__dict__.get("weight_copy")
-    if _ACTIVE and copy is not None and copy.dtype == dtype:
-        return _ReadCopy.apply(module.weight, copy)
-    return _cast(module.weight, dtype)
+    copy = copy_for(module, dtype)
+    return _cast(module.weight, dtype) if copy is None else _ReadCopy.apply(module.weight, copy)
 
 
 @dataclasses.dataclass

@@ -4,6 +4,8 @@ bounds derived from the formats' precision, convert, a few FP8 SGD steps trackin
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -288,3 +290,41 @@ def test_fp8_sgd_tracks_float32(name):
     for a, b in zip(losses[0], losses[1]):
         assert abs(a - b) <= 0.05 * a, (losses[0], losses[1])
     assert losses[1][-1] < 0.85 * losses[1][0], losses[1]
+
+
+def test_linear_quantises_its_weight_copy_inside_the_step_and_grads_the_weight(seed: int):
+    """Inside ``WeightCopies.active`` under bfloat16 autocast, ``hal.fp8.Linear`` quantises the
+    half-precision copy of its weight (the copy's values reach the output), and the gradient goes to
+    the float32 weight, in float32, equal to the one computed from the weight itself where the copy
+    is the weight rounded; outside the step, or under another autocast dtype, the copy is not read."""
+    from hal.nn.weight_copies import WeightCopies
+
+    gen = torch.Generator().manual_seed(seed)
+    layer = hal.fp8.Linear(32, 16, bias=False)  # no bias: doubling the weight doubles the output exactly
+    with torch.no_grad():  # a weight that bfloat16 holds exactly: the copy is then the weight's values
+        layer.weight.copy_(torch.randn(16, 32, generator=gen).bfloat16().float())
+    x = torch.randn(8, 32, generator=gen)
+    copies = WeightCopies(layer, torch.bfloat16)
+    assert len(copies) == 1 and copies.readers == {"Linear": 1}
+
+    def run(*, active: bool, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+        layer.weight.grad = None
+        with (copies.active() if active else contextlib.nullcontext()), torch.autocast("cpu", dtype=dtype):
+            y = layer(x)
+        y.float().pow(2).sum().backward()
+        return y.detach(), layer.weight.grad
+
+    y_weight, g_weight = run(active=False)
+    y_copy, g_copy = run(active=True)
+    assert g_copy.dtype == torch.float32
+    assert torch.equal(y_copy, y_weight) and torch.equal(g_copy, g_weight)
+    # the copy's values are what is quantised: a copy of twice the weight doubles the output (a power
+    # of two: the same FP8 codes, a scale twice as large); refresh() would rewrite it from the weight,
+    # so the copy is changed where the step's entry check does not look (its version is the weight's)
+    copy = layer.__dict__["weight_copy"]
+    with torch.no_grad():
+        copy.mul_(2)
+    y_doubled = run(active=True)[0]
+    assert torch.equal(y_doubled.float(), 2 * y_weight.float())
+    assert torch.equal(run(active=False)[0], y_weight)  # outside the step: the weight
+    assert torch.equal(run(active=True, dtype=torch.float16)[0], run(active=False, dtype=torch.float16)[0])
