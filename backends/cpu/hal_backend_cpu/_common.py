@@ -25,11 +25,12 @@ def kernel(op: str, *, name: str, priority: int, dtypes: Optional[Iterable[str]]
     return plugin.kernel(op, name=name, priority=priority, dtypes=dtypes, check=_all(list(checks)), differentiable=differentiable)
 
 
-def numba_kernel(op: str, *, priority: int, dtypes: Iterable[str] = NUMBA_FLOATS,
-                 checks: Iterable[Check] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a kernel named ``numba`` taking NumPy arrays (torch tensors arrive as zero-copy
-    views); it declines with the reason when numba is missing or broken."""
-    return plugin.kernel(op, name="numba", priority=priority, dtypes=dtypes, array_api="numpy",
+def numba_kernel(op: str, *, priority: int, dtypes: Iterable[str] = NUMBA_FLOATS, checks: Iterable[Check] = (),
+                 array_api: str = "numpy") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a kernel named ``numba``, taking NumPy arrays (torch tensors arrive as zero-copy
+    views), or torch tensors with ``array_api="torch"`` (a torch op whose result a numba pass
+    finishes); it declines with the reason when numba is missing or broken."""
+    return plugin.kernel(op, name="numba", priority=priority, dtypes=dtypes, array_api=array_api,
                          check=_all([_numba_check, *checks]))
 
 
@@ -39,10 +40,12 @@ def numpy_kernel(op: str, *, priority: int, dtypes: Optional[Iterable[str]] = No
     conversion to torch and back (about 1 us a call on the project's VM, more than a small array's
     work). It declines torch callers: for them torch's kernel runs without converting."""
     return plugin.kernel(op, name="numpy", priority=priority, dtypes=dtypes, array_api="numpy",
-                         check=_all([_numpy_caller, *checks]))
+                         check=_all([numpy_caller, *checks]))
 
 
-def _numpy_caller(inputs: Inputs) -> list[str]:
+def numpy_caller(inputs: Inputs) -> list[str]:
+    """A check: the caller gave NumPy arrays (a kernel for them alone: torch callers keep torch's
+    kernel, which runs their tensors without converting)."""
     if inputs.numpy_caller:
         return []
     return ["torch tensors: torch's kernel runs them without converting (this kernel is NumPy's own, for NumPy callers)"]

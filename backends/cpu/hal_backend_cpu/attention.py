@@ -1,5 +1,5 @@
 """softmax and scaled_dot_product_attention on torch's CPU kernels: native softmax and its
-backward, the fused flash-attention CPU kernels behind F.scaled_dot_product_attention (forward and
+backward (and, for a NumPy caller's small array, a numba softmax with no tensor made), the fused flash-attention CPU kernels behind F.scaled_dot_product_attention (forward and
 backward, the forward's output and log-sum-exp kept for the backward: hal.integration.kept), and an attention
 backward written as GEMMs for the rest (no autograd graph: kernels also run inside torch.ops.hal
 calls, where autograd is off)."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from hal.plugin_sdk.kept import KeptForBackward, param_state
@@ -15,9 +16,35 @@ from hal.plugin import Inputs
 from hal_torch import attention as eager
 from hal_torch.overlap import dense
 
-from ._common import FLOATS, kernel
+from . import _numba
+from ._common import FLOATS, contiguous, kernel, numba_kernel, numpy_caller
 
 kernel("softmax", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.softmax)
+
+#: elements up to which the numba softmax serves a NumPy caller. Measured on the project's 2-core
+#: EPYC VM (2026-12-07, one thread, float32 / float64): numba 0.79 / 0.82 us against torch's
+#: softmax with the two conversions 2.38 / 2.40 us at (4, 4); 1.19 / 1.35 against 2.26 / 3.04 at
+#: (8, 16); 1.72 / 1.89 against 2.29 / 3.07 at (8, 32); 2.68 / 2.95 against 2.36 / 3.27 at
+#: (8, 64): numba's exp is a scalar libm call, torch's vectorised. Within the bound the dispatcher's
+#: measured choice still times both where HAL_TUNE allows.
+NUMBA_SOFTMAX_ELEMENTS = 256
+
+
+def _small_softmax(inputs: Inputs) -> list[str]:
+    x = inputs["x"]
+    if x.ndim == 0:
+        return ["a 0-d array: torch's kernel (a softmax over one value)"]
+    if x.size > NUMBA_SOFTMAX_ELEMENTS:
+        return [f"{x.size} elements: beyond {NUMBA_SOFTMAX_ELEMENTS}, torch's vectorised exp outruns numba's scalar one even with the conversions"]
+    return []
+
+
+@numba_kernel("softmax", priority=30, checks=[numpy_caller, contiguous("x"), _small_softmax])
+def softmax_numba(x, dim):
+    """A NumPy caller's small softmax in one numba call: no torch tensor made on the way in or out
+    (those two conversions were most of such a call: issue 41 item 13)."""
+    return _numba.family("softmax").softmax(x, dim)
+
 kernel("softmax_backward", name="torch", priority=20, dtypes=FLOATS)(eager.softmax_backward)
 #: (output, its version, logsumexp) of flash forwards that autograd will differentiate, for the
 #: backward of the same q, k and v (hal.integration.kept; few and bounded: one per attention layer in flight)

@@ -8,7 +8,15 @@ linear has two kernels:
   turns NaN into 0 where torch's relu keeps NaN (measured on torch 2.13's oneDNN, float32 and
   bfloat16; the other post-ops keep NaN and infinities as torch does);
 - ``torch``: ``F.linear`` (MKL) and the activation as a separate vectorised pass (every dtype,
-  float64 included, which oneDNN does not take).
+  float64 included, which oneDNN does not take);
+- ``numba``: for a small float32 linear with GELU (erf or tanh), ``F.linear`` (MKL) and numba's
+  vectorised GELU in place on its result (:mod:`hal_backend_cpu._nb.gelu`). At (128, 64) x (96, 64)
+  on the project's 2-core EPYC VM (2026-12-07, one thread) MKL's GEMM took 12.5 us against
+  oneDNN's 20.4 (its inner product's fixed cost) and torch's GELU 8.8 (erf) and 17.1 us (tanh)
+  against numba's 3.3: the GELU was as long as the GEMM, so neither the fused oneDNN call (24.9 us
+  with tanh) nor MKL with torch's GELU reached 1.2x torch's ``F.gelu(F.linear(...))``. Bounded to
+  :data:`NUMBA_GELU_ELEMENTS` outputs (one thread; beyond, the GEMM dominates and oneDNN's fused
+  call is the better default); the dispatcher's measured choice times it against the other two.
 
 Every float32 GEMM of these kernels goes to oneDNN's inner product (:func:`mm`): MKL's sgemm,
 torch's own float32 GEMM on the CPU, ran 2.2x slower than oneDNN on the project's AMD EPYC VM
@@ -32,7 +40,8 @@ from hal.plugin import Inputs
 from hal.plugin_sdk.linear import grads_of_rows
 from hal_torch import gemm as eager
 
-from ._common import FLOATS, kernel, onednn_dtype
+from . import _numba
+from ._common import FLOATS, kernel, numba_kernel, onednn_dtype
 from ._device import onednn_dtype_reason
 from .elementwise import act_backward, activate_
 
@@ -78,6 +87,36 @@ def linear_onednn(x, weight, bias, act):
     if act == "relu":
         y.relu_()
     return y.view(*x.shape[:-1], weight.shape[0])
+
+
+#: outputs (rows x features) up to which the numba GELU kernel of linear serves (see the module's docstring)
+NUMBA_GELU_ELEMENTS = 1 << 16
+_NUMBA_GELUS = {"gelu": "gelu_erf_", "gelu_tanh": "gelu_tanh_"}
+
+
+def _small_gelu(inputs: Inputs) -> list[str]:
+    act, x, weight = inputs["act"], inputs["x"], inputs["weight"]
+    if act not in _NUMBA_GELUS:
+        return [f"act {act!r}: this kernel is numba's GELU after MKL's GEMM (gelu, gelu_tanh); oneDNN fuses the others"]
+    outputs = (x.numel() // max(1, x.shape[-1])) * weight.shape[0]
+    if outputs > NUMBA_GELU_ELEMENTS:
+        return [f"{outputs} outputs: beyond {NUMBA_GELU_ELEMENTS}, the GEMM dominates and oneDNN's fused GELU is the default"]
+    return []
+
+
+@numba_kernel("linear", priority=35, dtypes=("float32",), checks=[_small_gelu], array_api="torch")
+def linear_numba(x, weight, bias, act):
+    """MKL's GEMM, then numba's vectorised GELU in place on its result (one thread, no extra buffer)."""
+    z = F.linear(x, weight, bias)
+    if not z.is_contiguous():
+        z = z.contiguous()
+    gelu_ = getattr(_numba.family("gelu"), _NUMBA_GELUS[act])
+    try:
+        flat = z.numpy().ravel()  # 1.1 us; z.detach().view(-1).numpy() cost 3.0 (2026-12-07)
+    except RuntimeError:  # z requires grad (autograd records the caller's GEMM): the same memory, detached
+        flat = z.detach().numpy().ravel()
+    gelu_(flat)
+    return z
 
 
 @kernel("linear", name="torch", priority=20, dtypes=FLOATS, differentiable=True)
