@@ -95,7 +95,11 @@ def fused_adamw_(
     With the bias corrections ``c1 = 1 - beta1**step`` and ``c2 = 1 - beta2**step`` (step counted
     from 1), for each tensor: ``g = grad * inv_scale``; ``p *= 1 - lr * weight_decay``;
     ``m = beta1 * m + (1 - beta1) * g``; ``v = beta2 * v + (1 - beta2) * g**2``;
-    ``p -= lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)``. With ``master_params`` (float32) the update
+    ``p -= lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)``. ``m`` is computed as torch.optim.AdamW's
+    ``exp_avg.lerp_(grad, w)``, ``w = 1 - beta1``: ``m + w * (g - m)`` for ``w < 0.5``, else
+    ``g - (g - m) * (1 - w)``, so NaN and infinities spread as there (an infinite ``m`` meeting a
+    finite ``g`` gives NaN for ``w < 0.5``, an infinite ``g`` meeting a finite ``m`` otherwise;
+    torch's fused CUDA kernel differs at these points). With ``master_params`` (float32) the update
     applies to the masters and each param receives its master rounded to the param's dtype; the
     grads then have the params' dtype or float32 (the params may be half-precision copies of
     float32 weights, the masters, stepped on the weights' float32 gradients: the copies are written

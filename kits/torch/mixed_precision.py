@@ -6,6 +6,12 @@ and states differ (low-precision params with float32 states or master weights), 
 kernel takes one dtype, and on contiguous copies where the tensors of one index are not dense or
 differ in memory layout (it walks each tensor as one run of memory). Neither reads a device value
 on the host.
+
+At NaN and infinities the moments are torch's fused kernel's, which is not torch.optim.AdamW's on
+every torch: from torch 2.11 the CUDA kernel computes ``m`` as ``fma(beta1, m, fma(-beta1, g, g))``
+(and ``v`` alike), NaN at an infinite gradient where torch.optim.AdamW's ``lerp_`` (and the op's
+formula, hal's other kernels) give an infinity, and an infinity where the lerp gives NaN (an
+infinite ``m`` meeting a finite ``g``). Finite values agree to rounding.
 """
 
 from __future__ import annotations

@@ -80,6 +80,15 @@ def adamw_kernel(
         step = tl.load(step_ptr).to(tl.float32)
         step_size = lr / (1.0 - tl.exp2(step * tl.log2(beta1)))
         bc2_sqrt = tl.sqrt(1.0 - tl.exp2(step * tl.log2(beta2)))
+    # The first moment as torch.optim.AdamW moves it, exp_avg.lerp_(grad, w) with w = 1 - beta1,
+    # in at::native::lerp's two forms: m + w * (g - m) for w < 0.5, else g - (g - m) * (1 - w).
+    # The same number as beta1 * m + w * g up to rounding (two more flops in registers, no more
+    # memory traffic), but not at infinities: with w < 0.5 an infinite m (an earlier infinite
+    # gradient's) meeting a finite or same-signed infinite g gives NaN, with w >= 0.5 an infinite
+    # g meeting a finite m does; the sum gave infinities there (tests/cuda/_adamw_specials.py).
+    w = 1.0 - beta1
+    w_rest = 1.0 - w
+    w_small = w < 0.5
     for i in range(ITERS):
         offs = (span.to(tl.int64) * ITERS + i) * BLOCK + lanes
         mask = (offs < numel) & keep
@@ -91,7 +100,8 @@ def adamw_kernel(
         m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
         v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
         p = p * decay
-        m = beta1 * m + (1.0 - beta1) * g
+        d = g - m
+        m = tl.where(w_small, m + w * d, g - d * w_rest)
         v = beta2 * v + (1.0 - beta2) * g * g
         p = p - step_size * m / (tl.sqrt(v) / bc2_sqrt + eps)
         tl.store(m_ptr + offs, m.to(S_DT), mask=mask)

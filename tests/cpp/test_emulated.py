@@ -24,6 +24,7 @@ from hal.plugin import Plugin
 from hal_cpp import batchnorm as bn
 from hal_cpp import optim
 from hal_cpp.host import HostRuntime
+from tests.cuda import _adamw_specials as sv
 from tests.cuda._support import assert_close, fresh_seed, reference
 
 pytestmark = pytest.mark.skipif(HostRuntime().unavailable_reason() is not None, reason=str(HostRuntime().unavailable_reason()))
@@ -302,6 +303,22 @@ def test_adamw_step_matches_the_formula_in_float64(plugins, gen):
     m_ref, v_ref = b1 * 0.05 + (1 - b1) * gs, b2 * 0.02 + (1 - b2) * gs * gs
     p_ref = 0.7 * (1 - lr * wd) - lr / (1 - b1**step) * m_ref / (math.sqrt(v_ref) / math.sqrt(1 - b2**step) + eps)
     assert (m.item(), v.item()) == pytest.approx((m_ref, v_ref), rel=1e-14) and p.item() == pytest.approx(p_ref, rel=1e-14)
+
+
+@pytest.mark.parametrize("betas", sv.BETAS, ids=["beta1=0.9", "beta1=0.3"])
+@pytest.mark.parametrize("pdtype,masters", [(torch.bfloat16, True), (torch.float16, True), (torch.float32, False)],
+                         ids=["bf16_copies", "fp16_copies", "fp32"])
+def test_fused_adamw_spreads_nan_and_inf_as_torch_optim_adamw(plugins, betas, pdtype, masters):
+    """NaN and infinities (in grads, moments and weights) as torch.optim.AdamW spreads them, on the
+    vector and scalar paths; tests/cuda/_adamw_specials.py has the cases and why torch's fused CUDA
+    kernel is not the reference there. The copies are poisoned with NaN before the call."""
+    kernels, _ = plugins[32]
+    gen = torch.Generator().manual_seed(fresh_seed())
+    got = sv.special_state(gen, [(7,), (3, 50), (optim.CHUNK + 130,), (17, 3)], pdtype, masters)
+    grads = [g.clone() for g in got["grads"]]
+    want = sv.torch_adamw(got, betas, 0.5, foreach=False)
+    sv.run(kernels["fused_adamw_"], got, betas, torch.tensor([0.5]))
+    sv.assert_as_torch(got, want, grads)
 
 
 def test_fused_adamw_takes_the_step_count_as_a_device_value(plugins, gen):

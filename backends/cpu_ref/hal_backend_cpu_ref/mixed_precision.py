@@ -43,7 +43,8 @@ def fused_adamw_(
     for i, target in enumerate(targets):
         g = f64(grads[i]) * inv
         p = f64(target) * (1.0 - lr * weight_decay)
-        m = beta1 * f64(exp_avgs[i]) + (1.0 - beta1) * g
+        m0, w = f64(exp_avgs[i]), 1.0 - beta1  # torch's lerp of m towards g by w (the op's docstring)
+        m = m0 + w * (g - m0) if w < 0.5 else g - (g - m0) * (1.0 - w)
         v = beta2 * f64(exp_avg_sqs[i]) + (1.0 - beta2) * g * g
         p -= lr / c1 * m / (np.sqrt(v) / math.sqrt(c2) + eps)
         target[...] = p

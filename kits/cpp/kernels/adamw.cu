@@ -27,11 +27,17 @@ constexpr int TABLE_FIELDS = 8;  // param, grad, exp_avg, exp_avg_sq, master, nu
 
 template <class A> struct AdamW {
   A inv, decay, step_size, bc2_sqrt, beta1, beta2, eps;
-  // One step of one value: p (the master where there is one), moments m and v, raw grad g.
+  // One step of one value: p (the master where there is one), moments m and v, raw grad g. The
+  // first moment moves as torch.optim.AdamW's exp_avg.lerp_(grad, w), w = 1 - beta1, in
+  // at::native::lerp's two forms (m + w * (g - m) for w < 0.5, else g - (g - m) * (1 - w)): the
+  // number of beta1 * m + w * g up to rounding, but NaN where torch has NaN (an infinite m meeting
+  // a finite or same-signed infinite g for w < 0.5, an infinite g meeting a finite m otherwise),
+  // where the sum kept infinities. tests/cuda/_adamw_specials.py lists the cases.
   HAL_DEVICE void step(A& p, A& m, A& v, A g) const {
     g *= inv;
     p *= decay;
-    m = beta1 * m + (A(1) - beta1) * g;
+    const A w = A(1) - beta1, d = g - m;
+    m = w < A(0.5) ? m + w * d : g - d * (A(1) - w);
     v = beta2 * v + (A(1) - beta2) * g * g;
     p -= step_size * m / (sqrt_acc(v) / bc2_sqrt + eps);
   }
