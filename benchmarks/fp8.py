@@ -5,9 +5,11 @@ several repeats interleaved across the variants compared, medians with [min, max
     the bfloat16 ``torch.mm`` (target >= 1.7x) and ``torch._scaled_mm`` called directly with the same
     scales (target >= 0.9x), with TFLOP/s and the kernel hal ran;
 (b) quantisation (``hal.ops.fp8_quantize`` per tensor, row and block of a bfloat16 8192 x 8192, and
-    ``fp8_quantize_transpose`` where it exists) against a device copy moving the same bytes (the
-    kernel's one read of x and write of the 8-bit values, scales ignored): fraction of the copy's
-    bandwidth (target >= 0.85);
+    ``fp8_quantize_transpose`` where it exists; delayed scaling's given-scale cast with its amax from
+    a separate ``torch.amax`` or from the cast's own pass, ``fp8_quantize_amax`` and
+    ``fp8_quantize_transpose_amax``) against a device copy moving the same bytes (the kernel's one
+    read of x and write of the 8-bit values, scales ignored): fraction of the copy's bandwidth
+    (target >= 0.85);
 (c) a Llama-style training step (bench/models_llama.py's decoder with hal's ops, bfloat16 autocast,
     ``hal.optim.AdamW``) in FP8 (``hal.fp8.convert``, default recipe) against the same model's
     bfloat16 step: step-time ratio (target >= 1.25x) and peak memory (target: no higher), at the
@@ -163,6 +165,17 @@ def quant(size: int, reps: int) -> dict[str, Any]:
     if qt is not None:
         for gran in ("tensor", "row", "block"):
             cases[f"fp8_quantize_transpose {gran}"] = (lambda gran=gran: qt(x, "e4m3fn", gran, None, 128), 2 * n + 2 * n)
+    # delayed scaling: the given-scale cast, the amax from a second read (the recipe before) or
+    # reduced in the cast's own pass (fp8_quantize_amax); the bytes are one read either way
+    scale = torch.tensor(0.01, device=dev)
+    cases["delayed: given scale + torch.amax"] = (lambda: (hal.ops.fp8_quantize(x, "e4m3fn", "tensor", scale),
+                                                          torch.amax(x.abs()).float()), 2 * n + n)
+    cases["delayed transposed: given scale + torch.amax"] = (lambda: (hal.ops.fp8_quantize_transpose(x, "e4m3fn", "tensor", scale),
+                                                                     torch.amax(x.abs()).float()), 2 * n + 2 * n)
+    qa, qta = getattr(hal.ops, "fp8_quantize_amax", None), getattr(hal.ops, "fp8_quantize_transpose_amax", None)
+    if qa is not None and qta is not None:
+        cases["delayed: fp8_quantize_amax"] = (lambda: qa(x, scale, "e4m3fn"), 2 * n + n)
+        cases["delayed transposed: fp8_quantize_transpose_amax"] = (lambda: qta(x, scale, "e4m3fn"), 2 * n + 2 * n)
     out: dict[str, Any] = {"size": size, "results": {}}
     print(f"(b) quantisation of a bfloat16 {size} x {size} to e4m3fn, against a copy of the same bytes")
     for name, (fn, traffic) in cases.items():
@@ -177,7 +190,7 @@ def quant(size: int, reps: int) -> dict[str, Any]:
         frac = c["ms"] / k["ms"]
         gbs = traffic / (k["ms"] * 1e-3) / 1e9
         out["results"][name] = {"kernel": k, "copy": c, "bytes": traffic, "GB/s": gbs, "fraction_of_copy": frac}
-        print(f"    {name:30s} {spread(k)} {gbs:6.0f} GB/s; copy {spread(c)}; {frac:.2f} of copy "
+        print(f"    {name:50s} {spread(k)} {gbs:6.0f} GB/s; copy {spread(c)}; {frac:.2f} of copy "
               f"(target >= 0.85: {'met' if frac >= 0.85 else 'missed'})")
         del src, dst
     return out

@@ -64,6 +64,8 @@ from .quant import (
 from .fp8 import (
     fp8_quantize as fp8_quantize,
     fp8_quantize_transpose as fp8_quantize_transpose,
+    fp8_quantize_amax as fp8_quantize_amax,
+    fp8_quantize_transpose_amax as fp8_quantize_transpose_amax,
     fp8_dequantize as fp8_dequantize,
     fp8_scaled_mm as fp8_scaled_mm,
 )
@@ -117,6 +119,8 @@ __all__ = [
     "int8_linear",
     "fp8_quantize",
     "fp8_quantize_transpose",
+    "fp8_quantize_amax",
+    "fp8_quantize_transpose_amax",
     "fp8_dequantize",
     "fp8_scaled_mm",
     "rotary_embedding",

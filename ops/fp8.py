@@ -233,6 +233,46 @@ def _check_fp8_quantize_transpose(x, format, granularity, scale, block_size):
     return {"block_size": bs}
 
 
+@declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZE_TOLERANCE)
+def fp8_quantize_amax(x: Tensor, scale: Tensor, format: str = "e4m3fn") -> tuple[Tensor, Tensor, Tensor]:
+    """Quantise x with a given per-tensor scale and reduce its amax in the same pass, returning
+    ``(q, scale, amax)``: ``(q, scale) == fp8_quantize(x, format, "tensor", scale)`` bit for bit
+    (scale a 0-d float32 array, returned as a copy), and ``amax = max |float32(x)|`` as a 0-d
+    float32 (NaN propagates, as ``torch.amax``; 0 for an empty x).
+
+    Delayed scaling (Transformer Engine's recipe) casts with the scale of earlier calls and records
+    this call's amax for the next ones: with the amax from the cast's own read of x, x is read once
+    instead of twice (cast, then a separate reduction). The scale comes back as fp8_quantize's does,
+    so the caller holds this call's value while the scale it passed in is updated in place.
+    """
+
+
+@fp8_quantize_amax.checker
+def _check_fp8_quantize_amax(x, scale, format):
+    op = "fp8_quantize_amax"
+    c.float_dtype(op, "x", x)
+    c.choice(op, "format", format, tuple(FORMATS))
+    _check_scale_array(op, "scale", scale, ())
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZE_TOLERANCE)
+def fp8_quantize_transpose_amax(x: Tensor, scale: Tensor, format: str = "e4m3fn") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """fp8_quantize_amax of x (at least 2-D) writing its transpose too, returning ``(q, scale, q_t,
+    amax)``: q, scale and q_t as ``fp8_quantize_transpose(x, format, "tensor", scale)``'s q, scale
+    and q_t bit for bit (q_t contiguous, shape ``(..., K, M)``; the transpose's scale is the same
+    scale), amax as fp8_quantize_amax's, all from one read of x.
+    """
+
+
+@fp8_quantize_transpose_amax.checker
+def _check_fp8_quantize_transpose_amax(x, scale, format):
+    op = "fp8_quantize_transpose_amax"
+    c.float_dtype(op, "x", x)
+    c.choice(op, "format", format, tuple(FORMATS))
+    c.min_rank(op, "x", x, 2, "(..., M, K): the transpose swaps the last two dimensions")
+    _check_scale_array(op, "scale", scale, ())
+
+
 @declare(dtypes=("uint8",), tolerances=DEQUANTIZE_TOLERANCE)
 def fp8_dequantize(
     q: Tensor,
@@ -371,6 +411,20 @@ def _empty_fp8_quantize_transpose(a: Mapping[str, Any]) -> Any:
     return q, scale, q_t, e.full(x, scale_shape(_transposed_shape(shape), a["granularity"], a["block_size"]), 1.0, "float32")
 
 
+def _empty_fp8_quantize_amax(a: Mapping[str, Any]) -> Any:
+    """Empty bit patterns, the scale as given, amax 0 (the max of nothing, as torch's amax of an
+    empty tensor would be with an initial 0)."""
+    x = a["x"]
+    return e.zeros(x, c.shape_of(x), "uint8"), e.cast(a["scale"], "float32"), e.zeros(x, (), "float32")
+
+
+def _empty_fp8_quantize_transpose_amax(a: Mapping[str, Any]) -> Any:
+    """fp8_quantize_amax's empty results, and empty transposed bit patterns."""
+    x = a["x"]
+    q, scale, amax = _empty_fp8_quantize_amax(a)
+    return q, scale, e.zeros(x, _transposed_shape(c.shape_of(x)), "uint8"), amax
+
+
 def _empty_fp8_dequantize(a: Mapping[str, Any]) -> Any:
     return e.zeros(a["q"], c.shape_of(a["q"]), a["out_dtype"])
 
@@ -397,6 +451,16 @@ def _values_fp8_quantize_transpose(a):
         check_scale_values("fp8_quantize_transpose", "scale", a["scale"])
 
 
+@fp8_quantize_amax.values
+def _values_fp8_quantize_amax(a):
+    check_scale_values("fp8_quantize_amax", "scale", a["scale"])
+
+
+@fp8_quantize_transpose_amax.values
+def _values_fp8_quantize_transpose_amax(a):
+    check_scale_values("fp8_quantize_transpose_amax", "scale", a["scale"])
+
+
 @fp8_dequantize.values
 def _values_fp8_dequantize(a):
     check_scale_values("fp8_dequantize", "scale", a["scale"])
@@ -411,6 +475,8 @@ def _values_fp8_scaled_mm(a):
 # zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)
 fp8_quantize.empty(_empty_fp8_quantize)
 fp8_quantize_transpose.empty(_empty_fp8_quantize_transpose)
+fp8_quantize_amax.empty(_empty_fp8_quantize_amax)
+fp8_quantize_transpose_amax.empty(_empty_fp8_quantize_transpose_amax)
 fp8_dequantize.empty(_empty_fp8_dequantize)
 fp8_scaled_mm.empty(_empty_fp8_scaled_mm)
 
@@ -431,6 +497,19 @@ def _fake_fp8_quantize_transpose(a):
             like(x, t_shape, torch.uint8), like(x, scale_shape(t_shape, g, bs), torch.float32))
 
 
+@fp8_quantize_amax.fake
+def _fake_fp8_quantize_amax(a):
+    x = a["x"]
+    return like(x, dtype=torch.uint8), like(x, (), torch.float32), like(x, (), torch.float32)
+
+
+@fp8_quantize_transpose_amax.fake
+def _fake_fp8_quantize_transpose_amax(a):
+    x = a["x"]
+    return (like(x, dtype=torch.uint8), like(x, (), torch.float32), like(x, _transposed_shape(tuple(x.shape)), torch.uint8),
+            like(x, (), torch.float32))
+
+
 @fp8_dequantize.fake
 def _fake_fp8_dequantize(a):
     return like(a["q"], dtype=getattr(torch, a["out_dtype"]))
@@ -441,4 +520,4 @@ def _fake_fp8_scaled_mm(a):
     return like(a["a"], (a["a"].shape[0], a["b"].shape[0]), getattr(torch, a["out_dtype"]))
 
 
-__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_scaled_mm", "FORMATS", "format_values", "scale_shape", "granularity_of"]
+__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_amax", "fp8_quantize_transpose_amax", "fp8_dequantize", "fp8_scaled_mm", "FORMATS", "format_values", "scale_shape", "granularity_of"]

@@ -1,11 +1,13 @@
-"""Cases of fp8_quantize, fp8_quantize_transpose, fp8_dequantize and fp8_scaled_mm, in every format.
+"""Cases of fp8_quantize, fp8_quantize_transpose, their given-scale variants that reduce the amax
+(fp8_quantize_amax, fp8_quantize_transpose_amax), fp8_dequantize and fp8_scaled_mm, in every format.
 
 Quantisation is specified step by step in float32 (ops/fp8.py), so its cases are ``exact``: bit
 patterns and scales must equal the reference's. Its data mixes normal values with edge values
 written at the start: values past the format's largest finite value (saturation), infinities,
 NaN, and tiny values in the format's subnormal range; further cases hold every finite value of
 the format (each must come back as its own bit pattern with scale 1) and every midpoint between
-two neighbours (ties to the even pattern). dequantize decodes every bit pattern, NaN and
+two neighbours (ties to the even pattern). The amax variants' amax is exact too: NaN in x makes it
+NaN, an infinity infinite (the cast saturates either way). dequantize decodes every bit pattern, NaN and
 infinities included. The scaled GEMM draws finite bit patterns and scales that bring its
 results to unit scale, and is compared against a float32 result of the reference.
 """
@@ -150,6 +152,47 @@ QUANTIZE_TRANSPOSE += [
 ]
 
 
+def amax_args(d: Draw, shape: tuple[int, ...], format: str = "e4m3fn", headroom: float = 4.0, transpose: bool = False,
+              specials: bool = False, std: float = 1.0, layout: str = "contiguous") -> Call:
+    """quantize_args' data for fp8_quantize_amax (``transpose``: fp8_quantize_transpose_amax) with a
+    given scale of ``headroom`` standard deviations over the format's largest finite value (values
+    past it saturate); ``specials``: quantize_args' edge values first (NaN: amax NaN)."""
+    given = headroom * std / FORMATS[format].max_finite
+    call = quantize_args(d, shape, format, "tensor", given=given, std=std, specials=specials, layout=layout)
+    args = {"x": call.args["x"], "scale": call.args["scale"], "format": format}
+    results = ("uint8", "float32", "uint8", "float32") if transpose else ("uint8", "float32", "float32")
+    return Call(args, result_dtypes=results, keep_dtype=("scale",), exact=True)
+
+
+QUANTIZE_AMAX, QUANTIZE_TRANSPOSE_AMAX = [], []
+for _f in FORMAT_NAMES:
+    _quick = _f in ("e4m3fn", "e4m3fnuz")
+    QUANTIZE_AMAX += [
+        case(f"{_f}_normal", amax_args, quick=_quick, shape=(6, 40), format=_f),
+        case(f"{_f}_saturation_inf_nan_subnormals", amax_args, quick=_quick, shape=(5, 12), format=_f, std=20.0, specials=True),
+    ]
+    QUANTIZE_TRANSPOSE_AMAX += [
+        case(f"{_f}_normal", amax_args, quick=_quick, shape=(12, 40), format=_f, transpose=True),
+        case(f"{_f}_saturation_inf_nan_subnormals", amax_args, shape=(5, 12), format=_f, std=20.0, specials=True, transpose=True),
+    ]
+QUANTIZE_AMAX += [
+    case("saturating_scale", amax_args, shape=(9, 31), headroom=0.25, std=3.0),
+    case("vector", amax_args, shape=(257,), format="e5m2"),
+    case("scalar", amax_args, shape=(), format="e4m3fnuz"),
+    case("batched_3d", amax_args, shape=(3, 17, 50), format="e5m2fnuz", std=0.01),
+    case("noncontig", amax_args, shape=(6, 9, 12), layout="noncontig"),
+    case("empty", amax_args, quick=True, shape=(0, 5)),
+]
+QUANTIZE_TRANSPOSE_AMAX += [
+    case("batched", amax_args, shape=(3, 20, 9), format="e5m2", transpose=True, std=5.0),
+    case("batched_specials", amax_args, shape=(2, 7, 33), format="e4m3fnuz", transpose=True, specials=True),
+    case("odd_shape", amax_args, shape=(37, 50), headroom=0.5, transpose=True),
+    case("noncontig", amax_args, shape=(6, 9, 12), layout="noncontig", transpose=True),
+    case("empty", amax_args, quick=True, shape=(0, 5), transpose=True),
+    case("empty_batch", amax_args, shape=(0, 4, 6), format="e5m2", transpose=True),
+]
+
+
 def dequantize_args(
     d: Draw, shape: tuple[int, ...], format: str = "e4m3fn", granularity: str = "tensor", block_size: int = 128,
     out_dtype: str = "float32", number: bool = False, layout: str = "contiguous", finite: bool = False,
@@ -246,6 +289,8 @@ SCALED_MM += [
 CASES = {
     "fp8_quantize": QUANTIZE,
     "fp8_quantize_transpose": QUANTIZE_TRANSPOSE,
+    "fp8_quantize_amax": QUANTIZE_AMAX,
+    "fp8_quantize_transpose_amax": QUANTIZE_TRANSPOSE_AMAX,
     "fp8_dequantize": DEQUANTIZE,
     "fp8_scaled_mm": SCALED_MM,
 }

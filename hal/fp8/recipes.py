@@ -2,14 +2,16 @@
 
 A recipe is a frozen description (format, granularity); :meth:`Recipe.scaler` makes the per-tensor
 state that quantises one tensor role (input, weight, gradient) of one layer. Quantisation is
-``hal.ops.fp8_quantize``; the recipes add no kernels.
+``hal.ops.fp8_quantize`` and its variants; the recipes add no kernels.
 
 - :class:`CurrentScaling`: the scale of each group (tensor, row or block) from this call's amax,
   reduced inside ``fp8_quantize`` (``amax / largest finite``). :class:`RowwiseScaling` and
   :class:`BlockwiseScaling` are current scaling per row and per ``block_size`` square block.
 - :class:`DelayedScaling` (Transformer Engine's recipe): one scale per tensor from a history of the
   amaxes of earlier calls, so the cast needs no reduction before it. Each call quantises with the
-  scale it holds, then records the tensor's amax in the history and recomputes the scale
+  scale it holds (``hal.ops.fp8_quantize_amax`` / ``fp8_quantize_transpose_amax``, which reduce the
+  tensor's amax in the cast's own pass over it: x is read once, as in Transformer Engine's cast),
+  then records that amax in the history and recomputes the scale
   ``amax_h * 2**margin / largest finite`` (``amax_h``: the history's max, or its most recent entry).
   Where ``amax_h`` is 0 (nothing seen yet, or all-zero tensors) or not finite (a NaN or an infinity
   in the tensor: the max propagates NaN, as ``torch.amax``) the previous scale is kept, as Transformer
@@ -28,7 +30,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from hal.ops import fp8_quantize, fp8_quantize_transpose
+from hal.ops import fp8_quantize, fp8_quantize_amax, fp8_quantize_transpose, fp8_quantize_transpose_amax
 from hal.ops.fp8 import FORMATS, GRANULARITIES
 
 AMAX_COMPUTE = ("max", "most_recent")
@@ -98,21 +100,23 @@ class DelayedScaler(Scaler):
         return self
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # One call casts with the held scale and reduces x's amax in the same pass (0 for an empty x).
         # The scale of this call is the op's returned copy of the buffer, not a clone taken here:
         # under torch.compile a clone of a buffer mutated right after may be read after the
         # mutation (the backward then saw the next call's scale); the op's result cannot alias it.
-        q, scale = fp8_quantize(x, self.format, "tensor", self.scale)
+        q, scale, amax = fp8_quantize_amax(x, self.scale, self.format)
         if scale is self.scale:  # a kernel that handed the given scale back: keep this call's value
             scale = scale.clone()
-        self.update(torch.amax(x.detach().abs()).float() if x.numel() else torch.zeros((), device=x.device))
+        self.update(amax)
         return q, scale
 
     def quantize_with_transpose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, scale, q_t, scale_t = fp8_quantize_transpose(x, self.format, "tensor", self.scale)
-        if scale is self.scale or scale_t is self.scale:  # keep this call's value (see quantize)
-            scale, scale_t = scale.clone(), scale_t.clone()
-        self.update(torch.amax(x.detach().abs()).float() if x.numel() else torch.zeros((), device=x.device))
-        return q, scale, q_t, scale_t
+        # one scale serves both layouts (per tensor): scale_t is this call's scale
+        q, scale, q_t, amax = fp8_quantize_transpose_amax(x, self.scale, self.format)
+        if scale is self.scale:  # keep this call's value (see quantize)
+            scale = scale.clone()
+        self.update(amax)
+        return q, scale, q_t, scale
 
     @torch.no_grad()
     def update(self, amax: torch.Tensor) -> None:

@@ -96,4 +96,5 @@ def gpu_has_fp8(inputs: Inputs) -> list[str]:
 
 #: the capability check of each FP8 op's kernels that emulate FP8 with torch's ops (the eager
 #: backend's, and their twins registered by the GPU plugins)
-FP8_CHECKS = {"fp8_quantize": gpu_has_fp8, "fp8_quantize_transpose": gpu_has_fp8, "fp8_dequantize": gpu_has_fp8, "fp8_scaled_mm": gpu_has_fp8}
+FP8_CHECKS = {op: gpu_has_fp8 for op in ("fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_amax", "fp8_quantize_transpose_amax",
+                                         "fp8_dequantize", "fp8_scaled_mm")}

@@ -80,6 +80,19 @@ def fp8_quantize_transpose(x: torch.Tensor, format: str, granularity: str, scale
     return q, s, q_t, s_t
 
 
+def fp8_quantize_amax(x: torch.Tensor, scale: torch.Tensor, format: str) -> tuple:
+    """fp8_quantize with the given per-tensor scale, and the tensor's amax (a separate reduction
+    here: eager torch has no cast that reduces)."""
+    q, s = fp8_quantize(x, format, "tensor", scale, 128)
+    return q, s, amax(x.float(), "tensor", 128).float().contiguous()
+
+
+def fp8_quantize_transpose_amax(x: torch.Tensor, scale: torch.Tensor, format: str) -> tuple:
+    """fp8_quantize_transpose's q, scale and q_t with the given per-tensor scale, and the amax."""
+    q, s, q_t, _ = fp8_quantize_transpose(x, format, "tensor", scale, 128)
+    return q, s, q_t, amax(x.float(), "tensor", 128).float().contiguous()
+
+
 def fp8_dequantize(q: torch.Tensor, scale: Scalar, format: str, block_size: int, out_dtype: str) -> torch.Tensor:
     s = torch.as_tensor(scale, dtype=torch.float32, device=q.device)
     return (decode(q, format) * expand(s, q.shape, block_size)).to(torch_dtype(out_dtype))
@@ -112,4 +125,4 @@ def fp8_scaled_mm(
     return out.to(torch_dtype(out_dtype))
 
 
-__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_scaled_mm"]
+__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_amax", "fp8_quantize_transpose_amax", "fp8_dequantize", "fp8_scaled_mm"]

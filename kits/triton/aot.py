@@ -197,15 +197,19 @@ def _fp8() -> Iterator[Spec]:
                 **_ints("M", "K", "n_tm", "n_tk"), MODE=1, BLOCK_R=16, BLOCK_C=256)
     encode = dict(options=nofma, div16=div, q_ptr="*u8", qt_ptr="*u8", s_ptr="*fp32", st_ptr="*fp32", amax_ptr="*i32",
                   amaxt_ptr="*i32", **tile, BLOCK_R=16, BLOCK_C=256)
+    no_amax = dict(encode, AMAX=False)
     for fmt, fid, kind in (("e4m3fn", 0, "ocp"), ("e5m2", 1, "ocp"), ("e4m3fnuz", 2, "fnuz"), ("e5m2fnuz", 3, "fnuz")):
         yield _spec("fp8", "fp8_encode_kernel", f"{fmt} bf16, tensor amax, transposed", fp8=kind, x_ptr="*bf16", FMT=fid,
-                    SCALE=1, TRANSPOSE=True, HW=True, **encode)
+                    SCALE=1, TRANSPOSE=True, HW=True, **no_amax)
     yield _spec("fp8", "fp8_encode_kernel", "e4m3fn bf16, given tensor scale", fp8="ocp", x_ptr="*bf16", FMT=0, SCALE=0,
-                TRANSPOSE=False, HW=True, **encode)
+                TRANSPOSE=False, HW=True, **no_amax)
+    for fmt, fid, kind in (("e4m3fn", 0, "ocp"), ("e4m3fnuz", 2, "fnuz")):  # delayed scaling: the amax reduced by the cast
+        yield _spec("fp8", "fp8_encode_kernel", f"{fmt} bf16, given tensor scale, amax, transposed", fp8=kind, x_ptr="*bf16", FMT=fid,
+                    SCALE=0, TRANSPOSE=True, HW=True, AMAX=True, **encode)
     yield _spec("fp8", "fp8_encode_kernel", "emulated e4m3fn fp32, given blocks", x_ptr="*fp32", FMT=0, SCALE=4, TRANSPOSE=False,
-                HW=False, **encode)
+                HW=False, **no_amax)
     yield _spec("fp8", "fp8_encode_kernel", "emulated e4m3fnuz fp16, rows and columns", x_ptr="*fp16", FMT=2, SCALE=3, TRANSPOSE=True,
-                HW=False, **encode)
+                HW=False, **no_amax)
     yield _spec("fp8", "fp8_rows_kernel", "e4m3fn bf16, loop", options=nofma, fp8="ocp", div16=("K",), x_ptr="*bf16", q_ptr="*u8",
                 s_ptr="*fp32", **_ints("R", "K"), FMT=0, HW=True, ONE_TILE=False, BLOCK_R=1, BLOCK_C=4096)
     yield _spec("fp8", "fp8_rows_kernel", "e4m3fn bf16, one tile of 8192, 16 warps", options={**nofma, "num_warps": 16}, fp8="ocp",

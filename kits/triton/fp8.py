@@ -12,7 +12,9 @@ an approximate division on NVIDIA).
 above every other (infinity included); so the maximum of ``bits(x) & 0x7FFFFFFF`` is the amax with
 NaN propagating exactly, and reductions across programs are ``atomic_max`` on int32 (the per-tensor
 amax of current scaling: one float32 word on the device, read by the cast kernel, which computes
-the scale there: no host synchronisation, so it runs under CUDA graph capture).
+the scale there: no host synchronisation, so it runs under CUDA graph capture). Delayed scaling's
+cast (a given scale, :func:`quantize_amax`) reduces the same way inside the encode kernel
+(``AMAX``): each program maxes its tile's word into one zeroed int32, so x is read once.
 
 **Encoding.** On a GPU (``HW=True``) the cast is the hardware's round-to-nearest-even conversion
 (``cvt.rn.satfinite.e4m3x2.f32`` on sm_89+, ``v_cvt_pk_fp8_f32`` / ``v_cvt_pk_bf8_f32`` on gfx942)
@@ -215,13 +217,18 @@ def fp8_amax_kernel(x_ptr, amax_ptr, amaxt_ptr, M, K, n_tm, n_tk, MODE: tl.const
 def fp8_encode_kernel(
     x_ptr, q_ptr, qt_ptr, s_ptr, st_ptr, amax_ptr, amaxt_ptr, M, K, n_tm, n_tk, kb, bs,
     FMT: tl.constexpr, SCALE: tl.constexpr, TRANSPOSE: tl.constexpr, HW: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    AMAX: tl.constexpr,
 ):
     """Codes of a (B, M, K) array (and of its transpose into (B, K, M) when TRANSPOSE), one tile per
     program, the scale given (tensor, row or block: s_ptr) or computed from amax words (tensor or
-    rows + columns; the scales are written to s_ptr / st_ptr once)."""
+    rows + columns; the scales are written to s_ptr / st_ptr once). AMAX (given scales: the amax
+    words are not read): the tile's largest |x| bits atomically maxed into the int32 word at
+    amax_ptr (0 to start), the amax of delayed scaling from the cast's own read of x."""
     pid = tl.program_id(0)
     b, rows, cols, mask, offs = _tile3(pid, M, K, n_tm, n_tk, BLOCK_R, BLOCK_C)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if AMAX:
+        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(mask, _abs_bits(x), 0), axis=1), axis=0))
     row_ok = rows < M
     col_ok = cols < K
     if SCALE == 0:
@@ -451,12 +458,13 @@ def _row_tile(k: int, block_elems: int, num_warps: int) -> tuple[int, int, int]:
     return 1, block_c, max(num_warps, min(16, block_c // 512))
 
 
-def _encode_launch(x3, q, qt, s, st, amax, amaxt, m, k, nb, mode, fmt, transpose, hw, block_elems, num_warps, kb=1, bs=1):
+def _encode_launch(x3, q, qt, s, st, amax, amaxt, m, k, nb, mode, fmt, transpose, hw, block_elems, num_warps, kb=1, bs=1,
+                   reduce_amax=False):
     hw = hw and mode not in _EMULATED_MODES
     block_r, block_c = _tile_shape(k, block_elems, transpose)
     n_tm, n_tk = cdiv(m, block_r), cdiv(k, block_c)
     launch(fp8_encode_kernel, (nb * n_tm * n_tk,), x3, q, qt, s, st, amax, amaxt, m, k, n_tm, n_tk, kb, bs,
-           FMT=FORMAT_IDS[fmt], SCALE=mode, TRANSPOSE=transpose, HW=hw, BLOCK_R=block_r, BLOCK_C=block_c,
+           FMT=FORMAT_IDS[fmt], SCALE=mode, TRANSPOSE=transpose, HW=hw, BLOCK_R=block_r, BLOCK_C=block_c, AMAX=reduce_amax,
            num_warps=num_warps, fp_fusion=False)
 
 
@@ -528,6 +536,23 @@ def quantize(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.
     return (q, s, qt, st) if transpose else (q, s)
 
 
+def quantize_amax(x: torch.Tensor, fmt: str, scale: torch.Tensor, transpose: bool, hw: bool, block_elems: int,
+                  num_warps: int) -> tuple:
+    """fp8_quantize_amax ((q, scale, amax)) or fp8_quantize_transpose_amax ((q, scale, q_t, amax)):
+    the given-scale per-tensor cast, each program also reducing its tile's |x| into one int32 word
+    (the float32 bits of the amax: zeroed here, read back as float32 by a view), so x is read once."""
+    x3, nb, m, k = _batched(x)
+    dev = x.device
+    q = torch.empty(x3.shape, dtype=torch.uint8, device=dev)
+    qt = torch.empty(x3.shape[:-2] + (k, m), dtype=torch.uint8, device=dev) if transpose else q
+    s = scale.float().reshape(()).clone()
+    word = torch.zeros(1, dtype=torch.int32, device=dev)
+    _encode_launch(x3, q, qt, s, s, word, word, m, k, nb, S_TENSOR, fmt, transpose, hw, block_elems, num_warps, reduce_amax=True)
+    amax = word.view(torch.float32).reshape(())
+    q = q.view(x.shape)
+    return (q, s, qt, amax) if transpose else (q, s, amax)
+
+
 def dequantize(q: torch.Tensor, scale, fmt: str, block_size: int, out_dtype: torch.dtype, block_elems: int, num_warps: int) -> torch.Tensor:
     """fp8_dequantize: ``decode(q) * scale`` rounded to ``out_dtype`` (scale a number or float32 scales)."""
     q3, nb, m, k = _batched(q)
@@ -579,4 +604,4 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: 
     return out
 
 
-__all__ = ["quantize", "dequantize", "scaled_mm", "FORMAT_IDS"]
+__all__ = ["quantize", "quantize_amax", "dequantize", "scaled_mm", "FORMAT_IDS"]

@@ -90,6 +90,25 @@ def test_delayed_nan_amax_freezes_the_scale_until_it_leaves_the_history():
     assert torch.equal(s.scale, f32(0.5) / E4M3)
 
 
+@pytest.mark.parametrize("transpose", [False, True], ids=["plain", "transposed"])
+def test_delayed_scaling_is_one_cast_that_reduces_the_amax(transpose: bool):
+    """Each call is one fp8_quantize_amax (fp8_quantize_transpose_amax) and nothing else: the amax
+    comes from the cast's own pass over x, not from a second read; codes as fp8_quantize's."""
+    s = hal.fp8.DelayedScaling(history=2).scaler("e4m3fn")
+    s.quantize(planted(0, 3.0))
+    x = planted(1, 1.25, shape=(3, 5, 7))
+    hal.reset_stats()
+    out = s.quantize_with_transpose(x) if transpose else s.quantize(x)
+    ops = {op for (op, _, _), counts in hal.stats().items() if counts.get("calls")}
+    assert ops == {"fp8_quantize_transpose_amax" if transpose else "fp8_quantize_amax"}, hal.stats()
+    assert torch.equal(s.amax_history, torch.tensor([1.25, 3.0]))
+    q_ref, _ = fp8_quantize(x, "e4m3fn", "tensor", f32(3.0) / E4M3)
+    assert torch.equal(out[0], q_ref) and torch.equal(out[1], f32(3.0) / E4M3)
+    if transpose:
+        assert torch.equal(out[2], fp8_quantize(x.mT, "e4m3fn", "tensor", f32(3.0) / E4M3)[0])
+        assert torch.equal(out[3], out[1])
+
+
 def test_recipe_arguments_are_checked():
     with pytest.raises(ValueError, match="format"):
         hal.fp8.DelayedScaling(format="e3m4")

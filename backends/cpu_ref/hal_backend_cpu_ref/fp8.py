@@ -92,7 +92,7 @@ def fp8_quantize(x, format, granularity, scale, block_size):
     else:
         scale = np.array(scale, dtype=np.float32)
     q = encode(x32 / expand(scale, x32.shape, block_size), format)
-    return np.ascontiguousarray(q), np.array(scale, dtype=np.float32, order="C")
+    return np.array(q, order="C"), np.array(scale, dtype=np.float32, order="C")  # (ascontiguousarray makes 0-d 1-D)
 
 
 @reference("fp8_quantize_transpose")
@@ -103,6 +103,22 @@ def fp8_quantize_transpose(x, format, granularity, scale, block_size):
     scale_t = None if scale is None else (np.asarray(scale) if granularity == "tensor" else np.swapaxes(np.asarray(scale), -1, -2))
     q_t, s_t = fp8_quantize(np.swapaxes(x, -1, -2), format, granularity, scale_t, block_size)
     return q, s, q_t, s_t
+
+
+@reference("fp8_quantize_amax")
+def fp8_quantize_amax(x, scale, format):
+    """fp8_quantize with the given per-tensor scale, and max |float32(x)| (0 for an empty x)."""
+    x32 = np.asarray(x).astype(np.float32)
+    q, s = fp8_quantize(x32, format, "tensor", scale, 128)
+    return q, s, amax(x32, "tensor", 128)
+
+
+@reference("fp8_quantize_transpose_amax")
+def fp8_quantize_transpose_amax(x, scale, format):
+    """fp8_quantize_transpose's q, scale and q_t with the given per-tensor scale, and the amax."""
+    x32 = np.asarray(x).astype(np.float32)
+    q, s, q_t, _ = fp8_quantize_transpose(x32, format, "tensor", scale, 128)
+    return q, s, q_t, amax(x32, "tensor", 128)
 
 
 @reference("fp8_dequantize")

@@ -1,4 +1,5 @@
-"""FP8: quantisation (amax fused, optionally transposed), dequantisation and the scaled GEMM, where
+"""FP8: quantisation (amax fused, optionally transposed; given scales with the amax reduced by the
+cast for delayed scaling), dequantisation and the scaled GEMM, where
 the device has hardware FP8 in the formats asked for (:mod:`hal.plugin_sdk.fp8_hardware`). Launch
 configuration: the plugin's ``elementwise`` blocks for the casts; its int8 GEMM tile candidates,
 the fastest measured per device and problem, for the GEMM."""
@@ -62,6 +63,14 @@ def register(kit: Kit) -> None:
     @kit.kernel("fp8_quantize_transpose", "triton", FIRST, checks=(_formats("format"), _blocks))
     def fp8_quantize_transpose(x, format, granularity, scale, block_size):
         return family("fp8").quantize(x, format, granularity, scale, block_size, True, not interpreted(x), **tables.elementwise(x))
+
+    @kit.kernel("fp8_quantize_amax", "triton", FIRST, checks=(_formats("format"),))
+    def fp8_quantize_amax(x, scale, format):
+        return family("fp8").quantize_amax(x, format, scale, False, not interpreted(x), **tables.elementwise(x))
+
+    @kit.kernel("fp8_quantize_transpose_amax", "triton", FIRST, checks=(_formats("format"),))
+    def fp8_quantize_transpose_amax(x, scale, format):
+        return family("fp8").quantize_amax(x, format, scale, True, not interpreted(x), **tables.elementwise(x))
 
     @kit.kernel("fp8_dequantize", "triton", FIRST, dtypes=("uint8",), checks=(_formats("format"),))
     def fp8_dequantize(q, scale, format, block_size, out_dtype):

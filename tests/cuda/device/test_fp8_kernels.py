@@ -254,3 +254,76 @@ def test_the_dispatcher_runs_the_triton_quantisation(fmts: list[str], gen: torch
             got = getattr(hal.ops, op)(x, fmts[0], granularity)
             for g, w in zip(got, reference(x, fmts[0], granularity, None, 128, transpose)):
                 assert_bits(g, w, f"hal.ops.{op} {granularity}")
+
+
+def reference_amax(x: torch.Tensor, fmt: str, scale: torch.Tensor, transpose: bool):
+    fn = ref.fp8_quantize_transpose_amax if transpose else ref.fp8_quantize_amax
+    with np.errstate(all="ignore"):
+        return fn(x.float().cpu().numpy(), scale.cpu().numpy(), fmt)
+
+
+@pytest.mark.parametrize("hw", [True, False], ids=["hardware-cast", "emulated-cast"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["plain", "transposed"])
+def test_quantize_amax_bit_for_bit(fmts: list[str], gen: torch.Generator, hw: bool, transpose: bool) -> None:
+    """fp8_quantize_amax / fp8_quantize_transpose_amax (delayed scaling's cast, the amax reduced by
+    atomic max in the cast's own pass): codes, scale and amax equal cpu_ref's, with and without
+    specials (NaN: amax NaN from whichever tile holds it; infinities: amax infinite), outputs
+    poisoned first."""
+    op = "fp8_quantize_transpose_amax" if transpose else "fp8_quantize_amax"
+    shapes = [((3, 300, 520), torch.bfloat16), ((512, 2048), torch.float32), ((257, 1000), torch.float16), ((1, 8193), torch.float32)]
+    for fmt in (fmts if hw else fmts[:1]):
+        for (shape, dtype), specials in zip(shapes, (False, True, False, True)):
+            x = wide(gen, *shape, dtype=dtype, specials=specials)
+            scale = (torch.rand((), generator=gen) * 3 + 1e-3).float().to(DEV)
+            poison()
+            got = kern(op)(x, scale, fmt) if hw else f8.quantize_amax(x, fmt, scale, transpose, False, 1024, 4)
+            torch.cuda.synchronize()
+            want = reference_amax(x, fmt, scale, transpose)
+            assert len(got) == len(want)
+            for g, w, what in zip(got, want, ("q", "scale", "q_t", "amax") if transpose else ("q", "scale", "amax")):
+                assert_bits(g, w, f"{op} {fmt} {shape} {dtype} {what}")
+            assert got[-1].isnan() if specials else float(got[-1]) == float(x.float().abs().max())
+    # only the NaN-free infinities: amax infinite
+    x = wide(gen, 300, 520, specials=False)
+    x[17, 400] = -math.inf
+    got = kern(op)(x, torch.tensor(0.5, device=DEV), fmts[0])
+    assert float(got[-1]) == math.inf
+
+
+def test_delayed_scaling_cast_runs_in_a_cuda_graph(fmts: list[str], gen: torch.Generator) -> None:
+    """The amax word is zeroed and reduced on the device: a captured fp8_quantize_transpose_amax
+    replays on new values with their amax."""
+    fmt = fmts[0]
+    op = kern("fp8_quantize_transpose_amax")
+    x = wide(gen, 512, 768, dtype=torch.bfloat16, specials=False)
+    scale = torch.tensor(0.05, device=DEV)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op(x, scale, fmt)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = op(x, scale, fmt)
+    for _ in range(2):
+        x.copy_(wide(gen, 512, 768, dtype=torch.bfloat16, specials=False) * float(torch.rand((), generator=gen) * 100))
+        graph.replay()
+        torch.cuda.synchronize()
+        for g, w, what in zip(outs, reference_amax(x, fmt, scale, True), ("q", "scale", "q_t", "amax")):
+            assert_bits(g, w, f"replayed {what}")
+
+
+def test_the_dispatcher_runs_the_triton_amax_casts(fmts: list[str], gen: torch.Generator) -> None:
+    """hal.ops picks the Triton kernels of the amax casts on GPU tensors, and DelayedScaler uses them."""
+    import hal
+    from hal.fp8 import DelayedScaling
+
+    x = wide(gen, 2, 256, 384, dtype=torch.bfloat16, specials=False)
+    scale = torch.tensor(0.02, device=DEV)
+    for op, transpose in (("fp8_quantize_amax", False), ("fp8_quantize_transpose_amax", True)):
+        assert hal.explain(op, x, scale, fmts[0]).kernel == "triton"
+        for g, w in zip(getattr(hal.ops, op)(x, scale, fmts[0]), reference_amax(x, fmts[0], scale, transpose)):
+            assert_bits(g, w, f"hal.ops.{op}")
+    scaler = DelayedScaling(fmts[0], history=4).scaler(fmts[0], DEV)
+    scaler.quantize_with_transpose(x)
+    assert float(scaler.amax_history[0]) == float(x.float().abs().max())

@@ -245,3 +245,101 @@ def test_device_reasons_name_the_architecture_and_the_formats() -> None:
     assert "gfx942 has e4m3fnuz and e5m2fnuz, not e4m3fn" in why
     assert "unknown FP8 format" in fp8_arch_reasons("sm_90", ["e3m4"])[0]
     assert fp8_device(torch.device("cpu"), ["e4m3fnuz"]) == []  # CPU tensors: the interpreter emulates every format
+
+
+# --- the given-scale casts that reduce the amax (delayed scaling) ----------------------------------
+
+
+def ref_quantize_amax(x: torch.Tensor, fmt: str, scale: torch.Tensor, transpose: bool):
+    fn = ref.fp8_quantize_transpose_amax if transpose else ref.fp8_quantize_amax
+    with np.errstate(all="ignore"):
+        return fn(x.float().numpy(), scale.numpy(), fmt)  # float32: exact for every input dtype
+
+
+def poisoned_call(op: str, *args):
+    """The kernel's results, its outputs allocated over memory filled with junk first: torch's CPU
+    allocator reuses freed blocks, so a result the kernel failed to write would show the pattern
+    (0x7E codes, NaN-free words; the amax word is zeroed by the host function, not the kernel)."""
+    junk = torch.full((1 << 20,), 0x7E, dtype=torch.uint8)
+    del junk
+    return kern(op)(*args)
+
+
+AMAX_SHAPES = [(19, 37), (2, 21, 34), (3, 1, 5), (1, 70), (33,), (), (64, 300)]
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["plain", "transposed"])
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_quantize_amax_matches_cpu_ref_bit_for_bit(gen: torch.Generator, fmt: str, transpose: bool) -> None:
+    """q (and q_t) equal fp8_quantize's codes with the given scale, the scale comes back as given
+    and the amax is max |float32(x)|, for fresh random data of a random input dtype in odd shapes,
+    with -0.0, zeros, float32 subnormals and values past the format's range (no NaN or infinity:
+    see the specials test)."""
+    op = "fp8_quantize_transpose_amax" if transpose else "fp8_quantize_amax"
+    for shape in AMAX_SHAPES:
+        if transpose and len(shape) < 2:
+            continue
+        dtype = (torch.float32, torch.bfloat16, torch.float16)[int(torch.randint(0, 3, (), generator=gen))]
+        x = wide(gen, *shape, dtype=dtype)
+        flat = x.view(-1)
+        edge = torch.tensor([-0.0, 0.0, 1e-40 if dtype == torch.float32 else 1e-7, -3e4], dtype=dtype)[: flat.numel()]
+        flat[torch.randperm(flat.numel(), generator=gen)[: edge.numel()]] = edge
+        scale = (torch.rand((), generator=gen) * 2 + 0.01).float()
+        got = poisoned_call(op, x, scale, fmt)
+        want = ref_quantize_amax(x, fmt, scale, transpose)
+        names = ("q", "scale", "q_t", "amax") if transpose else ("q", "scale", "amax")
+        assert len(got) == len(want) == len(names)
+        for g, w, what in zip(got, want, names):
+            assert_bits(g, w, f"{fmt} {shape} {dtype} {what}")
+        assert got[-1].dtype == torch.float32 and got[-1].shape == ()
+        assert float(got[-1]) == float(x.float().abs().max())  # torch's own amax, as the recipe reduced it before
+        if transpose:
+            assert got[2].is_contiguous() and tuple(got[2].shape) == shape[:-2] + (shape[-1], shape[-2])
+        # the same codes as fp8_quantize_transpose / fp8_quantize with that scale
+        plain = kern("fp8_quantize_transpose" if transpose else "fp8_quantize")(x, fmt, "tensor", scale, 128)
+        assert_bits(got[0], plain[0].numpy(), "q against fp8_quantize")
+        if transpose:
+            assert_bits(got[2], plain[2].numpy(), "q_t against fp8_quantize_transpose")
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["plain", "transposed"])
+def test_quantize_amax_specials(gen: torch.Generator, transpose: bool) -> None:
+    """NaN anywhere makes the amax NaN (its bits lie above infinity's: atomic_max keeps it, from any
+    tile), an infinity without NaN makes it infinite, -0.0 alone gives +0, and values saturate."""
+    op = "fp8_quantize_transpose_amax" if transpose else "fp8_quantize_amax"
+    scale = torch.tensor(0.01)
+    for fmt in ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"):
+        for case in ("nan", "neg_nan", "inf", "neg_inf", "neg_zero", "saturation"):
+            x = wide(gen, 2, 45, 70)
+            i = int(torch.randint(0, x.numel(), (), generator=gen))
+            if case == "neg_zero":
+                x = torch.full_like(x, -0.0)
+            else:
+                x.view(-1)[i] = {"nan": math.nan, "neg_nan": -math.nan, "inf": math.inf, "neg_inf": -math.inf, "saturation": -1e30}[case]
+            got = poisoned_call(op, x, scale, fmt)
+            want = ref_quantize_amax(x, fmt, scale, transpose)
+            for g, w, what in zip(got, want, ("q", "scale", "q_t", "amax") if transpose else ("q", "scale", "amax")):
+                assert_bits(g, w, f"{fmt} {case} {what}")
+            a = got[-1]
+            expect = {"nan": math.nan, "neg_nan": math.nan, "inf": math.inf, "neg_inf": math.inf, "neg_zero": 0.0}.get(case)
+            if expect is None:
+                assert float(a) == float(np.float32(1e30))
+            elif math.isnan(expect):
+                assert a.isnan()
+            else:
+                assert float(a) == expect and not a.view(torch.int32) & (1 << 31)
+
+
+def test_quantize_amax_empty_and_noncontiguous(gen: torch.Generator) -> None:
+    """An empty x: empty codes, amax 0 (no program runs; the zeroed word is the result); a
+    non-contiguous x: the codes of its values in row-major order."""
+    scale = torch.tensor(0.5)
+    q, s, a = kern("fp8_quantize_amax")(torch.empty(0, 7), scale, "e4m3fn")
+    assert q.shape == (0, 7) and float(a) == 0.0 and float(s) == 0.5
+    q, s, qt, a = kern("fp8_quantize_transpose_amax")(torch.empty(3, 0, 5), scale, "e5m2")
+    assert q.shape == (3, 0, 5) and qt.shape == (3, 5, 0) and float(a) == 0.0
+    x = wide(gen, 12, 40).mT  # (40, 12), strides (1, 40)
+    for transpose in (False, True):
+        got = kern("fp8_quantize_transpose_amax" if transpose else "fp8_quantize_amax")(x, scale, "e4m3fn")
+        for g, w in zip(got, ref_quantize_amax(x, "e4m3fn", scale, transpose)):
+            assert_bits(g, w, f"noncontiguous transpose={transpose}")
