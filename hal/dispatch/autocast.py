@@ -7,16 +7,17 @@ ones such as ``F.cross_entropy``) and runs the function with autocast excluded, 
 function does inside is not cast again; a function on no list runs as if autocast were off. hal
 does the same per op, from the op's declaration (:class:`hal.registry.Autocast`): the entry of every
 op (:mod:`hal.dispatch.entry`) checks one C flag on each call and, where autocast is on for the
-device of the call's tensors, comes here, which casts by the op's rule and calls the entry again
-with autocast off for that device. Kernels, decompositions and the ops they call therefore see the
-arrays as the named torch function would, whatever torch's ops a kernel is made of, and the result
+device of the call's tensors, comes here (:func:`caller`: the op's function for it, made with the
+entry), which casts by the op's rule and calls the entry again with autocast off for that device.
+Kernels, decompositions and the ops they call therefore see the arrays as the named torch function
+would, whatever torch's ops a kernel is made of, and the result
 dtype is that function's under the same autocast (API.md), eagerly as compiled
 (:func:`hal.integration.library.traced_call` applies the same rule while Dynamo traces).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -68,22 +69,54 @@ def cast(decl: OpDecl, args: Sequence[Any], kind: str) -> tuple:
     return tuple(out)
 
 
-def run(decl: OpDecl, args: Sequence[Any], kind: str) -> Any:
-    """The call under autocast on device type ``kind``: its arguments cast by the op's rule, then
-    the op with autocast off for ``kind`` (restored afterwards)."""
-    casted = cast(decl, args, kind)
-    torch.set_autocast_enabled(kind, False)
-    try:
-        return call_entry(decl, casted)
-    finally:
-        torch.set_autocast_enabled(kind, True)
+#: what :func:`caller`'s function returns for a call that autocast leaves alone
+PASS = object()
 
 
-def call_entry(decl: OpDecl, args: Sequence[Any]) -> Any:
-    """``hal.ops.<name>`` on the canonical argument tuple (keyword-only parameters by name)."""
-    assert decl.entry is not None
-    keywords = [p.name for p in decl.params if p.keyword_only]
-    if not keywords:
-        return decl.entry(*args)
+def caller(decl: OpDecl) -> Callable[[tuple], Any]:
+    """The generated entry's path under autocast for ``decl`` (:mod:`hal.dispatch.entry`): a function
+    of the canonical argument tuple that does :func:`device_type` and :func:`cast`, then calls the
+    entry again with autocast off for the call's device (on again afterwards), in one frame, with
+    what they look up in the declaration (its array parameters, the parameters its rule casts, its
+    keyword-only ones) found once, here, instead of on every call (``decl.index`` builds the tuple
+    of parameter names on each use: about 4 us of an SDPA call under autocast went to that on the
+    project's 2-core VM, 2026-12-07). It returns :data:`PASS` where autocast is off for the call's
+    device (the entry goes on as without autocast). The traced path
+    (:func:`hal.integration.library.traced_call`) keeps :func:`device_type` and :func:`cast`."""
+    slots = tuple(i for i, p in enumerate(decl.params) if p.kind in ARRAY_KINDS)
+    rule = decl.autocast
+    casts = tuple(decl.index(n) for n in rule.args) if rule is not None and rule.args is not None else ()
+    keywords = tuple(p.name for p in decl.params if p.keyword_only)
     n = len(decl.params) - len(keywords)
-    return decl.entry(*args[:n], **dict(zip(keywords, args[n:])))
+    tensor, sequences, f64 = torch.Tensor, (list, tuple), torch.float64
+    enabled, set_enabled = torch.is_autocast_enabled, torch.set_autocast_enabled
+
+    def call(args: tuple) -> Any:
+        for i in slots:
+            a = args[i]
+            first = a[0] if isinstance(a, sequences) and a else a
+            if isinstance(first, tensor):
+                kind = first.device.type
+                break
+        else:
+            return PASS
+        if not enabled(kind):
+            return PASS
+        dtype = target_dtype(decl, kind) if casts else None
+        if dtype is not None:
+            out = list(args)
+            for i in casts:
+                a = out[i]
+                if isinstance(a, tensor) and a.is_floating_point() and a.dtype not in (dtype, f64) and a.device.type == kind:
+                    out[i] = a.to(dtype)
+            args = tuple(out)
+        entry = decl.entry
+        set_enabled(kind, False)
+        try:
+            if keywords:
+                return entry(*args[:n], **dict(zip(keywords, args[n:])))
+            return entry(*args)
+        finally:
+            set_enabled(kind, True)
+
+    return call

@@ -182,8 +182,11 @@ class _HalAttention(nn.Module):
         k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
         cos, sin = (realized(c) for c in position_embeddings)  # once for every layer in a compiled graph, not per element
-        q = hal.ops.rotary_embedding(q, _rotary_half(cos, q), _rotary_half(sin, q), False)
-        k = hal.ops.rotary_embedding(k, _rotary_half(cos, k), _rotary_half(sin, k), False)
+        cq, sq = _rotary_half(cos, q), _rotary_half(sin, q)
+        q = hal.ops.rotary_embedding(q, cq, sq, False)
+        if k.dtype != q.dtype:  # else q's halves (they depend on the dtype alone)
+            cq, sq = _rotary_half(cos, k), _rotary_half(sin, k)
+        k = hal.ops.rotary_embedding(k, cq, sq, False)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         out = _attend(self, q, k.to(q.dtype), v.to(q.dtype), attention_mask, impl, kwargs.get("is_causal"), bool(kwargs.get(UNPADDED)))

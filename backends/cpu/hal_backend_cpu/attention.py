@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from hal.plugin_sdk.kept import KeptForBackward, param_state
 from hal.plugin import Inputs
@@ -91,6 +92,51 @@ def sdpa(q, k, v, attn_mask, is_causal, scale):
         KEPT.keep(q, _state(k, v, is_causal, scale), (out, out._version, lse))
         return out
     return eager.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)
+
+
+def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Grouped-query attention as ``hal.nn.patch`` spells it: q (B, Hkv, G, L, E) against k, v
+    (B, Hkv, 1, S, E), each key/value head shared by the G query heads of its group."""
+    return (q.ndim == k.ndim == v.ndim == 5 and q.shape[:2] == k.shape[:2] == v.shape[:2]
+            and k.shape[2] == 1 and v.shape[2] == 1)
+
+
+def _grouped_flash(inputs: Inputs) -> list[str]:
+    """A check for :func:`sdpa_flash`: the grouped layout (:func:`_grouped`), which torch's flash CPU
+    kernels take, forward and backward, as grouped-query attention; no mask, one head size, no empty
+    dimension. (B, H, L, E) inputs are the ``torch`` kernel's (recorded flash in float32 and
+    float64; hal's node in half precision, the faster there at (4, 4, 128, 32) in bfloat16)."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    if not _grouped(q, k, v):
+        return ["not the grouped layout: queries (B, Hkv, G, L, E) over keys and values (B, Hkv, 1, S, E)"]
+    reasons = []
+    if inputs["attn_mask"] is not None:
+        reasons.append("attn_mask given (the torch kernel's GEMM backward runs masks)")
+    if not q.shape[-1] == k.shape[-1] == v.shape[-1]:
+        reasons.append("head sizes differ")
+    if 0 in (*q.shape, *k.shape, *v.shape):
+        reasons.append("empty dimensions")
+    return reasons
+
+
+@kernel("scaled_dot_product_attention", name="flash", priority=25, dtypes=FLOATS, checks=[_grouped_flash], differentiable=True)
+def sdpa_flash(q, k, v, attn_mask, is_causal, scale):
+    """Grouped-query attention (:func:`_grouped`, as ``hal.nn.patch`` calls it) on torch's flash CPU
+    kernels, recorded by torch's autograd (its node runs the flash backward from the saved output
+    and log-sum-exp): the queries go in as (B, Hkv * G, L, E) over (B, Hkv, S, E) keys and values
+    with ``enable_gqa`` (query head h reads key/value head h // G, the grouped layout's order), so
+    no key or value is repeated. The ``torch`` kernel ran such a call as a 5-D broadcast (torch's
+    math path) in hal's node with its GEMM backward. Forward + backward as hal's measured choice
+    timed them (the project's 2-core EPYC VM, one thread, causal, 2026-12-07), torch's kernel in
+    hal's node against this one: (B, Hkv, G, T, E) (2, 1, 4, 16, 16) bfloat16 242 / 150 us, float32
+    219 / 84; (2, 2, 4, 128, 64) bfloat16 8288 / 6922, float32 7901 / 3578; (1, 2, 4, 512, 64)
+    bfloat16 54671 / 22447, float32 60898 / 26653; one head a group, (4, 4, 1, 128, 32) bfloat16
+    4718 / 5135 (the measured choice, HAL_TUNE, keeps the faster)."""
+    b, hkv, g, t, e = q.shape
+    # dense: torch's flash kernels misread a query whose rows share memory (hal_torch.overlap)
+    out = F.scaled_dot_product_attention(dense(q.reshape(b, hkv * g, t, e)), k.squeeze(2), v.squeeze(2), dropout_p=0.0,
+                                         is_causal=is_causal, scale=scale, enable_gqa=True)
+    return out.view(b, hkv, g, t, v.shape[-1])
 
 
 @kernel("scaled_dot_product_attention_backward", name="torch", priority=20, dtypes=FLOATS)

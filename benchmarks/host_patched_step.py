@@ -1,0 +1,315 @@
+"""Host time of an eager training step of a Hugging Face Llama patched by ``hal.nn.patch`` (with
+``hal.optim.AdamW``) against the same model in eager torch (torch's fused AdamW): issue 40's "eager
+host time" target, measured on the CPU with a model so small that the kernels' work is negligible
+and what is left is what each side spends issuing the step.
+
+The model is ``transformers``' ``LlamaForCausalLM`` built as ``hal bench --models hf_llama1b_train``
+builds it (:class:`hal_bench.models_big.HFLlama1BTrain`: the loss in the model's forward, SDPA
+attention, tied embeddings, GQA), the same structure and layer count as Llama-3.2-1B (16 layers,
+GQA 4/1 here instead of 32/8) at d 64, ffn 256, vocabulary 256, T 16, batch 2, under bf16
+autocast (``--amp fp32``: none). The two variants are the ``torch`` and ``hal`` columns of that
+row, built by the workload itself (``HFCausalLMTrain.make``).
+
+Printed:
+
+- per-step host time of each variant (``time.thread_time`` of the thread issuing the step: on
+  the CPU every op runs synchronously, so that is the step; one torch thread), the median over
+  ``--rounds`` rounds of ``--steps`` steps, the variants alternating round by round (a shared
+  machine's drift falls on both), and hal over torch with the range of the per-round ratios;
+- the same per phase (forward under autocast, backward, optimizer step and zero_grad), for each
+  model with each optimizer (so the optimizer's share shows apart from the model's);
+- ``hal.ops`` calls per step, by (op, backend, kernel), from ``hal.stats()``;
+- per call, at the model's shapes and dtypes: each hal op the patched model calls (under autocast,
+  inputs requiring grad, as in the model) against its chosen kernel called in a bare
+  ``torch.autograd.Function`` (or directly, where torch's autograd records the kernel), forward and
+  forward + backward: what hal's dispatch, autocast handling and autograd node add over the kernel;
+- with ``--profile N``: a cProfile of N steps of each variant (functions with the most own time).
+
+    python benchmarks/host_patched_step.py [--rounds 15] [--steps 5] [--amp bf16|fp32] [--layers 16]
+        [--no-per-call] [--profile 20]
+
+HAL_TUNE is on (the default a user has) with a fresh tune cache per process (``HAL_TUNE_CACHE``
+set to a temporary directory unless given), so the measured choices are this run's own.
+
+History
+-------
+
+2026-12-07 (issue 40, "eager host time"; the project's 2-core AMD EPYC VM, torch 2.13.0+cpu,
+transformers 5.x, one torch thread, bf16 autocast, load 0-2 from other sessions; base ``19dc5f2``).
+Before: torch 27.10 ms/step, hal 33.99 ms (1.25x); by phase forward 10.72 / 14.59 ms, backward
+14.07 / 17.10, optimizer (+zero_grad) 2.19 (torch's fused) / 1.90 (hal's): the optimizer is not
+it, the model is (+3.9 ms forward, +3.0 ms backward). Per call, hal over its kernel in a bare
+autograd Function (forward / forward + backward): rms_norm +0.5 / +11, rotary_embedding +0.4 / +3,
+swiglu (recorded by torch's autograd) +1.7 / +2.6, scaled_dot_product_attention +5.6 / +18 us,
+against a step gap of about 7000 us over 179 hal calls a step (33 rms_norm, 32 rotary, 16 sdpa, 16
+swiglu, 1 linear_cross_entropy forward; 33 + 32 + 16 backward ops in hal's nodes, fused_adamw_):
+hal's dispatch was about 1 ms of it. The rest was the kernels the CPU backend chose at these
+shapes, the attention above all: the grouped (B, Hkv, G, T, E) query went to torch's math path
+(5-D broadcast) forward and hal's GEMM backward (about 20 torch ops) in hal's node, 300 us forward
++ backward a layer against 114 us for torch's flash CPU kernels with ``enable_gqa``, which eager
+HF runs.
+
+After (the same VM and day, load 1.2-1.9; the tree of the commit adding this script): the CPU
+backend's ``flash`` kernel serves the grouped layout (torch's flash CPU kernels with
+``enable_gqa``, recorded by torch's autograd; the measured choice timed it at 150 against 242 us
+forward + backward for the ``torch`` kernel in hal's node at this shape); the entry's autocast path
+is one prepared function per op (``hal.dispatch.autocast.caller``: SDPA's per-call overhead over its
+kernel +5.6 -> +2.4 us forward; it had rebuilt the op's parameter-name tuple four times a call);
+the patched attention computes the rotary halves once for q and k. Whole step torch 24.41 ms
+(22.84-30.52), hal 27.97 (25.23-37.97): 1.146x (per-round ratios 0.92-1.66, median 1.126); by
+phase 24.50 / 28.24 ms, forward 9.53 / 12.68, backward 12.83 / 13.97, optimizer 2.04 / 1.68 (an
+earlier run of the same tree: 26.58 / 28.86, 1.086x). hal's own cost per call over its kernel is
+now 0-2.4 us forward and 1-5 us forward + backward (rows above); what is left of the gap is the
+CPU kernels at these shapes (the rotary kernel's float32 rotation, 11 torch ops, against HF's 6 on
+q and k each; the numba rms_norm pair converting to NumPy; the Python of the patched attention)
+and is not the CUDA path's, whose kernels are Triton's and cuDNN's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import os
+import pstats
+import statistics
+import tempfile
+import time
+from typing import Any, Callable
+
+os.environ.setdefault("HAL_TUNE_CACHE", tempfile.mkdtemp(prefix="hal-tune-host-step-"))
+
+import torch  # noqa: E402
+
+import hal  # noqa: E402
+from hal.config import choice_for  # noqa: E402
+from hal.dispatch.dispatcher import DISPATCHER  # noqa: E402
+from hal.registry import OPS  # noqa: E402
+from hal_bench.models_big import HFLlama1BTrain  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def workload(args: argparse.Namespace) -> HFLlama1BTrain:
+    """Llama-3.2-1B's row at a size where the kernels' work is negligible (module docstring)."""
+    w = HFLlama1BTrain("tiny")
+    w.shape = dataclasses.replace(w.shape, vocab=256, dim=64, layers=args.layers, heads=4, kv_heads=1, ffn=256)
+    w.vocab, w.seq, w.batch = 256, 16, 2
+    w.amp_dtype = torch.bfloat16 if args.amp == "bf16" else None
+    return w
+
+
+def phased_step(w: HFLlama1BTrain, model_impl: str, opt_impl: str) -> Callable[[], tuple[float, float, float]]:
+    """One training step as the workload's (forward with the loss under autocast, backward, the
+    optimizer's step and zero_grad), returning each phase's thread time in seconds."""
+    model = w.build_model(0, CPU)
+    if model_impl == "hal":
+        hal.nn.patch(model)
+    if opt_impl == "hal":
+        opt: torch.optim.Optimizer = hal.optim.AdamW(model.parameters(), lr=w.lr, eps=w.eps)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=w.lr, eps=w.eps, fused=True)
+    tokens = w.tokens(0, CPU)
+    amp = w.amp_dtype
+    clock = time.thread_time
+
+    def step() -> tuple[float, float, float]:
+        t0 = clock()
+        with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        t1 = clock()
+        loss.backward()
+        t2 = clock()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t3 = clock()
+        return t1 - t0, t2 - t1, t3 - t2
+
+    return step
+
+
+def time_steps(args: argparse.Namespace, w: HFLlama1BTrain) -> None:
+    """The two variants' whole steps (the workload's own), then the phases of every model/optimizer pair."""
+    steps = {impl: w.make(impl, None, CPU, 0) for impl in ("torch", "hal")}
+    for s in steps.values():
+        for _ in range(5):
+            s()
+    per_round: dict[str, list[float]] = {k: [] for k in steps}
+    clock = time.thread_time
+    for _ in range(args.rounds):
+        for k, s in steps.items():
+            t0 = clock()
+            for _ in range(args.steps):
+                s()
+            per_round[k].append((clock() - t0) / args.steps * 1e3)
+    med = {k: statistics.median(v) for k, v in per_round.items()}
+    ratios = sorted(h / t for h, t in zip(per_round["hal"], per_round["torch"]))
+    print(f"whole step, host ms (median of {args.rounds} rounds of {args.steps}, alternating; range over rounds):")
+    for k, v in per_round.items():
+        print(f"  {k:<6} {med[k]:8.2f}  ({min(v):.2f}-{max(v):.2f})")
+    print(f"  hal / torch {med['hal'] / med['torch']:.3f}x  (per-round ratios {ratios[0]:.3f}-{ratios[-1]:.3f}, "
+          f"median {statistics.median(ratios):.3f})")
+
+    pairs = [("torch", "torch"), ("hal", "hal"), ("hal", "torch"), ("torch", "hal")]
+    phased = {p: phased_step(w, *p) for p in pairs}
+    for s in phased.values():
+        for _ in range(5):
+            s()
+    rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {p: [] for p in pairs}
+    for _ in range(args.rounds * args.steps):
+        for p, s in phased.items():
+            rows[p].append(s())
+    print("\nby phase, host ms (median over steps): forward (with the loss, under autocast), backward, optimizer step + zero_grad")
+    for p, r in rows.items():
+        f, b, o = (statistics.median(c) * 1e3 for c in zip(*r))
+        print(f"  model {p[0]:<6} optimizer {p[1]:<6} forward {f:7.2f}  backward {b:7.2f}  optimizer {o:6.2f}  "
+              f"sum {statistics.median(sum(x) for x in r) * 1e3:7.2f}")
+
+
+def count_calls(w: HFLlama1BTrain) -> None:
+    step = w.make("hal", None, CPU, 0)
+    for _ in range(3):
+        step()
+    hal.reset_stats()
+    step()
+    calls = {k: v["calls"] for k, v in hal.stats().items() if v["calls"]}
+    print(f"\nhal.ops calls in one step of the hal variant ({sum(calls.values())}):")
+    for (op, backend, kernel), n in sorted(calls.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:5d}  {op} ({backend}/{kernel})")
+
+
+def _loop(fn: Callable[[], Any], n: int) -> float:
+    t0 = time.thread_time()
+    for _ in range(n):
+        fn()
+    return (time.thread_time() - t0) / n * 1e6
+
+
+def paired(a: Callable[[], Any], b: Callable[[], Any], n: int = 300, reps: int = 15) -> tuple[float, float, float]:
+    """Medians of both (us per call) and the median of their paired differences."""
+    _loop(a, 30)
+    _loop(b, 30)
+    ta, tb = [], []
+    for _ in range(reps):
+        ta.append(_loop(a, n))
+        tb.append(_loop(b, n))
+    return statistics.median(ta), statistics.median(tb), statistics.median(x - y for x, y in zip(ta, tb))
+
+
+def _kernel_of(op: str, *args: Any) -> tuple[Callable[..., Any], str]:
+    decided = DISPATCHER.decide(OPS[op], args, choice_for(op, None))
+    return decided.route.option.fn, decided.route.kind
+
+
+def _bare_node(fn: Callable[..., Any], bwd: Callable[..., Any], bargs: Callable[..., tuple]) -> Callable[..., Any]:
+    """The kernel and its backward kernel in the plainest autograd Function (the peer of hal's node)."""
+
+    class Bare(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *a: Any) -> Any:
+            ctx.save_for_backward(*[t for t in a if isinstance(t, torch.Tensor)])
+            ctx.a = a
+            return fn(*a)
+
+        @staticmethod
+        def backward(ctx: Any, go: torch.Tensor) -> tuple:
+            ctx.saved_tensors
+            r = bwd(*bargs(go, ctx.a))
+            r = r if isinstance(r, tuple) else (r,)
+            r = (*r, *([None] * (len(ctx.a) - len(r))))
+            return tuple(g if isinstance(a, torch.Tensor) else None for g, a in zip(r, ctx.a))
+
+    return Bare.apply
+
+
+def per_call(args: argparse.Namespace) -> None:
+    """hal's ops at the patched model's shapes against their kernels (module docstring)."""
+    bf = torch.bfloat16 if args.amp == "bf16" else torch.float32
+    amp = lambda: torch.autocast("cpu", dtype=bf, enabled=args.amp == "bf16")  # noqa: E731
+
+    def r(*s: int, dt: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*s, dtype=dt).requires_grad_()
+
+    c = torch.randn(2, 1, 16, 8)
+    cases = [
+        ("rms_norm", (r(2, 16, 64), (64,), r(64), 1e-5), "rms_norm_backward", lambda go, a: (go, *a)),
+        ("rotary_embedding", (r(2, 4, 16, 16, dt=bf), c, c, False), "rotary_embedding_backward", lambda go, a: (go, *a[1:])),
+        ("swiglu", (r(2, 16, 256, dt=bf), r(2, 16, 256, dt=bf)), "swiglu_backward", lambda go, a: (go, *a)),
+        ("scaled_dot_product_attention", (r(2, 1, 4, 16, 16, dt=bf), r(2, 1, 1, 16, 16, dt=bf), r(2, 1, 1, 16, 16, dt=bf), None, True, 0.25),
+         "scaled_dot_product_attention_backward", lambda go, a: (go, *a)),
+    ]
+    print("\nper call, us (median of paired rounds): hal.ops under autocast with grad-requiring inputs, against its kernel "
+          "in a bare autograd Function (or recorded by torch's autograd, as hal's route)")
+    for op, a, bop, bargs in cases:
+        f = getattr(hal.ops, op)
+        with amp():
+            out = f(*a)
+        go = torch.randn_like(out)
+        fn, kind = _kernel_of(op, *a)
+        if kind == "node":
+            detached = [t.detach() if isinstance(t, torch.Tensor) else t for t in a]
+            bwd, _ = _kernel_of(bop, *bargs(go, detached))
+            peer = _bare_node(fn, bwd, bargs)
+        else:
+            peer = fn
+
+        def hal_fwd() -> None:
+            with amp():
+                f(*a)
+
+        def peer_fwd() -> None:
+            with amp(), torch.autocast("cpu", enabled=False):
+                peer(*a)
+
+        def hal_fb() -> None:
+            with amp():
+                y = f(*a)
+            y.backward(go)
+
+        def peer_fb() -> None:
+            with amp(), torch.autocast("cpu", enabled=False):
+                y = peer(*a)
+            y.backward(go)
+
+        h, k, d = paired(hal_fwd, peer_fwd)
+        h2, k2, d2 = paired(hal_fb, peer_fb)
+        print(f"  {op:<30} {kind:<9} forward {h:7.1f} vs {k:7.1f} ({d:+6.1f})   forward + backward {h2:7.1f} vs {k2:7.1f} ({d2:+6.1f})")
+
+
+def profile(args: argparse.Namespace, w: HFLlama1BTrain) -> None:
+    for impl in ("torch", "hal"):
+        step = w.make(impl, None, CPU, 0)
+        for _ in range(5):
+            step()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.profile):
+            step()
+        prof.disable()
+        print(f"\ncProfile of {args.profile} steps, {impl}:")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--amp", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--no-per-call", action="store_true")
+    parser.add_argument("--profile", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    w = workload(args)
+    print(f"torch {torch.__version__}, hal {hal.__version__}; HF Llama {args.layers} layers, d 64, GQA 4/1, T 16, batch 2, "
+          f"{args.amp}{' autocast' if args.amp == 'bf16' else ''}, one thread; HAL_TUNE_CACHE {os.environ['HAL_TUNE_CACHE']}")
+    time_steps(args, w)
+    count_calls(w)
+    if not args.no_per_call:
+        per_call(args)
+    if args.profile:
+        profile(args, w)
+
+
+if __name__ == "__main__":
+    main()
