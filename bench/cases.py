@@ -779,6 +779,19 @@ def fp8_cases(gpu: bool) -> list[Case]:
     def quantize_transpose(device: torch.device) -> Setup:
         return forward("fp8_quantize_transpose", (_randn((r, c), DT[dt], device, std=3.0), "e4m3fn", "tensor"))
 
+    def quantize_amax(transpose: bool) -> Callable[[torch.device], Setup]:
+        # delayed scaling's cast: a given per-tensor scale, the amax reduced in the same pass; the
+        # peer is the path it replaces, the cast with that scale then a separate torch.amax
+        op, plain = ("fp8_quantize_transpose_amax", hal.ops.fp8_quantize_transpose) if transpose else ("fp8_quantize_amax", hal.ops.fp8_quantize)
+
+        def setup(device: torch.device) -> Setup:
+            x = _randn((r, c), DT[dt], device, std=3.0)
+            scale = torch.tensor(3.0 * 4 / 448, dtype=torch.float32, device=device)
+            peers = {"cast_then_amax": lambda: (plain(x, "e4m3fn", "tensor", scale), torch.amax(x.abs()))}
+            return forward(op, (x, scale, "e4m3fn"), peers=peers)
+
+        return setup
+
     def dequantize(device: torch.device) -> Setup:
         q, s = hal.ops.fp8_quantize(_randn((r, c), DT[dt], device, std=3.0), "e4m3fn", "row")
         return forward("fp8_dequantize", (q, s, "e4m3fn", 128, dt))
@@ -798,6 +811,9 @@ def fp8_cases(gpu: bool) -> list[Case]:
     return [
         Case("fp8_quantize", f"({r}, {c}) e4m3fn row-wise", dt, quantize, _nbytes((r, c), dt) + n_el + 4 * r),
         Case("fp8_quantize_transpose", f"({r}, {c}) e4m3fn per tensor, both layouts", dt, quantize_transpose, _nbytes((r, c), dt) + 2 * n_el + 8),
+        Case("fp8_quantize_amax", f"({r}, {c}) e4m3fn, given scale, amax in the pass", dt, quantize_amax(False), _nbytes((r, c), dt) + n_el + 8),
+        Case("fp8_quantize_transpose_amax", f"({r}, {c}) e4m3fn, given scale, both layouts, amax in the pass", dt, quantize_amax(True),
+             _nbytes((r, c), dt) + 2 * n_el + 8),
         Case("fp8_dequantize", f"({r}, {c}) e4m3fn row-wise", "uint8", dequantize, n_el + _nbytes((r, c), dt) + 4 * r),
         Case("fp8_scaled_mm", f"{m}^3 e4m3fn, per-tensor scales, bf16 out", "uint8", scaled_mm, flops=2.0 * m * n * k,
              targets={"peer:bf16_linear": 1.7, "peer:torch_scaled_mm": 0.9} if gpu else {}, compile_mode="off"),

@@ -181,14 +181,14 @@ QUANTIZE_AMAX += [
     case("scalar", amax_args, shape=(), format="e4m3fnuz"),
     case("batched_3d", amax_args, shape=(3, 17, 50), format="e5m2fnuz", std=0.01),
     case("noncontig", amax_args, shape=(6, 9, 12), layout="noncontig"),
-    case("empty", amax_args, quick=True, shape=(0, 5)),
+    case("empty_rows", amax_args, quick=True, shape=(0, 5)),
 ]
 QUANTIZE_TRANSPOSE_AMAX += [
     case("batched", amax_args, shape=(3, 20, 9), format="e5m2", transpose=True, std=5.0),
     case("batched_specials", amax_args, shape=(2, 7, 33), format="e4m3fnuz", transpose=True, specials=True),
     case("odd_shape", amax_args, shape=(37, 50), headroom=0.5, transpose=True),
     case("noncontig", amax_args, shape=(6, 9, 12), layout="noncontig", transpose=True),
-    case("empty", amax_args, quick=True, shape=(0, 5), transpose=True),
+    case("empty_rows", amax_args, quick=True, shape=(0, 5), transpose=True),
     case("empty_batch", amax_args, shape=(0, 4, 6), format="e5m2", transpose=True),
 ]
 
