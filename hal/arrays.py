@@ -237,7 +237,9 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def from_numpy(a: np.ndarray | np.generic) -> torch.Tensor:
     """A CPU tensor sharing memory with ``a`` where torch can (bfloat16 included); a read-only
-    array or one with negative strides, which torch cannot view, is copied."""
+    array, one with negative strides or one in the other byte order (``dtype('>f4')`` on a
+    little-endian machine), which torch cannot view, is copied (in native byte order: results come
+    back native, as NumPy's own functions give them; an op's writes to a copy are copied back)."""
     if type(a) is not np.ndarray:
         a = np.asarray(a)
     if a.dtype == BFLOAT16:
@@ -246,9 +248,9 @@ def from_numpy(a: np.ndarray | np.generic) -> torch.Tensor:
         try:
             return torch.from_numpy(a)
         except ValueError:
-            if not any(s < 0 for s in a.strides):  # torch's other refusals stay the caller's error
+            if a.dtype.isnative and not any(s < 0 for s in a.strides):  # torch's other refusals stay the caller's error
                 raise
-    return torch.from_numpy(a.copy())  # a negative stride (a reversed view): torch's tensors have none
+    return torch.from_numpy(a.astype(a.dtype.newbyteorder("="), order="C"))  # a copy: positive strides, native order
 
 
 #: element counts up to which :func:`overlaps` lists every element's offset to decide (int64

@@ -138,8 +138,8 @@ def _numpy_into_torch(decl: OpDecl, fn: Callable[..., Any], args: Sequence[Any])
 
     A plan serves the calls of one key, and the key fixes which array parameters hold a NumPy
     array (its dtype, shape and strides too) and which hold None or a number: so the slots to
-    convert, and whether a plain ``torch.from_numpy`` view serves them (not bfloat16, no negative
-    strides), are known once here, and a call converts exactly those slots with no per-argument
+    convert, and whether a plain ``torch.from_numpy`` view serves them (not bfloat16, native byte
+    order, no negative strides), are known once here, and a call converts exactly those slots with no per-argument
     type tests and no helper frames. Only whether an array is writeable is not in the key (a
     read-only array is copied, as :func:`hal.arrays.from_numpy` does). An op that writes its
     arguments, lists of arrays and array subclasses take the general runner. The result is viewed
@@ -158,7 +158,7 @@ def _numpy_into_torch(decl: OpDecl, fn: Callable[..., Any], args: Sequence[Any])
         a = args[i]
         t = type(a)
         if t is np.ndarray:
-            if a.dtype == arrays.BFLOAT16 or any(s < 0 for s in a.strides):
+            if a.dtype == arrays.BFLOAT16 or not a.dtype.isnative or any(s < 0 for s in a.strides):
                 return None
             at.append(i)
         elif t not in _NOT_ARRAYS:

@@ -72,11 +72,16 @@ def _numba_check(inputs: Inputs) -> list[str]:
 
 
 def contiguous(*names: str) -> Check:
-    """A check: the named arrays (when given) are C-contiguous (the kernel walks flat memory)."""
+    """A check: the named NumPy arrays (when given) are C-contiguous and in native byte order (the
+    kernel walks flat memory of native numbers; numba has no byte-swapped types)."""
 
     def check(inputs: Inputs) -> list[str]:
-        bad = [n for n in names if isinstance(inputs[n], np.ndarray) and not inputs[n].flags.c_contiguous]
-        return [f"{', '.join(bad)} not C-contiguous (the numba kernel walks flat rows; the torch kernel takes any layout)"] if bad else []
+        given = [(n, inputs[n]) for n in names if isinstance(inputs[n], np.ndarray)]
+        bad = [n for n, a in given if not a.flags.c_contiguous]
+        if bad:
+            return [f"{', '.join(bad)} not C-contiguous (the numba kernel walks flat rows; the torch kernel takes any layout)"]
+        swapped = [f"{n} ({a.dtype.str})" for n, a in given if not a.dtype.isnative]
+        return [f"{', '.join(swapped)} in the other byte order: numba reads native numbers (the torch kernel takes a native copy)"] if swapped else []
 
     return check
 
