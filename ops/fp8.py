@@ -439,37 +439,21 @@ def _empty_fp8_scaled_mm(a: Mapping[str, Any]) -> Any:
 
 # values of host-resident scale arrays, checked on every call: positive and finite (a 0, negative,
 # NaN or infinite scale quantises nothing). Device arrays are not read (see ops/quant.py).
-@fp8_quantize.values
-def _values_fp8_quantize(a):
-    if a["scale"] is not None:
-        check_scale_values("fp8_quantize", "scale", a["scale"])
+def _scale_values(op: str, *names: str) -> Any:
+    """The values check of ``op``: each named scale argument, where given."""
+
+    def check(a: Mapping[str, Any]) -> None:
+        for name in names:
+            if a[name] is not None:
+                check_scale_values(op, name, a[name])
+
+    return check
 
 
-@fp8_quantize_transpose.values
-def _values_fp8_quantize_transpose(a):
-    if a["scale"] is not None:
-        check_scale_values("fp8_quantize_transpose", "scale", a["scale"])
-
-
-@fp8_quantize_amax.values
-def _values_fp8_quantize_amax(a):
-    check_scale_values("fp8_quantize_amax", "scale", a["scale"])
-
-
-@fp8_quantize_transpose_amax.values
-def _values_fp8_quantize_transpose_amax(a):
-    check_scale_values("fp8_quantize_transpose_amax", "scale", a["scale"])
-
-
-@fp8_dequantize.values
-def _values_fp8_dequantize(a):
-    check_scale_values("fp8_dequantize", "scale", a["scale"])
-
-
-@fp8_scaled_mm.values
-def _values_fp8_scaled_mm(a):
-    check_scale_values("fp8_scaled_mm", "a_scale", a["a_scale"])
-    check_scale_values("fp8_scaled_mm", "b_scale", a["b_scale"])
+for _op, _names in ((fp8_quantize, ("scale",)), (fp8_quantize_transpose, ("scale",)), (fp8_quantize_amax, ("scale",)),
+                    (fp8_quantize_transpose_amax, ("scale",)), (fp8_dequantize, ("scale",)), (fp8_scaled_mm, ("a_scale", "b_scale"))):
+    _op.values(_scale_values(_op.__name__, *_names))
+del _op, _names
 
 
 # zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)

@@ -24,6 +24,7 @@ non-persistent buffers: they do not change a model's ``state_dict`` keys.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Optional
 
@@ -46,21 +47,23 @@ def _check_format(fmt: str) -> None:
         raise ValueError(f"hal.fp8: unknown FP8 format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
-class Scaler(nn.Module):
+class Scaler(nn.Module, abc.ABC):
     """Quantises one tensor role of one layer: ``quantize(x) -> (q, scale)`` (uint8 bit patterns
-    and float32 dequantising scales, as ``hal.ops.fp8_quantize`` returns them)."""
+    and float32 dequantising scales, as ``hal.ops.fp8_quantize`` returns them). Abstract: a
+    scaler without both methods fails when it is made, not at its first call."""
 
     def __init__(self, fmt: str) -> None:
         super().__init__()
         self.format = fmt
 
+    @abc.abstractmethod
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        """``(q, scale)`` of x under this scaler's recipe."""
 
+    @abc.abstractmethod
     def quantize_with_transpose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``quantize(x)`` and the same quantisation of ``x.mT``, in one pass over x
         (``hal.ops.fp8_quantize_transpose``): ``(q, scale, q_t, scale_t)``."""
-        raise NotImplementedError
 
 
 class CurrentScaler(Scaler):
@@ -130,8 +133,9 @@ class DelayedScaler(Scaler):
         self.scale.copy_(torch.where(keep, self.scale, new))
 
 
-class Recipe:
-    """Base of the recipes: ``format`` (forward: inputs and weights), ``grad_format`` (gradients)."""
+class Recipe(abc.ABC):
+    """Base of the recipes: ``format`` (forward: inputs and weights), ``grad_format`` (gradients).
+    Abstract: each recipe says how it makes its scalers (:meth:`scaler`)."""
 
     format: str
     grad_format: Optional[str]
@@ -140,9 +144,9 @@ class Recipe:
     def backward_format(self) -> str:
         return self.grad_format or grad_format_for(self.format)
 
+    @abc.abstractmethod
     def scaler(self, fmt: str, device: Optional[torch.device] = None) -> Scaler:
         """A fresh per-tensor scaler quantising to ``fmt`` (its state, if any, on ``device``)."""
-        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)

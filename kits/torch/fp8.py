@@ -83,14 +83,16 @@ def fp8_quantize_transpose(x: torch.Tensor, format: str, granularity: str, scale
 def fp8_quantize_amax(x: torch.Tensor, scale: torch.Tensor, format: str) -> tuple:
     """fp8_quantize with the given per-tensor scale, and the tensor's amax (a separate reduction
     here: eager torch has no cast that reduces)."""
-    q, s = fp8_quantize(x, format, "tensor", scale, 128)
-    return q, s, amax(x.float(), "tensor", 128).float().contiguous()
+    x32 = x.float()  # fp8_quantize works on float32 too: the same codes, one conversion for both
+    q, s = fp8_quantize(x32, format, "tensor", scale, 128)
+    return q, s, amax(x32, "tensor", 128).contiguous()
 
 
 def fp8_quantize_transpose_amax(x: torch.Tensor, scale: torch.Tensor, format: str) -> tuple:
     """fp8_quantize_transpose's q, scale and q_t with the given per-tensor scale, and the amax."""
-    q, s, q_t, _ = fp8_quantize_transpose(x, format, "tensor", scale, 128)
-    return q, s, q_t, amax(x.float(), "tensor", 128).float().contiguous()
+    x32 = x.float()
+    q, s, q_t, _ = fp8_quantize_transpose(x32, format, "tensor", scale, 128)
+    return q, s, q_t, amax(x32, "tensor", 128).contiguous()
 
 
 def fp8_dequantize(q: torch.Tensor, scale: Scalar, format: str, block_size: int, out_dtype: str) -> torch.Tensor:

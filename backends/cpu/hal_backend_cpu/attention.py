@@ -1,6 +1,7 @@
 """softmax and scaled_dot_product_attention on torch's CPU kernels: native softmax and its
-backward (and, for a NumPy caller's small array, a numba softmax with no tensor made), the fused flash-attention CPU kernels behind F.scaled_dot_product_attention (forward and
-backward, the forward's output and log-sum-exp kept for the backward: hal.integration.kept), and an attention
+backward (and, for a NumPy caller's small array, a numba softmax with no tensor made), the fused
+flash-attention CPU kernels behind F.scaled_dot_product_attention (forward and backward, the
+forward's output and log-sum-exp kept for the backward: hal.integration.kept), and an attention
 backward written as GEMMs for the rest (no autograd graph: kernels also run inside torch.ops.hal
 calls, where autograd is off)."""
 
