@@ -233,6 +233,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         rows[i : i + step] = row_losses(z, target[i : i + step], ignore_index, eps, **cfg)
         if grads is not None:
             grads.add_block(i, z, dz, xb, weight, target, one, count, ignore_index, eps, reduction, gemm_f32, **cfg)
+        del z  # before the next block's GEMM: one block of logits alive, not two
     if grads is not None:
         _KEPT.keep(x, kept_gradients_state(weight, target, bias, ignore_index, eps, reduction), grads)
     return reduce_losses(rows, target, ignore_index, reduction, count)
@@ -255,4 +256,5 @@ def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weigh
         xb = x[i : i + step]
         z = _block_logits(gemm_f32, xb, weight, bias)
         grads.add_block(i, z, dz, xb, weight, target, grad_out, count, ignore_index, eps, reduction, gemm_f32, **cfg)
+        del z  # before the next block's GEMM
     return grads.result(x)

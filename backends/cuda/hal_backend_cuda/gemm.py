@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.plugin import Inputs
+from hal.plugin_sdk.linear import add_product_in_slices
 
 from ._common import FLOATS, NOT_F64, ieee_fp32, kernel
 
@@ -54,7 +55,7 @@ def gemm_f32(a: torch.Tensor, b: torch.Tensor, acc: Optional[torch.Tensor] = Non
     they are, with float32 accumulation and output (``torch.mm(..., out_dtype=)``); float32 in IEEE
     float32. CPU tensors (the interpreter tests) upcast first. Given ``acc``, the product is added
     into it (cuBLAS's beta = 1 where torch's build takes a float32 ``out`` for half operands, else
-    through a temporary) and ``acc`` is returned."""
+    through temporaries of ``SLICE_ELEMENTS`` at most) and ``acc`` is returned."""
     if acc is not None and a.dtype in (torch.float16, torch.bfloat16) and a.device.type == "cuda":
         key = str(a.device)
         if _ADDMM_F32_IN_PLACE.get(key, True):
@@ -64,8 +65,8 @@ def gemm_f32(a: torch.Tensor, b: torch.Tensor, acc: Optional[torch.Tensor] = Non
                 return acc
             except (RuntimeError, TypeError, NotImplementedError):
                 _ADDMM_F32_IN_PLACE[key] = False
-    if acc is not None:
-        return acc.add_(gemm_f32(a, b))
+    if acc is not None:  # small temporaries, not one of acc's size
+        return add_product_in_slices(acc, a, b, gemm_f32)
     if a.dtype in (torch.float16, torch.bfloat16):
         if a.device.type == "cuda":
             return torch.mm(a, b, out_dtype=torch.float32)

@@ -30,7 +30,9 @@ def amp_unscale_torch(tensors, inv_scale):
 @kernel("fused_adamw_", name="torch", priority=10, dtypes=FLOATS)
 def fused_adamw_torch(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step, master_params, inv_scale, found_inf):
     """The same step with torch ops, tensor by tensor; a device found_inf keeps the old values by
-    torch.where (no host read)."""
+    torch.where (no host read), the half-precision parameters of master weights included (a skipped
+    step changes nothing). The first moment is torch.optim.AdamW's lerp (its NaN/infinity behaviour:
+    an infinite gradient gives NaN, as the Triton and C++ kernels and cpu_ref since 49125f8)."""
     if found_inf is not None and not isinstance(found_inf, torch.Tensor) and float(found_inf) != 0.0:
         return None
     skip = found_inf.reshape(()) != 0 if isinstance(found_inf, torch.Tensor) else None
@@ -45,7 +47,7 @@ def fused_adamw_torch(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, ep
         target = w if w is not None else p
         acc = torch.float64 if target.dtype == torch.float64 else torch.float32
         g32 = g.to(acc) * inv
-        m_new = beta1 * m.to(acc) + (1.0 - beta1) * g32
+        m_new = torch.lerp(m.to(acc), g32, 1.0 - beta1)
         v_new = beta2 * v.to(acc) + (1.0 - beta2) * g32 * g32
         p_new = target.to(acc) * (1.0 - lr * weight_decay) - step_size * m_new / (v_new.sqrt() / bc2_sqrt + eps)
         if skip is not None:
@@ -54,5 +56,5 @@ def fused_adamw_torch(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, ep
         v.copy_(v_new)
         target.copy_(p_new)
         if w is not None:
-            p.copy_(p_new)
+            p.copy_(p_new if skip is None else torch.where(skip, p, p_new.to(p.dtype)))
     return None

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.plugin import Inputs
+from hal.plugin_sdk.linear import add_product_in_slices
 
 from ._common import FLOATS, NOT_F64, eager_kernel, ieee_fp32, kernel
 
@@ -37,9 +38,10 @@ def gemm_f32(a: torch.Tensor, b: torch.Tensor, acc: Optional[torch.Tensor] = Non
     """``a @ b`` returned in float32 (float64 for float64): half-precision operands go to the
     library as they are with float32 output (``torch.mm(..., out_dtype=)``) where torch's build has
     that kernel for the device (asked once), else upcast; float32 in IEEE float32. Given ``acc``,
-    the product is added into it and ``acc`` returned."""
+    the product is added into it (through temporaries of at most ``SLICE_ELEMENTS``) and ``acc``
+    returned."""
     if acc is not None:
-        return acc.add_(gemm_f32(a, b))
+        return add_product_in_slices(acc, a, b, gemm_f32)
     if a.dtype in (torch.float16, torch.bfloat16):
         key = str(a.device)
         if a.device.type == "cuda" and _MM_F32_OUT.get(key, True):

@@ -691,3 +691,63 @@ def test_softmax_of_0d_runs_on_the_torch_kernel():
     assert any("0-d" in r for r in spec.not_supported_reasons(inputs))
     check("softmax", kern("softmax", "torch"), (x, 0))
 
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["backward", "training-forward"])
+def test_linear_cross_entropy_holds_one_block_of_logits(gen, armed, monkeypatch):
+    """At most one block of float32 logits is alive at a time (the kit's docstring promises it; an
+    H100's memory anatomy at 66d0b65 found two, 1 GiB each at Llama-3's vocabulary): every product
+    the GEMM returns is tracked, and as each block of logits is made the blocks alive are counted."""
+    import weakref
+
+    from hal_triton import loss
+
+    x, w = randn(gen, 11, 24), randn(gen, 40, 24, scale=0.2)
+    x.requires_grad_(True)
+    t = torch.randint(0, 40, (11,), generator=gen)
+    alive: list = []
+    most = [0]
+
+    def tracked(a, b, acc=None):
+        out = a.float() @ b.float() if acc is None else acc.add_(a.float() @ b.float())
+        if acc is None and out.shape[1] == w.shape[0]:  # a block of logits (rows, vocabulary)
+            alive.append(weakref.ref(out))
+            most[0] = max(most[0], sum(r() is not None for r in alive))  # the earlier blocks' and this one
+        return out
+
+    rows = loss._rows_per_block(11, 40, 64)
+    assert rows < 11  # several blocks
+    with torch.no_grad():
+        if armed:
+            from hal.integration import kept
+
+            previous = kept.arm(True)
+            try:
+                loss.linear_cross_entropy(x, w, t, None, -100, 0.0, "mean", tracked, 64, block_c=16, num_warps=1)
+            finally:
+                kept.arm(previous)
+            loss._KEPT.take(x, loss.kept_gradients_state(w, t, None, -100, 0.0, "mean"))
+        else:
+            loss.linear_cross_entropy_backward(randn(gen), x, w, t, None, -100, 0.0, "mean", tracked, 64, block_c=16, num_warps=1)
+    assert len(alive) == -(-11 // rows) and most[0] <= 1, (len(alive), most[0])
+
+
+def test_product_added_in_slices_equals_one_product(gen, monkeypatch):
+    """The GEMM's fallback adds a product into its accumulator through slices of rows (no
+    temporary of the accumulator's size): the sum equals the single product's, also where the rows
+    do not divide evenly; the slices' products are never larger than the limit."""
+    from hal.plugin_sdk import linear
+
+    monkeypatch.setattr(linear, "SLICE_ELEMENTS", 3 * 24)
+    a, b = randn(gen, 40, 7).t().contiguous().t(), randn(gen, 7, 24)  # a transposed view, as d.t() is
+    acc = randn(gen, 40, 24)
+    want = acc + a @ b
+    sizes = []
+
+    def product(x, y):
+        sizes.append(x.shape[0] * y.shape[1])
+        return x @ y
+
+    got = linear.add_product_in_slices(acc, a, b, product)
+    assert got is acc and max(sizes) <= 3 * 24 and len(sizes) == 14
+    torch.testing.assert_close(got, want)
