@@ -17,6 +17,7 @@ there say which tensors make the difference, so the change that removes them is 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 #: frames from these paths are the allocator's callers inside torch: the site is the first frame
@@ -25,6 +26,10 @@ _TORCH_PATHS = ("/torch/", "torch/", "<built-in", "<frozen")
 #: frames (their function names) that mark a phase of the step, looked for from the outermost frame in
 _PHASES = (("optimizer", ("step", "_single_tensor_adamw", "_fused_adamw", "_multi_tensor_adamw", "fused_adamw_")),
            ("backward", ("backward", "_engine_run_backward", "run_backward")))
+#: names too common to mark a phase on their own (a benchmark's ``def step()`` wraps the whole step):
+#: they count only in a frame of an optimizer's module (torch/optim/..., hal/optim.py)
+_OPTIMIZER_ONLY = {"step"}
+_OPTIMIZER_PATH = re.compile(r"(^|/)optim(/|\.py$)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +80,8 @@ def site_of(frames: Sequence[Mapping[str, Any]]) -> str:
 def phase_of(frames: Sequence[Mapping[str, Any]]) -> str:
     """``optimizer`` or ``backward`` where a frame of the stack is one of theirs (the optimizer's step
     wins: it may run inside a function named backward by nobody), else ``forward``."""
-    names = {str(f.get("name", "")) for f in frames}
+    names = {str(f.get("name", "")) for f in frames
+             if str(f.get("name", "")) not in _OPTIMIZER_ONLY or _OPTIMIZER_PATH.search(str(f.get("filename", "")))}
     for phase, markers in _PHASES:
         if names.intersection(markers):
             return phase

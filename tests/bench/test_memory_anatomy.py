@@ -23,6 +23,13 @@ def test_site_and_phase_of_a_stack() -> None:
     assert site_of([TORCH]) == "nn/functional.py:3 (linear)" and site_of([]) == "(no stack)"
     assert phase_of([TORCH, HAL]) == "forward" and phase_of([HAL, BACKWARD]) == "backward"
     assert phase_of([TORCH, STEP, BACKWARD]) == "optimizer"
+    # a benchmark's own step() around forward and backward marks nothing (the H100's anatomy at
+    # 66d0b65 charged every activation to the optimizer through it); torch's optimizers do
+    bench_step = {"filename": "/x/bench/models_hf.py", "line": 209, "name": "step"}
+    hal_optimize = {"filename": "/x/hal/optimize/step.py", "line": 9, "name": "step"}
+    assert phase_of([HAL, bench_step]) == "forward" and phase_of([BACKWARD, bench_step]) == "backward"
+    assert phase_of([HAL, hal_optimize]) == "forward"
+    assert phase_of([{"filename": "/x/site-packages/torch/optim/adamw.py", "line": 1, "name": "step"}, bench_step]) == "optimizer"
 
 
 def _history(rng: random.Random, held: dict[int, int]) -> list[dict]:
