@@ -80,7 +80,11 @@ def ce_forward_kernel(z_ptr, t_ptr, loss_ptr, N, C, stride, ignore_index, eps: t
 
 @triton.jit(do_not_specialize=["N"])
 def ce_backward_kernel(z_ptr, t_ptr, go_ptr, count_ptr, dz_ptr, N, C, z_stride, g_stride, ignore_index, eps: tl.float64,
-                       MODE: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
+                       MODE: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr, IN_PLACE: tl.constexpr = False):
+    """IN_PLACE: dz_ptr is the row's own storage (dz's elements no wider than z's, the same row
+    stride in bytes): the row is read whole for its log-sum-exp before anything is written, and each
+    chunk's store lands on bytes of this chunk or earlier ones; a barrier between a chunk's loads and
+    its stores keeps one warp's store from overtaking another warp's load of the same chunk."""
     row = tl.program_id(0)
     z_row = z_ptr + row.to(tl.int64) * z_stride
     dz_row = dz_ptr + row.to(tl.int64) * g_stride
@@ -101,6 +105,8 @@ def ce_backward_kernel(z_ptr, t_ptr, go_ptr, count_ptr, dz_ptr, N, C, z_stride, 
         valid = cols < C
         z = tl.load(z_row + cols, mask=valid, other=0.0).to(COMPUTE)
         d = tl.exp(z - lse) - spread - tl.where(cols == t, keep, 0.0)
+        if IN_PLACE:
+            tl.debug_barrier()
         tl.store(dz_row + cols, (d * scale).to(dz_ptr.dtype.element_ty), mask=valid)
 
 
@@ -139,13 +145,26 @@ def reduce_losses(rows: torch.Tensor, target: torch.Tensor, ignore_index: int, r
 
 def logit_grads(z: torch.Tensor, target: torch.Tensor, grad_out: torch.Tensor, count: Optional[torch.Tensor], ignore_index: int, eps: float,
                 reduction: str, out: torch.Tensor, *, block_c: int, num_warps: int) -> torch.Tensor:
-    """The gradient of the rows' losses with respect to the logits z, written into ``out``."""
+    """The gradient of the rows' losses with respect to the logits z, written into ``out``
+    (``out`` may be :func:`over_logits` of z: the gradient then replaces the logits in their memory)."""
     n, c = z.shape
+    in_place = out.untyped_storage().data_ptr() == z.untyped_storage().data_ptr()
+    if in_place and not (z.is_contiguous() and out.stride() == (z.stride(0) * z.element_size() // out.element_size(), 1)):
+        raise ValueError("logit_grads: a gradient written over its logits must be over_logits(z) of contiguous logits")
     if n:
         launch(ce_backward_kernel, (n,), z, target, grad_out.reshape(-1), count if count is not None else grad_out.reshape(-1), out,
                n, c, z.stride(0), out.stride(0), ignore_index, float(eps),
-               num_warps=num_warps, MODE=MODES[reduction], BLOCK_C=_block_c(c, block_c), COMPUTE=compute_dtype(z.dtype))
+               num_warps=num_warps, MODE=MODES[reduction], BLOCK_C=_block_c(c, block_c), COMPUTE=compute_dtype(z.dtype), IN_PLACE=in_place)
     return out
+
+
+def over_logits(z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A (rows, classes) view in ``dtype`` (no wider than z's) over contiguous logits z's memory, each
+    row at the start of its own row's bytes: where :func:`logit_grads` writes the gradient in place,
+    so a block of linear_cross_entropy holds its logits or their gradient, never both (0.5 GiB less
+    at Llama-3's vocabulary with 2^28 logits a block)."""
+    ratio = z.element_size() // torch.empty((), dtype=dtype).element_size()
+    return z.view(dtype)[:, : z.shape[1]] if ratio > 1 else z.view(dtype)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, eps: float, reduction: str, **cfg: int) -> torch.Tensor:
@@ -189,14 +208,14 @@ class _Grads:
         self._weight_zeros = lambda: torch.zeros(weight.shape, dtype=acc, device=x.device)  # no rows, no block
         self.bias = torch.zeros(int(weight.shape[0]), dtype=acc, device=x.device)
 
-    def add_block(self, i: int, z: torch.Tensor, dz: torch.Tensor, xb: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+    def add_block(self, i: int, z: torch.Tensor, xb: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                   grad_out: torch.Tensor, count: Optional[torch.Tensor], ignore_index: int, eps: float, reduction: str, gemm_f32: Gemm,
                   **cfg: int) -> None:
-        """The block of rows from ``i`` (logits ``z``): its logit gradients (into ``dz``, x's
-        dtype), grad_x = dz @ W, grad_W += dz^T x, grad_b += sum(dz)."""
+        """The block of rows from ``i`` (logits ``z``, float32): its logit gradients in x's dtype,
+        written over the logits (:func:`over_logits`), grad_x = dz @ W, grad_W += dz^T x, grad_b += sum(dz)."""
         rows = int(xb.shape[0])
         g = grad_out[i : i + rows] if reduction == "none" else grad_out
-        d = logit_grads(z, target[i : i + rows], g, count, ignore_index, eps, reduction, dz[:rows], **cfg)
+        d = logit_grads(z, target[i : i + rows], g, count, ignore_index, eps, reduction, over_logits(z, xb.dtype), **cfg)
         torch.mm(d, weight, out=self.x[i : i + rows])
         if self.weight is None:
             self.weight = gemm_f32(d.t(), xb)
@@ -226,13 +245,12 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     grads = _Grads(x, weight) if reduction != "none" and backward_follows(x, weight, bias) else None
     if grads is not None:
         one = torch.ones((), dtype=rows.dtype, device=x.device)
-        dz = torch.empty((step, v), dtype=x.dtype, device=x.device)
     for i in range(0, n, step):
         xb = x[i : i + step]
         z = _block_logits(gemm_f32, xb, weight, bias)
         rows[i : i + step] = row_losses(z, target[i : i + step], ignore_index, eps, **cfg)
         if grads is not None:
-            grads.add_block(i, z, dz, xb, weight, target, one, count, ignore_index, eps, reduction, gemm_f32, **cfg)
+            grads.add_block(i, z, xb, weight, target, one, count, ignore_index, eps, reduction, gemm_f32, **cfg)
         del z  # before the next block's GEMM: one block of logits alive, not two
     if grads is not None:
         _KEPT.keep(x, kept_gradients_state(weight, target, bias, ignore_index, eps, reduction), grads)
@@ -243,7 +261,7 @@ def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weigh
                                   ignore_index: int, eps: float, reduction: str, gemm_f32: Gemm, block_elements: int,
                                   **cfg: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward's kept gradients scaled by grad_out, where it kept them; otherwise, per block of
-    rows, the logits again, their gradient (in x's dtype), grad_x = dz @ W, and grad_W += dz^T x,
+    rows, the logits again, their gradient (in x's dtype, over the logits), grad_x = dz @ W, and grad_W += dz^T x,
     grad_b += sum(dz) in float32."""
     kept = _KEPT.take(x, kept_gradients_state(weight, target, bias, ignore_index, eps, reduction)) if reduction != "none" else None
     if kept is not None:
@@ -251,10 +269,10 @@ def linear_cross_entropy_backward(grad_out: torch.Tensor, x: torch.Tensor, weigh
     n, v = int(x.shape[0]), int(weight.shape[0])
     step = _rows_per_block(n, v, block_elements)
     count = counted_rows(target, ignore_index) if reduction == "mean" else None
-    grads, dz = _Grads(x, weight), torch.empty((step, v), dtype=x.dtype, device=x.device)
+    grads = _Grads(x, weight)
     for i in range(0, n, step):
         xb = x[i : i + step]
         z = _block_logits(gemm_f32, xb, weight, bias)
-        grads.add_block(i, z, dz, xb, weight, target, grad_out, count, ignore_index, eps, reduction, gemm_f32, **cfg)
+        grads.add_block(i, z, xb, weight, target, grad_out, count, ignore_index, eps, reduction, gemm_f32, **cfg)
         del z  # before the next block's GEMM
     return grads.result(x)
