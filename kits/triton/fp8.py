@@ -446,7 +446,8 @@ _EMULATED_MODES = (S_ROW_AMAX, S_BLOCK)
 #: 13-40% of the codes of per-tensor transposed casts of batched arrays ((3, 20, 9), (6, 9, 12)),
 #: while the 2-D ones passed: transposed launches over more than one matrix encode with the emulated
 #: cast as well (hal.fp8.Linear's casts are 2-D: its hot path keeps the hardware cast).
-#: tests/cuda/device/test_fp8_small_tiles.py probes both casts over such shapes.
+#: tests/cuda/device/test_fp8_small_tiles.py probes both casts over such shapes (setting this False).
+_EMULATE_BATCHED_TRANSPOSE = True
 
 
 #: the longest row fp8_rows_kernel keeps whole in registers (one read of x instead of two)
@@ -465,7 +466,7 @@ def _row_tile(k: int, block_elems: int, num_warps: int) -> tuple[int, int, int]:
 
 def _encode_launch(x3, q, qt, s, st, amax, amaxt, m, k, nb, mode, fmt, transpose, hw, block_elems, num_warps, kb=1, bs=1,
                    reduce_amax=False):
-    hw = hw and mode not in _EMULATED_MODES and not (transpose and nb > 1)
+    hw = hw and mode not in _EMULATED_MODES and not (_EMULATE_BATCHED_TRANSPOSE and transpose and nb > 1)
     block_r, block_c = _tile_shape(k, block_elems, transpose)
     n_tm, n_tk = cdiv(m, block_r), cdiv(k, block_c)
     launch(fp8_encode_kernel, (nb * n_tm * n_tk,), x3, q, qt, s, st, amax, amaxt, m, k, n_tm, n_tk, kb, bs,

@@ -8,9 +8,10 @@ Two tests:
 
 * the dispatched kernels (what hal.ops runs) equal cpu_ref bit for bit over a grid of such shapes,
   plain and transposed, given scales, current scales and the fused amax;
-* a probe over the same grid with each cast forced (``-s`` prints how many codes the hardware and
-  the emulated cast get wrong per configuration): the emulated cast must get none, the counts of the
-  hardware cast are the evidence for which launches ``hal_triton.fp8`` keeps off it.
+* a probe over the same grid with each cast forced, the hardware one also where ``hal_triton.fp8``
+  keeps launches off it (``-s`` prints how many codes each cast gets wrong per configuration): the
+  emulated cast must get none; the counts of the hardware cast are the evidence for which launches
+  ``hal_triton.fp8`` keeps off it (``_EMULATE_BATCHED_TRANSPOSE``).
 
 Skipped without a CUDA device (CI); run on the device machine:
 ``pytest -q -s tests/cuda/device/test_fp8_small_tiles.py``.
@@ -98,7 +99,8 @@ def test_dispatched_casts_bit_for_bit_on_short_rows(kind: str, transpose: bool) 
             assert_bits(g, w, f"{op} {fmt} {shape} {dtype}")
 
 
-def test_probe_each_cast_on_short_rows() -> None:
+def test_probe_each_cast_on_short_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f8, "_EMULATE_BATCHED_TRANSPOSE", False)  # the hardware cast where hw=True, everywhere
     fmt = _fmt()
     gen = torch.Generator().manual_seed(0)
     emulated_wrong = []
