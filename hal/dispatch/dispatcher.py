@@ -234,11 +234,15 @@ class Dispatcher:
         if overrides is not None and overrides.observer is not None and not choice.measuring:
             plan = observed(plan, overrides.observer, decl, route)
         if key is not None and decided.outcome is not None and decided.outcome.final:
-            with self._lock:
-                if len(self._cache) >= MAX_CACHE_ENTRIES:
-                    self._cache.clear()
-                self._cache[key] = plan
+            self.remember(key, plan)
         return plan
+
+    def remember(self, key: Any, plan: Plan) -> None:
+        """Cache ``plan`` under an entry's key (the cache is cleared when it is full)."""
+        with self._lock:
+            if len(self._cache) >= MAX_CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = plan
 
     def plan_of(self, decl: OpDecl, route: Route, prepared: Prepared, counted: bool = True) -> Plan:
         """The plan of one route for calls of ``prepared``'s signature (``counted`` False: it counts

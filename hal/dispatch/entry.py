@@ -22,8 +22,14 @@ declaration lets Python itself bind the arguments and computes the key inline (n
 **kwargs)`` shared by every op, keying each argument in a loop, cost 2-3.5 us more per call on the
 2-core CI VM (softmax on a (4, 4) tensor 6.1 -> 9.6 us, NumPy 5.5 -> 7.8 us, the trivial-kernel rows
 of benchmarks/dispatch_overhead.py, 2026-12-07), and one forwarding to the generated function
-about 1 us (10% of a softmax call through the CPU backend). Under ``torch.autocast`` a call leaves
-the hot path for :mod:`hal.dispatch.autocast` (one C call tells).
+about 1 us (10% of a softmax call through the CPU backend).
+
+Under ``torch.autocast`` (one C call tells) the key also holds the autocast state of the call's
+device (:func:`hal.dispatch.autocast.state`: its device type and autocast dtype; None where autocast
+is off there, so such a call shares the plans of calls without autocast), and a miss is decided by
+:func:`hal.dispatch.autocast.planner`, whose plan casts by the op's rule and runs, with autocast
+off, the plan the cast arguments have as a call of their own (keyed by ``_key_of``, the key
+generated beside the entry). A hit is then one key and one lookup, as without autocast.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import torch
 
 from hal import arrays, config, tracing
 from hal.registry import OpDecl, Param
-from hal.types import Kind
+from hal.types import ARRAY_KINDS, Kind
 
 from . import autocast
 from .dispatcher import DISPATCHER
@@ -183,6 +189,13 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
     arg_tuple = "(" + "".join(f"{n}, " for n in names) + ")"
     key_lines = [line for i, p in enumerate(decl.params) for line in _key_source(p, i, decl)]
     keys = "".join(f", k{i}" for i in range(len(decl.params)))
+    first = next((p for p in decl.params if p.kind in ARRAY_KINDS), None)
+    if first is None:  # no array parameter: no tensor whose device autocast could be on for
+        state = "None"
+    else:  # a tensor in the first array parameter (the common case) inline, else the general search
+        v = first.name
+        state = (f"(_autocast_state({v}) if type({v}) is _Tensor or type({v}) is _Parameter else _autocast_state_of({arg_tuple}))"
+                 " if _autocast_any() else None")
     doc = f'    """hal.ops.{decl.name}, generated from its declaration by hal.dispatch.entry.make_entry."""'
     src = "\n".join(
         [
@@ -191,20 +204,23 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
             *_NAMES_COMMENT,
             "    if _is_compiling():  # Dynamo is tracing: one torch.ops.hal.<name> node",
             f"        return _DISPATCHER.traced(_decl, {arg_tuple})",
-            "    if _autocast_any():  # torch.autocast is on: cast as torch casts the function the op names (hal.dispatch.autocast)",
-            f"        _out = _autocast_call({arg_tuple})",
-            "        if _out is not _PASS:  # autocast is on for the call's device: the op ran with it off",
-            "            return _out",
+            "    # torch.autocast on for the call's device: (device type, autocast dtype), a part of the key (hal.dispatch.autocast)",
+            f"    _amp = {state}",
             "    try:",
             *("    " + line for line in key_lines),
-            f"        key = (_decl, _local.overrides if _scopes[0] else None, _grad_enabled(){keys})",
+            f"        key = (_decl, _amp, _local.overrides if _scopes[0] else None, _grad_enabled(){keys})",
             "        plan = _cache_get(key)",
             "    except Exception:  # unhashable, or a tensor without strides (sparse, nested): validation refuses it",
             "        key = plan = None",
             "    if plan is None:  # decided once per key: the dispatcher validates, selects, routes and caches",
-            f"        plan = _DISPATCHER.plan(_decl, {arg_tuple}, key)",
+            f"        plan = _DISPATCHER.plan(_decl, {arg_tuple}, key) if _amp is None else _autocast_plan({arg_tuple}, key, _amp)",
             "    plan[0]()  # counts the call in hal.stats()",
             f"    return plan[1]({arg_list})  # the route: the kernel, hal's autograd node or a decomposition",
+            "",
+            f"def _key_of({arg_list}):",
+            f'    """The key hal.ops.{decl.name} computes for these arguments with autocast off for their device."""',
+            *key_lines,
+            f"    return (_decl, None, _local.overrides if _scopes[0] else None, _grad_enabled(){keys})",
             "",
         ]
     )
@@ -215,8 +231,8 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
         "_decl": decl,
         "_is_compiling": tracing.is_compiling,
         "_autocast_any": autocast.any_enabled,
-        "_autocast_call": autocast.caller(decl),
-        "_PASS": autocast.PASS,
+        "_autocast_state": autocast.state,
+        "_autocast_state_of": autocast.state_of(decl),
         "_local": config._local,
         "_scopes": config.ACTIVE_SCOPES,
         "_grad_enabled": torch.is_grad_enabled,
@@ -230,6 +246,7 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
     }
     exec(compile(src, filename, "exec"), namespace)
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    namespace["_autocast_plan"] = autocast.planner(decl, namespace["_key_of"])
     entry = namespace[decl.name]
     entry.__doc__ = fn.__doc__
     entry.__module__ = "hal.ops"
@@ -243,7 +260,7 @@ def make_entry(decl: OpDecl, fn: Callable[..., Any]) -> Callable[..., Any]:
 _NAMES_COMMENT = (
     "    # _DISPATCHER: hal.dispatch.DISPATCHER; _cache_get: the get of its cached plans (key -> (count, run));",
     "    # _decl: the op's declaration (hal.ops.<name>.op); _is_compiling: hal.tracing.is_compiling;",
-    "    # _autocast_call: hal.dispatch.autocast.caller(_decl), _PASS: hal.dispatch.autocast.PASS;",
+    "    # _autocast_state(_of): hal.dispatch.autocast.state (state_of(_decl)); _autocast_plan: autocast.planner(_decl, _key_of);",
     "    # _local, _scopes: the hal.use scopes (hal.config);",
     "    # _argkey, _written_key: hal.dispatch.entry; _d_<name>: the declared defaults.",
 )

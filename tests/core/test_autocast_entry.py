@@ -1,8 +1,9 @@
-"""The entry's path under ``torch.autocast`` (:func:`hal.dispatch.autocast.caller`, made once per op
-with its entry): the arguments the op's rule names are cast as torch casts them (float64 left
-alone), the kernel runs with autocast off for the call's device, autocast is on again afterwards
-(also when the kernel raises), and a call whose device has autocast off goes on as without
-autocast. Probed with a plugin whose kernels record what they were given."""
+"""The entry's path under ``torch.autocast`` (the plan :func:`hal.dispatch.autocast.planner` makes
+for a key holding the autocast state): the arguments the op's rule names are cast as torch casts
+them (float64 left alone), the kernel runs with autocast off for the call's device, autocast is on
+again afterwards (also when the kernel raises), and a call whose device has autocast off goes on as
+without autocast. Probed with a plugin whose kernels record what they were given
+(tests/core/test_entry_cache.py: each autocast state gets its own plan)."""
 
 from __future__ import annotations
 
