@@ -407,8 +407,17 @@ def rowwise_cases(gpu: bool) -> list[Case]:
 
         return setup
 
+    def norm_amax(device: torch.device) -> Setup:
+        # rms_norm reducing its result's amax (the FP8 cast of y then needs no pass of its own); the
+        # peer is the path it replaces, rms_norm then a one-pass max |y| (the inf-norm: no |y| temporary)
+        x, w = x_of(device), vec(device)
+        peers = {"rms_norm_then_amax": lambda: _then_amax(hal.ops.rms_norm(x, (cols,), w))}
+        return forward("rms_norm_amax", (x, (cols,), w), peers=peers)
+
     shape = f"({rows}, {cols})"
     out = [
+        Case("rms_norm_amax", f"{shape}, amax of y in the pass", dt, norm_amax, 2 * big,
+             targets={"bw": 0.85, "peer:rms_norm_then_amax": 1.0} if gpu else {}),
         Case("scale_shift_act", f"bias + gelu, {shape} ({big >> 20} MiB)", dt, ssa(False, True), 2 * big, targets=ew),
         Case("scale_shift_act", f"scalar affine + relu, {shape}", dt, ssa(False, False), 2 * big, targets=ew),
         Case("scale_shift_act_backward", f"bias + gelu, {shape}", dt, ssa(True, True), 3 * big, targets={"bw": 0.85} if gpu else {}),
@@ -418,6 +427,12 @@ def rowwise_cases(gpu: bool) -> list[Case]:
             out.append(Case(name, shape, dt, norm(op, bwd), byts, targets=norm_targets[name] if gpu else {},
                             published=published.quack(name) if gpu else ()))
     return out
+
+
+def _then_amax(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``y`` and ``max |y|`` in float32 by one more pass over y (the peer of the ops that reduce it
+    as they write y)."""
+    return y, torch.linalg.vector_norm(y, math.inf).float()
 
 
 # --- GEMMs ---------------------------------------------------------------------------------------
@@ -578,10 +593,18 @@ def transformer_cases(gpu: bool) -> list[Case]:
 
         return setup
 
+    def swiglu_amax(device: torch.device) -> Setup:
+        # the SwiGLU reducing its result's amax (the down projection's FP8 cast needs no pass for it);
+        # the peer is swiglu then a one-pass max |y|
+        gate, up = _randn((rows, inter), t, device), _randn((rows, inter), t, device)
+        return forward("swiglu_amax", (gate, up), peers={"swiglu_then_amax": lambda: _then_amax(hal.ops.swiglu(gate, up))})
+
     x = _nbytes((b, h, s, d), dt)
     gu = _nbytes((rows, inter), dt)
     name = f"(B, H, T, D) = ({b}, {h}, {s}, {d}), float32 tables"
     return [
+        Case("swiglu_amax", f"({rows}, {inter}), amax of y in the pass", dt, swiglu_amax, 3 * gu,
+             targets={"bw": 0.9, "peer:swiglu_then_amax": 1.0} if gpu else {}),
         Case("rotary_embedding", name, dt, rotary(False), 2 * x, targets=bw),
         Case("rotary_embedding_backward", name, dt, rotary(True), 2 * x, targets=bw),
         Case("swiglu", f"({rows}, {inter})", dt, swiglu(False), 3 * gu, targets=bw),
@@ -792,6 +815,18 @@ def fp8_cases(gpu: bool) -> list[Case]:
 
         return setup
 
+    def quantize_from_amax(transpose: bool) -> Callable[[torch.device], Setup]:
+        # current scaling with the amax given (reduced by x's producer: rms_norm_amax, swiglu_amax):
+        # one pass over x; the peer is the cast that reduces the amax itself (two passes)
+        op, plain = ("fp8_quantize_transpose_from_amax", hal.ops.fp8_quantize_transpose) if transpose else ("fp8_quantize_from_amax", hal.ops.fp8_quantize)
+
+        def setup(device: torch.device) -> Setup:
+            x = _randn((r, c), DT[dt], device, std=3.0)
+            amax = x.float().abs().amax()
+            return forward(op, (x, amax, "e4m3fn"), peers={"cast_reducing_amax": lambda: plain(x, "e4m3fn", "tensor")})
+
+        return setup
+
     def dequantize(device: torch.device) -> Setup:
         q, s = hal.ops.fp8_quantize(_randn((r, c), DT[dt], device, std=3.0), "e4m3fn", "row")
         return forward("fp8_dequantize", (q, s, "e4m3fn", 128, dt))
@@ -814,6 +849,10 @@ def fp8_cases(gpu: bool) -> list[Case]:
         Case("fp8_quantize_amax", f"({r}, {c}) e4m3fn, given scale, amax in the pass", dt, quantize_amax(False), _nbytes((r, c), dt) + n_el + 8),
         Case("fp8_quantize_transpose_amax", f"({r}, {c}) e4m3fn, given scale, both layouts, amax in the pass", dt, quantize_amax(True),
              _nbytes((r, c), dt) + 2 * n_el + 8),
+        Case("fp8_quantize_from_amax", f"({r}, {c}) e4m3fn, amax given", dt, quantize_from_amax(False), _nbytes((r, c), dt) + n_el + 8,
+             targets={"peer:cast_reducing_amax": 1.2} if gpu else {}),
+        Case("fp8_quantize_transpose_from_amax", f"({r}, {c}) e4m3fn, amax given, both layouts", dt, quantize_from_amax(True),
+             _nbytes((r, c), dt) + 2 * n_el + 8, targets={"peer:cast_reducing_amax": 1.2} if gpu else {}),
         Case("fp8_dequantize", f"({r}, {c}) e4m3fn row-wise", "uint8", dequantize, n_el + _nbytes((r, c), dt) + 4 * r),
         Case("fp8_scaled_mm", f"{m}^3 e4m3fn, per-tensor scales, bf16 out", "uint8", scaled_mm, flops=2.0 * m * n * k,
              targets={"peer:bf16_linear": 1.7, "peer:torch_scaled_mm": 0.9} if gpu else {}, compile_mode="off"),

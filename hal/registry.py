@@ -150,6 +150,11 @@ class OpDecl:
     single_gradient: bool = False
     #: for a backward op, the name of its forward op.
     forward: Optional[str] = None
+    #: a trainable op returning a tuple: how many of its results, after the first, carry no gradient
+    #: (a statistic reduced beside the output, such as rms_norm_amax's amax). Autograd marks them
+    #: non-differentiable; the backward op receives the first result's gradient only. A forward op
+    #: declared so may name the backward op of the op it extends (rms_norm_amax: rms_norm_backward).
+    nondifferentiable_results: int = 0
     #: parameters written in place by the op.
     mutates: tuple[str, ...] = ()
     #: a static parameter: the op writes its ``mutates`` only when this argument is true (batch
@@ -376,6 +381,7 @@ def declare(
     volatile: Optional[Mapping[str, Callable[[str, str, Any], Any]]] = None,
     autocast: Optional[Autocast] = None,
     compute_bound: bool = False,
+    nondifferentiable_results: int = 0,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare an op from a typed function (its signature is the schema, its docstring the doc).
 
@@ -384,7 +390,8 @@ def declare(
     tensor). ``dtype_from`` names the parameter whose dtype is the op's dtype (default: the first
     tensor parameter). ``autocast``: the op's cast policy under ``torch.autocast`` (:class:`Autocast`).
     ``compute_bound``: the op's time is arithmetic though autocast does not lower it (an FP8 or int8
-    GEMM; see :attr:`OpDecl.compute_bound`).
+    GEMM; see :attr:`OpDecl.compute_bound`). ``nondifferentiable_results``: a trainable op's results
+    after the first that carry no gradient (:attr:`OpDecl.nondifferentiable_results`).
     """
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -403,6 +410,8 @@ def declare(
             raise ValueError(f"op {name!r}: halves names two tensor parameters the backward returns gradients for")
         if (backward is None) != (not grads):
             raise ValueError(f"op {name!r}: a trainable op names both its backward op and the gradients it returns")
+        if nondifferentiable_results and (backward is None or not isinstance(nondifferentiable_results, int) or nondifferentiable_results < 0):
+            raise ValueError(f"op {name!r}: nondifferentiable_results counts results of a trainable op that carry no gradient")
         first_tensor = next((p.name for p in params if p.kind in (Kind.TENSOR, Kind.TENSOR_LIST)), "")
         decl = OpDecl(
             name=name,
@@ -415,6 +424,7 @@ def declare(
             gradients=grads,
             single_gradient=isinstance(gradients, str),
             forward=forward,
+            nondifferentiable_results=int(nondifferentiable_results),
             mutates=tuple(mutates),
             mutates_when=mutates_when,
             mutates_statistics=mutates_statistics,

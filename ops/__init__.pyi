@@ -43,6 +43,7 @@ from .norm import (
     layer_norm_backward as layer_norm_backward,
     rms_norm as rms_norm,
     rms_norm_backward as rms_norm_backward,
+    rms_norm_amax as rms_norm_amax,
 )
 from .attention import (
     softmax as softmax,
@@ -66,6 +67,8 @@ from .fp8 import (
     fp8_quantize_transpose as fp8_quantize_transpose,
     fp8_quantize_amax as fp8_quantize_amax,
     fp8_quantize_transpose_amax as fp8_quantize_transpose_amax,
+    fp8_quantize_from_amax as fp8_quantize_from_amax,
+    fp8_quantize_transpose_from_amax as fp8_quantize_transpose_from_amax,
     fp8_dequantize as fp8_dequantize,
     fp8_scaled_mm as fp8_scaled_mm,
 )
@@ -74,6 +77,7 @@ from .transformer import (
     rotary_embedding_backward as rotary_embedding_backward,
     swiglu as swiglu,
     swiglu_backward as swiglu_backward,
+    swiglu_amax as swiglu_amax,
 )
 from .loss import (
     cross_entropy as cross_entropy,
@@ -106,6 +110,7 @@ __all__ = [
     "layer_norm_backward",
     "rms_norm",
     "rms_norm_backward",
+    "rms_norm_amax",
     "softmax",
     "softmax_backward",
     "scaled_dot_product_attention",
@@ -121,12 +126,15 @@ __all__ = [
     "fp8_quantize_transpose",
     "fp8_quantize_amax",
     "fp8_quantize_transpose_amax",
+    "fp8_quantize_from_amax",
+    "fp8_quantize_transpose_from_amax",
     "fp8_dequantize",
     "fp8_scaled_mm",
     "rotary_embedding",
     "rotary_embedding_backward",
     "swiglu",
     "swiglu_backward",
+    "swiglu_amax",
     "cross_entropy",
     "cross_entropy_backward",
     "linear_cross_entropy",

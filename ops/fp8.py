@@ -1,4 +1,5 @@
-"""FP8: quantisation with the amax reduction fused in, dequantisation, and the scaled GEMM.
+"""FP8: quantisation with the amax reduction fused in (or the amax given, reduced by the op that
+produced x), dequantisation, and the scaled GEMM.
 
 Formats (``format=``): the OCP formats of Hopper and Blackwell, ``"e4m3fn"`` (largest finite value
 448, no infinities, NaN = S.1111.111) and ``"e5m2"`` (57344, IEEE-like infinities and NaNs), and
@@ -273,6 +274,51 @@ def _check_fp8_quantize_transpose_amax(x, scale, format):
     _check_scale_array(op, "scale", scale, ())
 
 
+def _check_amax_array(op: str, amax: Any) -> None:
+    if not is_array(amax) or dtype_name(amax) != "float32":
+        raise c.fail(op, "amax", "a 0-d float32 array (the amax of x, max |float32(x)|)", amax)
+    c.shape_is(op, "amax", amax, (), "() (one amax for the tensor)")
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZE_TOLERANCE)
+def fp8_quantize_from_amax(x: Tensor, amax: Tensor, format: str = "e4m3fn") -> tuple[Tensor, Tensor]:
+    """Quantise x with one current scale computed from a given amax, returning ``(q, scale)``:
+    ``scale = float32(amax) / float32(max_finite)`` (1 where amax is 0; NaN and infinities
+    propagate), ``q = encode(float32(x) / scale)``. amax is a 0-d float32 array; given ``amax = max
+    |float32(x)|``, (q, scale) equal ``fp8_quantize(x, format, "tensor")`` bit for bit.
+
+    Current scaling when the amax of x is known before the cast: reduced by the op that produced x
+    as it wrote it (``rms_norm_amax``, ``swiglu_amax``), so the cast does not read x twice (amax,
+    then encode) and runs as one pass over x, the scale computed where the codes are.
+    """
+
+
+@fp8_quantize_from_amax.checker
+def _check_fp8_quantize_from_amax(x, amax, format):
+    op = "fp8_quantize_from_amax"
+    c.float_dtype(op, "x", x)
+    c.choice(op, "format", format, tuple(FORMATS))
+    _check_amax_array(op, amax)
+
+
+@declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZE_TOLERANCE)
+def fp8_quantize_transpose_from_amax(x: Tensor, amax: Tensor, format: str = "e4m3fn") -> tuple[Tensor, Tensor, Tensor]:
+    """fp8_quantize_from_amax of x (at least 2-D) writing its transpose too, returning ``(q, scale,
+    q_t)``: q and scale as fp8_quantize_from_amax's, q_t contiguous of shape ``(..., K, M)`` the codes
+    of ``x.mT`` with the same scale (``fp8_quantize_transpose(x, format, "tensor")``'s q, scale and
+    q_t bit for bit when ``amax = max |float32(x)|``), from one read of x.
+    """
+
+
+@fp8_quantize_transpose_from_amax.checker
+def _check_fp8_quantize_transpose_from_amax(x, amax, format):
+    op = "fp8_quantize_transpose_from_amax"
+    c.float_dtype(op, "x", x)
+    c.choice(op, "format", format, tuple(FORMATS))
+    c.min_rank(op, "x", x, 2, "(..., M, K): the transpose swaps the last two dimensions")
+    _check_amax_array(op, amax)
+
+
 @declare(dtypes=("uint8",), tolerances=DEQUANTIZE_TOLERANCE)
 def fp8_dequantize(
     q: Tensor,
@@ -425,6 +471,33 @@ def _empty_fp8_quantize_transpose_amax(a: Mapping[str, Any]) -> Any:
     return q, scale, e.zeros(x, _transposed_shape(c.shape_of(x)), "uint8"), amax
 
 
+def current_scale_of(amax: Any, fmt: str) -> Any:
+    """``float32(amax) / float32(max_finite)``, 1 where amax is 0, of a NumPy or torch array (as
+    the empty rules compute it: on the inputs' kind of array)."""
+    top = FORMATS[fmt].max_finite
+    if isinstance(amax, torch.Tensor):
+        a = amax.float()
+        s = a / torch.full((), top, dtype=torch.float32, device=a.device)
+        return torch.where(a == 0, torch.ones_like(s), s)
+    a = np.asarray(amax, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        s = (a / np.float32(top)).astype(np.float32)
+    return np.where(a == 0, np.float32(1), s).astype(np.float32)
+
+
+def _empty_fp8_quantize_from_amax(a: Mapping[str, Any]) -> Any:
+    """Empty bit patterns, and the scale of the given amax (an empty x casts nothing with it)."""
+    x = a["x"]
+    return e.zeros(x, c.shape_of(x), "uint8"), current_scale_of(a["amax"], a["format"])
+
+
+def _empty_fp8_quantize_transpose_from_amax(a: Mapping[str, Any]) -> Any:
+    """fp8_quantize_from_amax's empty results, and empty transposed bit patterns."""
+    x = a["x"]
+    q, scale = _empty_fp8_quantize_from_amax(a)
+    return q, scale, e.zeros(x, _transposed_shape(c.shape_of(x)), "uint8")
+
+
 def _empty_fp8_dequantize(a: Mapping[str, Any]) -> Any:
     return e.zeros(a["q"], c.shape_of(a["q"]), a["out_dtype"])
 
@@ -461,6 +534,8 @@ fp8_quantize.empty(_empty_fp8_quantize)
 fp8_quantize_transpose.empty(_empty_fp8_quantize_transpose)
 fp8_quantize_amax.empty(_empty_fp8_quantize_amax)
 fp8_quantize_transpose_amax.empty(_empty_fp8_quantize_transpose_amax)
+fp8_quantize_from_amax.empty(_empty_fp8_quantize_from_amax)
+fp8_quantize_transpose_from_amax.empty(_empty_fp8_quantize_transpose_from_amax)
 fp8_dequantize.empty(_empty_fp8_dequantize)
 fp8_scaled_mm.empty(_empty_fp8_scaled_mm)
 
@@ -494,6 +569,18 @@ def _fake_fp8_quantize_transpose_amax(a):
             like(x, (), torch.float32))
 
 
+@fp8_quantize_from_amax.fake
+def _fake_fp8_quantize_from_amax(a):
+    x = a["x"]
+    return like(x, dtype=torch.uint8), like(x, (), torch.float32)
+
+
+@fp8_quantize_transpose_from_amax.fake
+def _fake_fp8_quantize_transpose_from_amax(a):
+    x = a["x"]
+    return like(x, dtype=torch.uint8), like(x, (), torch.float32), like(x, _transposed_shape(tuple(x.shape)), torch.uint8)
+
+
 @fp8_dequantize.fake
 def _fake_fp8_dequantize(a):
     return like(a["q"], dtype=getattr(torch, a["out_dtype"]))
@@ -504,4 +591,6 @@ def _fake_fp8_scaled_mm(a):
     return like(a["a"], (a["a"].shape[0], a["b"].shape[0]), getattr(torch, a["out_dtype"]))
 
 
-__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_amax", "fp8_quantize_transpose_amax", "fp8_dequantize", "fp8_scaled_mm", "FORMATS", "format_values", "scale_shape", "granularity_of"]
+__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_amax", "fp8_quantize_transpose_amax", "fp8_quantize_from_amax",
+           "fp8_quantize_transpose_from_amax", "fp8_dequantize", "fp8_scaled_mm", "FORMATS", "format_values", "scale_shape",
+           "granularity_of", "current_scale_of"]

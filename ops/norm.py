@@ -1,4 +1,5 @@
-"""Normalisation over trailing dimensions: layer_norm and rms_norm."""
+"""Normalisation over trailing dimensions: layer_norm and rms_norm (and rms_norm_amax, which also
+reduces its result's amax for an FP8 cast)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,27 @@ def _check_rms_norm_backward(grad_out, x, normalized_shape, weight, eps):
     return {"normalized_shape": shape, "eps": _rms_eps(op, x, eps)}
 
 
+# rms_norm with the amax of its result: the FP8 cast of y under per-tensor current scaling needs
+# max |y| before it can encode; reduced as y is written, that pass over y is saved. Its gradients are
+# rms_norm's, by the same backward op (the amax has none).
+@declare(dtypes=FLOAT_DTYPES, tolerances=REDUCTION, backward="rms_norm_backward", gradients=("x", "weight"), reduction=_norm_k,
+         nondifferentiable_results=1)
+def rms_norm_amax(x: Tensor, normalized_shape: ShapeLike, weight: OptionalTensor = None,
+                  eps: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    """rms_norm that also returns the amax of its result, ``(y, amax)``: y is ``rms_norm(x,
+    normalized_shape, weight, eps)``, amax ``max |float32(y)|`` over all of y, of the values as
+    written in y's dtype (a 0-d float32; NaN propagates, as ``torch.amax``; 0 for an empty y),
+    reduced while y is written. What an FP8 cast of y with one current scale per tensor needs
+    first (``hal.fp8``: a pass over y saved). Gradients are rms_norm's (rms_norm_backward); the
+    amax has none."""
+
+
+@rms_norm_amax.checker
+def _check_rms_norm_amax(x, normalized_shape, weight, eps):
+    shape = _check_norm("rms_norm_amax", x, normalized_shape, {"weight": weight})
+    return {"normalized_shape": shape, "eps": _rms_eps("rms_norm_amax", x, eps)}
+
+
 def _norm_param_grad(a) -> object:
     """grad_weight (or grad_bias) of layer_norm / rms_norm: normalized_shape, the weight's dtype."""
     return param_like(a["weight"], a["x"], a["normalized_shape"])
@@ -152,9 +174,20 @@ def _fake_rms_norm_backward(a):
     return like(a["x"]), _norm_param_grad(a)
 
 
+@rms_norm_amax.fake
+def _fake_rms_norm_amax(a):
+    return like(a["x"]), like(a["x"], (), torch.float32)
+
+
 def _empty_rms_norm_backward(a: Mapping[str, Any]) -> tuple:
     x = a["x"]
     return e.zeros_like(x), e.zeros(x, a["normalized_shape"])
+
+
+def _empty_rms_norm_amax(a: Mapping[str, Any]) -> tuple:
+    """rms_norm's empty result, and amax 0 (the max of nothing, as fp8_quantize_amax's)."""
+    x = a["x"]
+    return e.zeros_like(x), e.zeros(x, (), "float32")
 
 
 # zero-size inputs: each op's empty rule (the dispatcher answers such calls with it, no kernel runs)
@@ -162,6 +195,7 @@ layer_norm.empty(_empty_layer_norm)
 layer_norm_backward.empty(_empty_layer_norm_backward)
 rms_norm.empty(_empty_rms_norm)
 rms_norm_backward.empty(_empty_rms_norm_backward)
+rms_norm_amax.empty(_empty_rms_norm_amax)
 
 
-__all__ = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]
+__all__ = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "rms_norm_amax"]

@@ -11,6 +11,7 @@ from hal.registry import declare
 from hal.types import Tensor
 
 from . import _checks as c
+from . import _empty as e
 from ._fake import like, new_array
 from ._tolerances import ELEMENTWISE, REDUCTION
 
@@ -160,4 +161,34 @@ def _empty_swiglu_backward(a):
     return new_array(gate, c.shape_of(gate), 0.0), new_array(up, c.shape_of(up), 0.0)
 
 
-__all__ = ["rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward"]
+# swiglu with the amax of its result: the input of a Llama MLP's down projection, cast to FP8 with one
+# current scale per tensor, needs max |y| first; reduced as y is written, that pass is saved.
+# Gradients are swiglu's, by the same backward op (the amax has none).
+@declare(dtypes=FLOAT_DTYPES, tolerances=ELEMENTWISE, backward="swiglu_backward", gradients=("gate", "up"),
+         halves=("gate", "up"), nondifferentiable_results=1)
+def swiglu_amax(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    """swiglu that also returns the amax of its result, ``(y, amax)``: y is ``swiglu(gate, up)``,
+    amax ``max |float32(y)|`` over all of y, of the values as written in y's dtype (a 0-d float32;
+    NaN propagates, as ``torch.amax``; 0 for an empty y), reduced while y is written: what an FP8
+    cast of y with one current scale per tensor needs first (``hal.fp8``). Gradients are swiglu's
+    (swiglu_backward); the amax has none."""
+
+
+@swiglu_amax.checker
+def _check_swiglu_amax(gate, up):
+    _check_swiglu("swiglu_amax", gate, up)
+
+
+@swiglu_amax.fake
+def _fake_swiglu_amax(a):
+    return like(a["gate"], torch.broadcast_shapes(a["gate"].shape, a["up"].shape)), like(a["gate"], (), torch.float32)
+
+
+@swiglu_amax.empty
+def _empty_swiglu_amax(a):
+    """swiglu's empty result, and amax 0 (the max of nothing)."""
+    gate = a["gate"]
+    return new_array(gate, broadcast_shape("swiglu_amax", gate, a["up"], "gate", "up")), e.zeros(gate, (), "float32")
+
+
+__all__ = ["rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward", "swiglu_amax"]

@@ -1,5 +1,7 @@
 """Cases of fp8_quantize, fp8_quantize_transpose, their given-scale variants that reduce the amax
-(fp8_quantize_amax, fp8_quantize_transpose_amax), fp8_dequantize and fp8_scaled_mm, in every format.
+(fp8_quantize_amax, fp8_quantize_transpose_amax), their variants given the amax
+(fp8_quantize_from_amax, fp8_quantize_transpose_from_amax: x's own, above and below it, 0, NaN and
+infinite), fp8_dequantize and fp8_scaled_mm, in every format.
 
 Quantisation is specified step by step in float32 (ops/fp8.py), so its cases are ``exact``: bit
 patterns and scales must equal the reference's. Its data mixes normal values with edge values
@@ -193,6 +195,52 @@ QUANTIZE_TRANSPOSE_AMAX += [
 ]
 
 
+def from_amax_args(d: Draw, shape: tuple[int, ...], format: str = "e4m3fn", amax: str = "of_x", transpose: bool = False,
+                   std: float = 1.0, specials: bool = False, layout: str = "contiguous") -> Call:
+    """fp8_quantize_from_amax (``transpose``: fp8_quantize_transpose_from_amax) of normal data with
+    the amax given: ``"of_x"`` x's own (then the codes and scale are fp8_quantize's current
+    scaling's), ``"above"`` three times it (a scale with headroom), ``"below"`` a quarter of it
+    (values past it saturate), ``"zero"`` (scale 1), ``"nan"`` / ``"inf"`` (the scale propagates
+    them: NaN codes, or zeros); ``specials``: a NaN and infinities in x (its amax is NaN)."""
+    raw = std * d.rng.standard_normal(shape)
+    if specials and raw.size >= 3:
+        raw.reshape(-1)[:3] = (math.inf, math.nan, -math.inf)
+        d.rng.shuffle(raw.reshape(-1))
+    x = d.tensor(raw, layout=layout)
+    values = np.abs(_host_copy(x).astype(np.float32))
+    of_x = float(np.max(values, initial=np.float32(0)))
+    given = {"of_x": of_x, "above": 3.0 * of_x, "below": 0.25 * of_x, "zero": 0.0, "nan": math.nan, "inf": math.inf}[amax]
+    args = {"x": x, "amax": d.tensor(np.float32(given), dtype="float32"), "format": format}
+    results = ("uint8", "float32", "uint8") if transpose else ("uint8", "float32")
+    return Call(args, result_dtypes=results, keep_dtype=("amax",), exact=True)
+
+
+QUANTIZE_FROM_AMAX, QUANTIZE_TRANSPOSE_FROM_AMAX = [], []
+for _f in FORMAT_NAMES:
+    _quick = _f in ("e4m3fn", "e4m3fnuz")
+    for _t, _cases in ((False, QUANTIZE_FROM_AMAX), (True, QUANTIZE_TRANSPOSE_FROM_AMAX)):
+        _cases += [
+            case(f"{_f}_amax_of_x", from_amax_args, quick=_quick, shape=(12, 40), format=_f, transpose=_t, std=30.0),
+            case(f"{_f}_amax_below_saturates", from_amax_args, shape=(5, 24), format=_f, amax="below", transpose=_t),
+        ]
+for _t, _cases in ((False, QUANTIZE_FROM_AMAX), (True, QUANTIZE_TRANSPOSE_FROM_AMAX)):
+    _cases += [
+        case("amax_above", from_amax_args, shape=(7, 33), amax="above", transpose=_t),
+        case("amax_zero", from_amax_args, shape=(6, 10), format="e5m2", amax="zero", transpose=_t, std=1e-3),
+        case("amax_nan", from_amax_args, shape=(4, 9), amax="nan", transpose=_t),
+        case("amax_inf", from_amax_args, shape=(4, 9), format="e5m2", amax="inf", transpose=_t),
+        case("nan_inf_in_x", from_amax_args, shape=(5, 12), format="e4m3fnuz", transpose=_t, specials=True),
+        case("batched_3d", from_amax_args, shape=(3, 17, 50), format="e5m2fnuz", transpose=_t, std=0.01),
+        case("noncontig", from_amax_args, shape=(6, 9, 12), layout="noncontig", transpose=_t),
+        case("empty_rows", from_amax_args, quick=True, shape=(0, 5), amax="above", transpose=_t),
+    ]
+QUANTIZE_FROM_AMAX += [
+    case("vector", from_amax_args, shape=(257,), format="e5m2"),
+    case("scalar", from_amax_args, shape=(), format="e4m3fnuz", std=3.0),
+]
+QUANTIZE_TRANSPOSE_FROM_AMAX += [case("empty_batch", from_amax_args, shape=(0, 4, 6), format="e5m2", transpose=True)]
+
+
 def dequantize_args(
     d: Draw, shape: tuple[int, ...], format: str = "e4m3fn", granularity: str = "tensor", block_size: int = 128,
     out_dtype: str = "float32", number: bool = False, layout: str = "contiguous", finite: bool = False,
@@ -291,6 +339,8 @@ CASES = {
     "fp8_quantize_transpose": QUANTIZE_TRANSPOSE,
     "fp8_quantize_amax": QUANTIZE_AMAX,
     "fp8_quantize_transpose_amax": QUANTIZE_TRANSPOSE_AMAX,
+    "fp8_quantize_from_amax": QUANTIZE_FROM_AMAX,
+    "fp8_quantize_transpose_from_amax": QUANTIZE_TRANSPOSE_FROM_AMAX,
     "fp8_dequantize": DEQUANTIZE,
     "fp8_scaled_mm": SCALED_MM,
 }

@@ -1,4 +1,5 @@
-"""Cases of layer_norm, rms_norm and their backward ops.
+"""Cases of layer_norm, rms_norm and their backward ops, and of rms_norm_amax (rms_norm's cases,
+and a NaN/infinite row and a negative peak for its amax).
 
 Besides transformer widths and odd sizes: long rows (reductions of 16k), normalisation over two
 dimensions and over a single element, a large common offset (mean 100, unit spread: the variance
@@ -9,6 +10,8 @@ values whose squares overflow float16 (a half-precision kernel must accumulate i
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Optional
 
 from . import Call, Draw, Table, backward_call, case, from_table
@@ -70,9 +73,34 @@ def _cases(op: str, backward: bool) -> list:
     return out
 
 
+def _amax_call(d: Draw, specials: str = "", **kw: Any) -> Call:
+    """rms_norm_amax: rms_norm's arguments; its results are y (the case dtype) and a float32 amax.
+    ``specials``: "nan_row" puts a NaN in one row and an infinity in another (their rows of y are
+    NaN: amax NaN), "negative_peak" makes the largest |y| a negative value far above the rest."""
+    call = norm_args(d, "rms_norm", **kw)
+    x = call.args["x"]
+    if specials == "nan_row":
+        x[1, 3], x[2, 0] = math.nan, -math.inf
+    elif specials == "negative_peak":
+        x[-1, -1] = -40.0 * float(x.abs().max())
+    return dataclasses.replace(call, result_dtypes=(d.float_dtype, "float32"))
+
+
+def _amax_cases() -> list:
+    """rms_norm's cases (forward rows of its table) with the amax result, and its value edges."""
+    out = from_table(SHAPES, _amax_call)
+    out += [
+        case("default_eps", _amax_call, quick=True, shape=(3, 64), eps=None),
+        case("nan_row", _amax_call, shape=(4, 40), specials="nan_row"),
+        case("negative_peak", _amax_call, shape=(6, 96), specials="negative_peak"),
+    ]
+    return out
+
+
 CASES = {
     "layer_norm": _cases("layer_norm", False),
     "layer_norm_backward": _cases("layer_norm", True),
     "rms_norm": _cases("rms_norm", False),
     "rms_norm_backward": _cases("rms_norm", True),
+    "rms_norm_amax": _amax_cases(),
 }

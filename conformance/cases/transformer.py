@@ -5,11 +5,14 @@ rotary_embedding: Llama's layout (B, H, T, D) with one (T, D/2) table, the Huggi
 interleaved pairs (GPT-J), float32 tables beside half-precision x, odd sizes, 2-D and 3-D x and an
 empty sequence. Angles are real rotary angles (position times frequency), so |cos|, |sin| <= 1.
 swiglu: Llama MLP widths, the halves of a packed gate-and-up projection, broadcasting, gates far
-into silu's tails (-30..30) and an empty batch.
+into silu's tails (-30..30) and an empty batch; swiglu_amax: swiglu's cases, and infinite and NaN
+gates for its amax.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -85,9 +88,29 @@ SWIGLU = {
     "empty_batch": (dict(gate=(0, 8), up=(0, 8)), False),
 }
 
+def _swiglu_amax(d: Draw, specials: str = "", **kw: Any) -> Call:
+    """swiglu_amax: swiglu's arguments; its results are y (the case dtype) and a float32 amax.
+    ``specials``: "inf" makes one gate +inf (y infinite there: amax inf), "nan" adds a NaN gate and
+    a -inf gate (silu(-inf) * up is NaN: amax NaN)."""
+    call = swiglu_args(d, **kw)
+    g = call.args["gate"]
+    if specials == "inf":
+        g[0, 2] = math.inf
+    elif specials == "nan":
+        g[1, 1], g[2, 4] = math.nan, -math.inf
+    return dataclasses.replace(call, result_dtypes=(d.float_dtype, "float32"))
+
+
+SWIGLU_AMAX = {
+    **{n: (kw, q) for n, (kw, q) in SWIGLU.items()},
+    "inf_gate": (dict(gate=(4, 33), up=(4, 33), specials="inf"), False),
+    "nan_gate": (dict(gate=(4, 33), up=(4, 33), specials="nan"), False),
+}
+
 CASES = {
     "rotary_embedding": [case(n, rotary_args, quick=q, **kw) for n, (kw, q) in ROTARY.items()],
     "rotary_embedding_backward": [case(n, _rotary_backward, quick=q, **kw) for n, (kw, q) in ROTARY.items()],
     "swiglu": [case(n, swiglu_args, quick=q, **kw) for n, (kw, q) in SWIGLU.items()],
     "swiglu_backward": [case(n, _swiglu_backward, quick=q, **kw) for n, (kw, q) in SWIGLU.items()],
+    "swiglu_amax": [case(n, _swiglu_amax, quick=q, **kw) for n, (kw, q) in SWIGLU_AMAX.items()],
 }

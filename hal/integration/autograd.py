@@ -13,7 +13,9 @@ the backward calls it positionally, with no per-call loops over a generic descri
 profile or ``y.grad_fn`` the node is ``Hal<Op>Backward``. Its source is registered with
 ``linecache``, so tracebacks show it. An op declaring ``halves`` (swiglu's gate and up) gets a second
 node for calls whose two tensors are the halves of one (``h.chunk(2, -1)``): it differentiates that
-tensor, so a backward kernel's single buffer of both gradients reaches it with no concatenation. The backward op is decided under the ``hal.use`` scope
+tensor, so a backward kernel's single buffer of both gradients reaches it with no concatenation. An op
+declaring ``nondifferentiable_results`` (rms_norm_amax's amax) returns its tuple from the node with
+those results marked non-differentiable; the backward op gets the first result's gradient. The backward op is decided under the ``hal.use`` scope
 (and :func:`hal.graphs.device_bound`) the forward ran in, unless the backward's caller has its own:
 torch runs the backward of CUDA tensors on its device threads, which see no scope of the caller's.
 
@@ -60,12 +62,15 @@ def _node_source(decl: OpDecl, halves: bool = False) -> str:
     when = f"a{decl.index(decl.mutates_when)}" if decl.mutates_when else "True"
     fwd = [f"def forward(ctx, run, {'base, ' if halves else ''}{args}):", "    armed = _kept.armed  # kernels keep for the backward op (hal.integration.kept)",
            "    _kept.armed = True", "    try:", f"        out = run({args})", "    finally:", "        _kept.armed = armed"]
+    extra = decl.nondifferentiable_results
+    if extra:  # results after the first carry no gradient (an amax reduced beside the output)
+        fwd.append("    ctx.mark_non_differentiable(*out[1:])")
     tensors, values = [], []  # expressions saved with save_for_backward / kept as plain values
     unpack, keep = [], []  # the names the backward gives them
     per_call = []  # needs decided per call (a number or a tensor): tensor part s{j}, number part k{j}
     for j, name in enumerate(spec.needs):
         if name == OUT:
-            tensors.append("out")
+            tensors.append("out[0]" if extra else "out")
             unpack.append(f"v{j}")
             continue
         i = decl.index(name)
@@ -93,7 +98,7 @@ def _node_source(decl: OpDecl, halves: bool = False) -> str:
     fwd += [f"    ctx.hal = ({''.join(v + ', ' for v in values)}), ({flags}), _local.overrides if _scopes[0] else None",
             "    return out", ""]
 
-    bwd = ["def _backward(ctx, grad_out):"]
+    bwd = [f"def _backward(ctx, grad_out{', *_' if extra else ''}):"]  # the results without gradient get none
     if unpack:
         bwd.append(f"    {''.join(u + ', ' for u in unpack)}= ctx.saved_tensors")
     bwd.append(f"    ({''.join(k + ', ' for k in keep)}), given, scope = ctx.hal")
@@ -166,8 +171,9 @@ def _node_class(decl: OpDecl, halves: bool = False) -> type:
     second_order = once_differentiable(body)  # create_graph=True: results that raise if differentiated
     grad_enabled = torch.is_grad_enabled
 
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
-        return second_order(ctx, grad_out) if grad_enabled() else body(ctx, grad_out)
+    def backward(ctx: Any, grad_out: torch.Tensor, *rest: Any) -> tuple:
+        # rest: the (unused) gradients of results declared without one (nondifferentiable_results)
+        return second_order(ctx, grad_out, *rest) if grad_enabled() else body(ctx, grad_out, *rest)
 
     camel = "".join(part.capitalize() for part in decl.name.split("_"))
     cls = type(

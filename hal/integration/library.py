@@ -346,12 +346,14 @@ def _register_autograd(top: TorchOp, bwd: TorchOp) -> None:
     spec = gradients_of(decl)
     twin = top.mutating is not None
 
+    extra = decl.nondifferentiable_results  # results after the first without gradient (an amax)
+
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         args = top.decode(inputs)
-        out = output[0] if twin else output
+        out = output[0] if (twin or extra) else output
         values = spec.saved(decl.bind(args), out)
         where = [j for j, v in enumerate(values) if isinstance(v, torch.Tensor)]
-        if twin:
+        if twin or extra:
             ctx.mark_non_differentiable(*output[1:])
         ctx.save_for_backward(*(values[j] for j in where))
         ctx.hal = (values, where, [isinstance(args[decl.index(n)], torch.Tensor) for n in decl.gradients])
@@ -379,9 +381,11 @@ def _link_autograd(decl: OpDecl) -> None:
     if decl.trainable and not top.has_autograd and decl.backward in TORCH_OPS:
         _register_autograd(top, TORCH_OPS[decl.backward])
     if decl.forward is not None:
-        fwd = TORCH_OPS.get(decl.forward)
-        if fwd is not None and fwd.autograd_name and not fwd.has_autograd:
-            _register_autograd(fwd, top)
+        # its forward op, and any op that extends it with results without gradient (rms_norm_amax
+        # names rms_norm_backward), registered before it
+        for other in TORCH_OPS.values():
+            if other.decl.backward == decl.name and other.autograd_name and not other.has_autograd:
+                _register_autograd(other, top)
 
 
 def register_op(decl: OpDecl) -> None:

@@ -97,4 +97,4 @@ def gpu_has_fp8(inputs: Inputs) -> list[str]:
 #: the capability check of each FP8 op's kernels that emulate FP8 with torch's ops (the eager
 #: backend's, and their twins registered by the GPU plugins)
 FP8_CHECKS = {op: gpu_has_fp8 for op in ("fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_amax", "fp8_quantize_transpose_amax",
-                                         "fp8_dequantize", "fp8_scaled_mm")}
+                                         "fp8_quantize_from_amax", "fp8_quantize_transpose_from_amax", "fp8_dequantize", "fp8_scaled_mm")}

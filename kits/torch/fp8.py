@@ -64,9 +64,7 @@ def amax(x32: torch.Tensor, granularity: str, block_size: int) -> torch.Tensor:
 def fp8_quantize(x: torch.Tensor, format: str, granularity: str, scale: Optional[torch.Tensor], block_size: int) -> tuple:
     x32 = x.float()
     if scale is None:
-        group = amax(x32, granularity, block_size)
-        s = group / torch.tensor(FORMATS[format].max_finite, dtype=torch.float32, device=x.device)
-        scale = torch.where(group == 0, torch.ones_like(s), s)
+        scale = _current_scale(amax(x32, granularity, block_size), format)
     else:
         scale = scale.float().clone()
     return encode(x32 / expand(scale, x32.shape, block_size), format).contiguous(), scale.contiguous()
@@ -93,6 +91,23 @@ def fp8_quantize_transpose_amax(x: torch.Tensor, scale: torch.Tensor, format: st
     x32 = x.float()
     q, s, q_t, _ = fp8_quantize_transpose(x32, format, "tensor", scale, 128)
     return q, s, q_t, amax(x32, "tensor", 128).contiguous()
+
+
+def _current_scale(group: torch.Tensor, format: str) -> torch.Tensor:
+    """``amax / max_finite`` (a device tensor divisor: an IEEE division), 1 where amax is 0."""
+    s = group / torch.tensor(FORMATS[format].max_finite, dtype=torch.float32, device=group.device)
+    return torch.where(group == 0, torch.ones_like(s), s)
+
+
+def fp8_quantize_from_amax(x: torch.Tensor, amax: torch.Tensor, format: str) -> tuple:
+    """fp8_quantize with the current scale of the given amax."""
+    return fp8_quantize(x, format, "tensor", _current_scale(amax.float(), format), 128)
+
+
+def fp8_quantize_transpose_from_amax(x: torch.Tensor, amax: torch.Tensor, format: str) -> tuple:
+    """fp8_quantize_transpose's q, scale and q_t with the current scale of the given amax."""
+    q, s, q_t, _ = fp8_quantize_transpose(x, format, "tensor", _current_scale(amax.float(), format), 128)
+    return q, s, q_t
 
 
 def fp8_dequantize(q: torch.Tensor, scale: Scalar, format: str, block_size: int, out_dtype: str) -> torch.Tensor:
@@ -127,4 +142,5 @@ def fp8_scaled_mm(
     return out.to(torch_dtype(out_dtype))
 
 
-__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_amax", "fp8_quantize_transpose_amax", "fp8_dequantize", "fp8_scaled_mm"]
+__all__ = ["fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_amax", "fp8_quantize_transpose_amax", "fp8_quantize_from_amax",
+           "fp8_quantize_transpose_from_amax", "fp8_dequantize", "fp8_scaled_mm"]

@@ -22,6 +22,20 @@ def rms_norm(x: torch.Tensor, normalized_shape: tuple[int, ...], weight: Optiona
     return F.rms_norm(x, normalized_shape, weight, eps)
 
 
+def amax_of(y: torch.Tensor) -> torch.Tensor:
+    """max |float32(y)| as a 0-d float32 without gradient (NaN propagates; 0 for an empty y): the
+    max in y's dtype, then rounded (rounding is monotone, so that is the max of the rounded values)."""
+    a = y.detach().abs()
+    return (a.amax() if a.numel() else a.new_zeros(())).float()
+
+
+def rms_norm_amax(x: torch.Tensor, normalized_shape: tuple[int, ...], weight: Optional[torch.Tensor], eps: float) -> tuple:
+    """F.rms_norm and the amax of its result (a second pass over y here: eager torch has no norm
+    that reduces; torch.compile fuses the two)."""
+    y = F.rms_norm(x, normalized_shape, weight, eps)
+    return y, amax_of(y)
+
+
 def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().requires_grad_(True)
 
@@ -61,4 +75,4 @@ def rms_norm_backward(
         return torch.autograd.grad(y, (xl, w), grad_out)
 
 
-__all__ = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]
+__all__ = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "rms_norm_amax"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .norm import amax_of
+
 
 def _compute(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -34,6 +36,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def swiglu_amax(gate: torch.Tensor, up: torch.Tensor) -> tuple:
+    """F.silu(gate) * up and the amax of its result (see hal_torch.norm.amax_of)."""
+    y = F.silu(gate) * up
+    return y, amax_of(y)
+
+
 def swiglu_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple:
     """d silu(g)/dg = s (1 + g (1 - s)), s = sigmoid(g), in float32 (float64), summed back over
     broadcast dimensions before the one rounding (no autograd graph: it also runs where autograd is
@@ -46,4 +54,4 @@ def swiglu_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
     return grad_gate.to(gate.dtype), grad_up.to(up.dtype)
 
 
-__all__ = ["rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward"]
+__all__ = ["rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward", "swiglu_amax"]

@@ -91,12 +91,19 @@ def _elementwise() -> Iterator[Spec]:
 def _norm() -> Iterator[Spec]:
     for rms in (False, True):
         v = "rms" if rms else "layer"
-        yield _spec("norm", "norm_fwd_tile_kernel", v, x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16",
-                    **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=not rms, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
+        yield _spec("norm", "norm_fwd_tile_kernel", v, x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", amax_ptr="*bf16",
+                    **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=not rms, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32,
+                    AMAX=False)
         yield _spec("norm", "norm_bwd_tile_kernel", v, g_ptr="*bf16", x_ptr="*bf16", w_ptr="*bf16", dx_ptr="*bf16",
                     part_ptr="*fp32", **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
-    yield _spec("norm", "norm_fwd_loop_kernel", "fp32", x_ptr="*fp32", w_ptr="*fp32", b_ptr="*fp32", y_ptr="*fp32",
-                N="i32", eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=True, RMS=False, BLOCK_N=2048, COMPUTE=F32)
+    # rms_norm_amax: the amax of y (as written) atomically maxed into an int32 word
+    yield _spec("norm", "norm_fwd_tile_kernel", "rms, amax", x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", amax_ptr="*i32",
+                **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=False, RMS=True, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32,
+                AMAX=True)
+    yield _spec("norm", "norm_fwd_loop_kernel", "fp32", x_ptr="*fp32", w_ptr="*fp32", b_ptr="*fp32", y_ptr="*fp32", amax_ptr="*fp32",
+                N="i32", eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=True, RMS=False, BLOCK_N=2048, COMPUTE=F32, AMAX=False)
+    yield _spec("norm", "norm_fwd_loop_kernel", "fp32 rms, amax", x_ptr="*fp32", w_ptr="*fp32", b_ptr="*fp32", y_ptr="*fp32",
+                amax_ptr="*i32", N="i32", eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=False, RMS=True, BLOCK_N=2048, COMPUTE=F32, AMAX=True)
     yield _spec("norm", "norm_bwd_loop_kernel", "fp32", g_ptr="*fp32", x_ptr="*fp32", w_ptr="*fp32", dx_ptr="*fp32",
                 part_ptr="*fp32", **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, RMS=False, BLOCK_N=2048, COMPUTE=F32)
 
@@ -239,8 +246,10 @@ def _transformer() -> Iterator[Spec]:
                     div16=("HALF", *strides), x_ptr="*bf16", c_ptr="*fp32", s_ptr="*fp32", y_ptr="*bf16", **_ints("R", "T", "B", "HALF"), **strides,
                     sxd=1, syd=1, scd=1, ssd=1, INTERLEAVED=interleaved, NEGATE_SIN=interleaved, BLOCK_R=16, BLOCK_H=64, COMPUTE=F32)
     rows = ("R", "C", "col_blocks")
-    yield _spec("transformer", "swiglu_kernel", "bf16 rows", div16=("C", "sg", "su", "sy"), g_ptr="*bf16", u_ptr="*bf16",
-                y_ptr="*bf16", **_ints(*rows, "sg", "su", "sy"), BLOCK_R=2, BLOCK_C=2048, COMPUTE=F32)
+    for amax in (False, True):  # swiglu, and swiglu_amax (the amax of y into an int32 word)
+        yield _spec("transformer", "swiglu_kernel", "bf16 rows" + (", amax" if amax else ""), div16=("C", "sg", "su", "sy"), g_ptr="*bf16",
+                    u_ptr="*bf16", y_ptr="*bf16", amax_ptr="*i32" if amax else "*bf16", **_ints(*rows, "sg", "su", "sy"), BLOCK_R=2,
+                    BLOCK_C=2048, COMPUTE=F32, AMAX=amax)
     yield _spec("transformer", "swiglu_bwd_kernel", "fp16 flat", div16=("C", "so", "sg", "su", "sdg", "sdu"), go_ptr="*fp16",
                 g_ptr="*fp16", u_ptr="*fp16", dg_ptr="*fp16", du_ptr="*fp16", **_ints(*rows, "so", "sg", "su", "sdg", "sdu"),
                 BLOCK_R=1, BLOCK_C=1024, COMPUTE=F32)

@@ -14,7 +14,9 @@ NaN propagating exactly, and reductions across programs are ``atomic_max`` on in
 amax of current scaling: one float32 word on the device, read by the cast kernel, which computes
 the scale there: no host synchronisation, so it runs under CUDA graph capture). Delayed scaling's
 cast (a given scale, :func:`quantize_amax`) reduces the same way inside the encode kernel
-(``AMAX``): each program maxes its tile's word into one zeroed int32, so x is read once.
+(``AMAX``): each program maxes its tile's word into one zeroed int32, so x is read once. Where the
+amax of x was reduced by the op that wrote x (``rms_norm_amax``, ``swiglu_amax``: the same bits),
+:func:`quantize_from_amax` hands that word to the cast kernel in place of :func:`_amax`'s.
 
 **Encoding.** On a GPU (``HW=True``) the cast is the hardware's round-to-nearest-even conversion
 (``cvt.rn.satfinite.e4m3x2.f32`` on sm_89+, ``v_cvt_pk_fp8_f32`` / ``v_cvt_pk_bf8_f32`` on gfx942)
@@ -559,6 +561,32 @@ def quantize_amax(x: torch.Tensor, fmt: str, scale: torch.Tensor, transpose: boo
     return (q, s, qt, amax) if transpose else (q, s, amax)
 
 
+def quantize_from_amax(x: torch.Tensor, fmt: str, amax: torch.Tensor, transpose: bool, hw: bool, block_elems: int,
+                       num_warps: int) -> tuple:
+    """fp8_quantize_from_amax ((q, scale)) or fp8_quantize_transpose_from_amax ((q, scale, q_t)):
+    current scaling's cast (``S_TENSOR_AMAX``) with the amax word given instead of reduced here: the
+    encode kernel computes the scale from its float32 bits as after :func:`_amax` (the same
+    ``_scale_of``), so the codes and scale are fp8_quantize's bit for bit, from one pass over x."""
+    x3, nb, m, k = _batched(x)
+    dev = x.device
+    q = torch.empty(x3.shape, dtype=torch.uint8, device=dev)
+    qt = torch.empty(x3.shape[:-2] + (k, m), dtype=torch.uint8, device=dev) if transpose else q
+    s = torch.empty((), dtype=torch.float32, device=dev)
+    word = amax.float().reshape(1).contiguous().view(torch.int32)
+    if x3.numel():
+        _encode_launch(x3, q, qt, s, s, word, word, m, k, nb, S_TENSOR_AMAX, fmt, transpose, hw, block_elems, num_warps)
+    else:  # no program to write the scale
+        s.copy_(_scale_word(word, fmt))
+    q = q.view(x.shape)
+    return (q, s, qt) if transpose else (q, s)
+
+
+def _scale_word(word: torch.Tensor, fmt: str) -> torch.Tensor:
+    from hal.ops.fp8 import current_scale_of
+
+    return current_scale_of(word.view(torch.float32).reshape(()), fmt)
+
+
 def dequantize(q: torch.Tensor, scale, fmt: str, block_size: int, out_dtype: torch.dtype, block_elems: int, num_warps: int) -> torch.Tensor:
     """fp8_dequantize: ``decode(q) * scale`` rounded to ``out_dtype`` (scale a number or float32 scales)."""
     q3, nb, m, k = _batched(q)
@@ -610,4 +638,4 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: 
     return out
 
 
-__all__ = ["quantize", "quantize_amax", "dequantize", "scaled_mm", "FORMAT_IDS"]
+__all__ = ["quantize", "quantize_amax", "quantize_from_amax", "dequantize", "scaled_mm", "FORMAT_IDS"]

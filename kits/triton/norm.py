@@ -7,6 +7,10 @@ x is seen as an (M, N) row-major matrix. Two kernel shapes per direction:
 - loop: one row per program in BLOCK_N chunks, for rows too long for registers (the row is read
   two or three times; the re-reads mostly hit L2).
 
+The forward kernels optionally reduce the amax of what they write (``AMAX``, rms_norm_amax: the
+FP8 cast of y under per-tensor current scaling then needs no pass over y to find it): each program
+maxes the float32 bits of its largest |y| into one int32 word (:func:`amax_bits`).
+
 The backward recomputes the statistics from x. Programs of the backward are persistent: each takes
 every P-th block of rows and accumulates its partial grad_weight / grad_bias in registers (tile) or
 in its own row of a partial buffer (loop); the host sums the P partial rows.
@@ -14,7 +18,7 @@ in its own row of a partial buffer (loop); the host sums the P partial rows.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import triton
@@ -35,12 +39,24 @@ def _stats(x, mask, N, eps, RMS: tl.constexpr):
     return xc, 1.0 / tl.sqrt(var + eps)
 
 
+@triton.jit
+def amax_bits(y, mask):
+    """The largest float32 bits of ``|y|`` over the entries of a 2-D tile where ``mask`` holds, as
+    int32: the bits of a non-negative float order like its values and a NaN's lie above every other
+    (infinity included), with -0.0 as +0.0; so an int32 ``atomic_max`` of them across programs is the
+    amax with NaN propagating (one zeroed word, read back as float32). ``y`` as written (its dtype)."""
+    bits = y.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return tl.max(tl.max(tl.where(mask, bits, 0), axis=1), axis=0)
+
+
 @triton.jit(do_not_specialize=["M"])
 def norm_fwd_tile_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, M, N, eps, eps_lo,
+    x_ptr, w_ptr, b_ptr, y_ptr, amax_ptr, M, N, eps, eps_lo,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr, AMAX: tl.constexpr,
 ):
+    """BLOCK_M rows a program; AMAX: the tile's largest |y| (as written) maxed into the int32 word at
+    amax_ptr (:func:`amax_bits`)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -53,7 +69,10 @@ def norm_fwd_tile_kernel(
         y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(COMPUTE)[None, :]
     if HAS_B:
         y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(COMPUTE)[None, :]
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    out = y.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + offs, out, mask=mask)
+    if AMAX:
+        tl.atomic_max(amax_ptr, amax_bits(out, mask))
 
 
 @triton.jit
@@ -76,12 +95,16 @@ def _row_stats_loop(row_ptr, N, eps, RMS: tl.constexpr, BLOCK_N: tl.constexpr, C
 
 @triton.jit
 def norm_fwd_loop_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, N, eps, eps_lo,
+    x_ptr, w_ptr, b_ptr, y_ptr, amax_ptr, N, eps, eps_lo,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
+    AMAX: tl.constexpr,
 ):
+    """One long row a program; AMAX: the row's largest |y| into the word at amax_ptr, once."""
     base = tl.program_id(0).to(tl.int64) * N
     mean, rstd = _row_stats_loop(x_ptr + base, N, tl.cast(eps, COMPUTE) + tl.cast(eps_lo, COMPUTE), RMS, BLOCK_N, COMPUTE)
     cols = tl.arange(0, BLOCK_N)
+    if AMAX:
+        top = tl.zeros([BLOCK_N], dtype=tl.int32)
     for start in range(0, N, BLOCK_N):
         c = start + cols
         m = c < N
@@ -90,7 +113,13 @@ def norm_fwd_loop_kernel(
             y = y * tl.load(w_ptr + c, mask=m, other=0.0).to(COMPUTE)
         if HAS_B:
             y = y + tl.load(b_ptr + c, mask=m, other=0.0).to(COMPUTE)
-        tl.store(y_ptr + base + c, y.to(y_ptr.dtype.element_ty), mask=m)
+        out = y.to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + base + c, out, mask=m)
+        if AMAX:
+            bits = out.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            top = tl.maximum(top, tl.where(m, bits, 0))
+    if AMAX:
+        tl.atomic_max(amax_ptr, tl.max(top, axis=0))
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -200,24 +229,29 @@ def norm_forward(
     block_m: int,
     block_n: int,
     num_warps: int,
-) -> torch.Tensor:
+    amax: bool = False,
+) -> Any:
     """Normalise each run of the last ``n`` elements of x. ``block_n >= n`` runs the tile kernel
-    (``block_m`` rows a program), a smaller ``block_n`` the loop kernel (one row a program)."""
+    (``block_m`` rows a program), a smaller ``block_n`` the loop kernel (one row a program).
+    ``amax``: return ``(y, amax)``, amax ``max |float32(y)|`` (0-d float32) reduced by the same
+    kernel as it writes y (one zeroed int32 word of float32 bits, atomically maxed per program)."""
     x2 = _dense(x)
     m = x2.numel() // n if n else 0
     y = torch.empty_like(x2)
     w = _dense(weight) if weight is not None else x2
     b = _dense(bias) if bias is not None else x2
+    word = torch.zeros(1, dtype=torch.int32, device=x.device) if amax else y  # (unread without AMAX)
 
     def build() -> LaunchPlan:
-        flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype))
+        flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype), AMAX=amax)
         if block_n >= n:
             return LaunchPlan(norm_fwd_tile_kernel, (cdiv(m, block_m),), (m, n, *split_f64(eps)),
                               num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
         return LaunchPlan(norm_fwd_loop_kernel, (m,), (n, *split_f64(eps)), num_warps=num_warps, BLOCK_N=block_n, **flags)
 
-    _PLANS.get_or_build((0, m, n, x.dtype, weight is None, bias is None, eps, rms, block_m, block_n, num_warps), build)(x2, w, b, y)
-    return y
+    key = (0, m, n, x.dtype, weight is None, bias is None, eps, rms, block_m, block_n, num_warps, amax)
+    _PLANS.get_or_build(key, build)(x2, w, b, y, word)
+    return (y, word.view(torch.float32).reshape(())) if amax else y
 
 
 def norm_backward(

@@ -9,7 +9,8 @@ has x's memory layout.
 swiglu: gate and up of one shape, either dense in one layout (walked as flat memory; the result
 keeps that layout) or rows of their last dimension, each with its own row stride: the two halves of
 a packed gate-and-up projection are read where they lie, and their gradients written as the two
-halves of one new tensor. Broadcasting inputs are left to the vendor plugins' torch kernels.
+halves of one new tensor. Broadcasting inputs are left to the vendor plugins' torch kernels. The
+forward optionally reduces the amax of what it writes (swiglu_amax, for the FP8 cast of y).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import triton.language as tl
 from hal.arrays import dense_alike, halves_of
 
 from ._launch import LaunchPlan, Plans, cdiv, compute_dtype, next_pow2
+from .norm import amax_bits
 from .layouts import four_dims, rotary_geometry, storage_view, swiglu_geometry
 
 
@@ -114,13 +116,18 @@ def _row_tile(R, C, col_blocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def swiglu_kernel(g_ptr, u_ptr, y_ptr, R, C, sg, su, sy, col_blocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                  COMPUTE: tl.constexpr):
+def swiglu_kernel(g_ptr, u_ptr, y_ptr, amax_ptr, R, C, sg, su, sy, col_blocks, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                  COMPUTE: tl.constexpr, AMAX: tl.constexpr):
+    """AMAX (swiglu_amax): the tile's largest |y| (as written) maxed into the int32 word at amax_ptr
+    (:func:`hal_triton.norm.amax_bits`), so the FP8 cast of y finds its amax without a pass."""
     r, c, mask = _row_tile(R, C, col_blocks, BLOCK_R, BLOCK_C)
     g = tl.load(g_ptr + r * sg + c, mask=mask, other=0.0).to(COMPUTE)
     u = tl.load(u_ptr + r * su + c, mask=mask, other=0.0).to(COMPUTE)
     silu, _ = _silu_parts(g)
-    tl.store(y_ptr + r * sy + c, (silu * u).to(y_ptr.dtype.element_ty), mask=mask)
+    out = (silu * u).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + r * sy + c, out, mask=mask)
+    if AMAX:
+        tl.atomic_max(amax_ptr, amax_bits(out, mask))
 
 
 @triton.jit
@@ -136,7 +143,7 @@ def swiglu_bwd_kernel(go_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, R, C, so, sg, su, sd
 
 
 def _row_plan(kernel: Any, r: int, c: int, strides: tuple[int, ...], dtype: torch.dtype, block_elems: int,
-              num_warps: int) -> LaunchPlan:
+              num_warps: int, **flags: Any) -> LaunchPlan:
     """The launch over (r, c) in tiles of about ``block_elems``: the tile's columns a power of two
     that divides c where one of at least 512 does (no masked tail in every row of a packed MoE
     projection), its rows filling the rest."""
@@ -146,7 +153,7 @@ def _row_plan(kernel: Any, r: int, c: int, strides: tuple[int, ...], dtype: torc
     block_r = min(next_pow2(r), max(1, block_elems // block_c))
     col_blocks = cdiv(c, block_c)
     return LaunchPlan(kernel, (cdiv(r, block_r) * col_blocks,), (r, c, *strides, col_blocks), num_warps=num_warps,
-                      BLOCK_R=block_r, BLOCK_C=block_c, COMPUTE=compute_dtype(dtype))
+                      BLOCK_R=block_r, BLOCK_C=block_c, COMPUTE=compute_dtype(dtype), **flags)
 
 
 def _output(t: torch.Tensor) -> torch.Tensor:
@@ -154,14 +161,18 @@ def _output(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t) if dense_alike(t) else torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, *, block_elems: int, num_warps: int) -> torch.Tensor:
+def swiglu(gate: torch.Tensor, up: torch.Tensor, *, block_elems: int, num_warps: int, amax: bool = False) -> Any:
+    """``silu(gate) * up``; ``amax``: ``(y, amax)``, amax ``max |float32(y)|`` (0-d float32) reduced
+    by the same kernel as it writes y."""
     y = _output(gate)
     geo = swiglu_geometry(gate, up, y)
     assert geo is not None, "swiglu_geometry(gate, up) must be checked first"
     (g, r, c, sg), (u, _, _, su), (yv, _, _, sy) = geo
-    key = (2, r, c, sg, su, sy, gate.dtype, block_elems, num_warps)
-    _PLANS.get_or_build(key, lambda: _row_plan(swiglu_kernel, r, c, (sg, su, sy), gate.dtype, block_elems, num_warps))(g, u, yv)
-    return y
+    word = torch.zeros(1, dtype=torch.int32, device=gate.device) if amax else yv  # (unread without AMAX)
+    key = (2, r, c, sg, su, sy, gate.dtype, block_elems, num_warps, amax)
+    _PLANS.get_or_build(key, lambda: _row_plan(swiglu_kernel, r, c, (sg, su, sy), gate.dtype, block_elems, num_warps,
+                                               AMAX=amax))(g, u, yv, word)
+    return (y, word.view(torch.float32).reshape(())) if amax else y
 
 
 def swiglu_backward(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, *, block_elems: int,

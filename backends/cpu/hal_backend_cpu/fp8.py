@@ -12,5 +12,7 @@ kernel("fp8_quantize", name="torch", priority=20, dtypes=FLOAT_DTYPES)(eager.fp8
 kernel("fp8_quantize_transpose", name="torch", priority=20, dtypes=FLOAT_DTYPES)(eager.fp8_quantize_transpose)
 kernel("fp8_quantize_amax", name="torch", priority=20, dtypes=FLOAT_DTYPES)(eager.fp8_quantize_amax)
 kernel("fp8_quantize_transpose_amax", name="torch", priority=20, dtypes=FLOAT_DTYPES)(eager.fp8_quantize_transpose_amax)
+kernel("fp8_quantize_from_amax", name="torch", priority=20, dtypes=FLOAT_DTYPES)(eager.fp8_quantize_from_amax)
+kernel("fp8_quantize_transpose_from_amax", name="torch", priority=20, dtypes=FLOAT_DTYPES)(eager.fp8_quantize_transpose_from_amax)
 kernel("fp8_dequantize", name="torch", priority=20, dtypes=("uint8",))(eager.fp8_dequantize)
 kernel("fp8_scaled_mm", name="torch", priority=20, dtypes=("uint8",))(eager.fp8_scaled_mm)

@@ -31,6 +31,13 @@ def rms_norm_numba(x, normalized_shape, weight, eps):
     return out
 
 
+@numba_kernel("rms_norm_amax", priority=30, checks=[contiguous("x")])
+def rms_norm_amax_numba(x, normalized_shape, weight, eps):
+    """rms_norm's numba kernel (the same y), and max |float32(y)| (NaN propagates; 0 for an empty y)."""
+    y = rms_norm_numba(x, normalized_shape, weight, eps)
+    return y, np.array(np.max(np.abs(y.astype(np.float32)), initial=np.float32(0)), dtype=np.float32)
+
+
 #: row blocks of the backward (each sums its own grad_weight partial): a few per thread
 BACKWARD_BLOCKS = 64
 
@@ -46,6 +53,8 @@ def rms_norm_backward_numba(grad_out, x, normalized_shape, weight, eps):
     return gx, gw
 
 kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.rms_norm)
+# rms_norm with its result's amax (hal.fp8's per-tensor cast of a norm's output): torch's ops, recorded
+kernel("rms_norm_amax", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.rms_norm_amax)
 
 #: (mean, 1/std) of float32 and float64 layer-norm forwards, for the backward of the same x (hal.integration.kept)
 KEPT = KeptForBackward()

@@ -26,3 +26,5 @@ kernel("rotary_embedding", name="torch", priority=20, dtypes=FLOATS, differentia
 # against 375 us through hal's node and float32 backward op (benchmarks/host_training.py on the CPU
 # VM, float32 (2, 64, 512), 2026-12-01).
 kernel("swiglu", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.swiglu)
+# swiglu with its result's amax (hal.fp8's per-tensor cast of the down projection's input): recorded as swiglu
+kernel("swiglu_amax", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.swiglu_amax)

@@ -121,6 +121,21 @@ def fp8_quantize_transpose_amax(x, scale, format):
     return q, s, q_t, amax(x32, "tensor", 128)
 
 
+@reference("fp8_quantize_from_amax")
+def fp8_quantize_from_amax(x, amax, format):
+    """fp8_quantize with the current scale of the given amax (1 where it is 0)."""
+    x32 = np.asarray(x).astype(np.float32)
+    return fp8_quantize(x32, format, "tensor", current_scale(np.asarray(amax, dtype=np.float32), format), 128)
+
+
+@reference("fp8_quantize_transpose_from_amax")
+def fp8_quantize_transpose_from_amax(x, amax, format):
+    """fp8_quantize_transpose's q, scale and q_t with the current scale of the given amax."""
+    x32 = np.asarray(x).astype(np.float32)
+    q, s, q_t, _ = fp8_quantize_transpose(x32, format, "tensor", current_scale(np.asarray(amax, dtype=np.float32), format), 128)
+    return q, s, q_t
+
+
 @reference("fp8_dequantize")
 def fp8_dequantize(q, scale, format, block_size, out_dtype):
     s = np.float32(scale) if not isinstance(scale, np.ndarray) else scale

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._common import elements, f64, like, reference
+from .fp8 import amax
 
 
 def _axes(x: np.ndarray, normalized_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -66,6 +67,13 @@ def layer_norm_backward(grad_out, x, normalized_shape, weight, eps):
 def rms_norm(x, normalized_shape, weight, eps):
     xhat, _ = _rms_stats(f64(x), _axes(x, normalized_shape), eps)
     return like(xhat * _weight(weight, normalized_shape), x)
+
+
+@reference("rms_norm_amax")
+def rms_norm_amax(x, normalized_shape, weight, eps):
+    """rms_norm, and max |float32(y)| of y as written in x's dtype (0 for an empty y)."""
+    y = rms_norm(x, normalized_shape, weight, eps)
+    return y, amax(np.asarray(y).astype(np.float32), "tensor", 128)
 
 
 @reference("rms_norm_backward")

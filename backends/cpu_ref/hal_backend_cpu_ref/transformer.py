@@ -6,6 +6,7 @@ import numpy as np
 
 from ._common import f64, like, reference
 from .elementwise import sigmoid
+from .fp8 import amax
 
 
 def _halves(a: np.ndarray, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -52,6 +53,13 @@ def _sum_to(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 def swiglu(gate, up):
     g = f64(gate)
     return like(g * sigmoid(g) * f64(up), gate)
+
+
+@reference("swiglu_amax")
+def swiglu_amax(gate, up):
+    """swiglu, and max |float32(y)| of y as written in gate's dtype (0 for an empty y)."""
+    y = swiglu(gate, up)
+    return y, amax(np.asarray(y).astype(np.float32), "tensor", 128)
 
 
 @reference("swiglu_backward")

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hal.plugin import Inputs
+from hal_torch import norm as eager_norm
 
 from ._common import FLOATS, kernel
 
@@ -35,6 +36,12 @@ def layer_norm_torch(x, normalized_shape, weight, bias, eps):
 @kernel("rms_norm", name="torch", priority=25, dtypes=FLOATS, checks=[_host_bound], differentiable=True)
 def rms_norm_torch(x, normalized_shape, weight, eps):
     return F.rms_norm(x, normalized_shape, weight, eps)
+
+
+# rms_norm with its result's amax (hal.fp8's per-tensor cast of a norm's output): below the Triton
+# kernel, which reduces the amax as it writes y (torch's ops read y again); the kernel a torch.compile
+# graph takes in where nothing was measured (Inductor fuses its ops with their neighbours)
+kernel("rms_norm_amax", name="torch", priority=10, dtypes=FLOATS, differentiable=True)(eager_norm.rms_norm_amax)
 
 
 @kernel("layer_norm_backward", name="torch", priority=10, dtypes=FLOATS)

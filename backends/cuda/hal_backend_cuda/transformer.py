@@ -51,3 +51,7 @@ def _small_or_beyond_triton(inputs: Inputs) -> list[str]:
 
 kernel("swiglu", name="torch", contexts={"eager": 25, "training": 25, "compiled": 25, "graph": 15}, dtypes=FLOATS, differentiable=True,
        checks=(_small_or_beyond_triton,))(eager.swiglu)
+# swiglu with its result's amax (hal.fp8's per-tensor cast of the down projection's input): below the
+# Triton kernel, which reduces the amax as it writes y; torch's ops where the Triton kernel declines
+# (broadcasting inputs) and, unmeasured, inside torch.compile graphs
+kernel("swiglu_amax", name="torch", priority=10, dtypes=FLOATS, differentiable=True)(eager.swiglu_amax)

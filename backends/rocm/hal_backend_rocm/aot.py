@@ -241,7 +241,7 @@ def _fp8_calls(op: str) -> list[tuple]:
         return [_canonical(op, x, fmt, g) for g in ("tensor", "row", "block")] + [_canonical(op, x, fmt, "tensor", _f32())]
     if op == "fp8_quantize_transpose":
         return [_canonical(op, x, fmt, "row")]
-    if op in ("fp8_quantize_amax", "fp8_quantize_transpose_amax"):
+    if op in ("fp8_quantize_amax", "fp8_quantize_transpose_amax", "fp8_quantize_from_amax", "fp8_quantize_transpose_from_amax"):
         return [_canonical(op, x, _f32(), fmt)]
     if op == "fp8_dequantize":
         return [_canonical(op, _meta(256, 1024, dtype=torch.uint8), _f32(2, 8), fmt, 128, "bfloat16")]
@@ -289,14 +289,17 @@ def representative_calls() -> dict[str, list[tuple]]:
         "layer_norm_backward": lambda: _norm_calls("layer_norm_backward", False),
         "rms_norm": lambda: _norm_calls("rms_norm", True),
         "rms_norm_backward": lambda: _norm_calls("rms_norm_backward", True),
+        "rms_norm_amax": lambda: _norm_calls("rms_norm_amax", True),
         "softmax": lambda: _softmax_calls(False),
         "softmax_backward": lambda: _softmax_calls(True),
         "amp_unscale_": lambda: _optim_calls(False),
         "fused_adamw_": lambda: _optim_calls(True),
         **{op: (lambda op=op: _quant_calls(op)) for op in ("quantize", "dequantize", "fake_quantize", "fake_quantize_backward", "int8_linear")},
         **{op: (lambda op=op: _fp8_calls(op)) for op in ("fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_amax",
-                                                                   "fp8_quantize_transpose_amax", "fp8_dequantize", "fp8_scaled_mm")},
-        **{op: (lambda op=op: _transformer_calls(op)) for op in ("rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward")},
+                                                                   "fp8_quantize_transpose_amax", "fp8_quantize_from_amax",
+                                                                   "fp8_quantize_transpose_from_amax", "fp8_dequantize", "fp8_scaled_mm")},
+        **{op: (lambda op=op: _transformer_calls(op)) for op in ("rotary_embedding", "rotary_embedding_backward", "swiglu", "swiglu_backward",
+                                                                        "swiglu_amax")},
         **{op: (lambda op=op: _loss_calls(op)) for op in ("cross_entropy", "cross_entropy_backward", "linear_cross_entropy",
                                                           "linear_cross_entropy_backward")},
     }

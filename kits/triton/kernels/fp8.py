@@ -72,6 +72,14 @@ def register(kit: Kit) -> None:
     def fp8_quantize_transpose_amax(x, scale, format):
         return family("fp8").quantize_amax(x, format, scale, True, not interpreted(x), **tables.elementwise(x))
 
+    @kit.kernel("fp8_quantize_from_amax", "triton", FIRST, checks=(_formats("format"),))
+    def fp8_quantize_from_amax(x, amax, format):
+        return family("fp8").quantize_from_amax(x, format, amax, False, not interpreted(x), **tables.elementwise(x))
+
+    @kit.kernel("fp8_quantize_transpose_from_amax", "triton", FIRST, checks=(_formats("format"),))
+    def fp8_quantize_transpose_from_amax(x, amax, format):
+        return family("fp8").quantize_from_amax(x, format, amax, True, not interpreted(x), **tables.elementwise(x))
+
     @kit.kernel("fp8_dequantize", "triton", FIRST, dtypes=("uint8",), checks=(_formats("format"),))
     def fp8_dequantize(q, scale, format, block_size, out_dtype):
         return family("fp8").dequantize(q, scale, format, block_size, OUT_DTYPES[out_dtype], **tables.elementwise(q))

@@ -1,4 +1,5 @@
-"""layer_norm and rms_norm, forward and backward. Launch configuration: the plugin's ``rows`` blocks
+"""layer_norm and rms_norm, forward and backward, and rms_norm_amax (the forward reducing its
+result's amax). Launch configuration: the plugin's ``rows`` blocks
 for rows of the normalised length, and its ``persistent_programs`` for the backward (each program
 keeps partial parameter gradients)."""
 
@@ -19,9 +20,9 @@ def _numel(shape: Any) -> int:
 def register(kit: Kit) -> None:
     tables = kit.tables
 
-    def norm_forward(x, normalized_shape, weight, bias, eps, rms):
+    def norm_forward(x, normalized_shape, weight, bias, eps, rms, amax=False):
         n = _numel(normalized_shape)
-        return family("norm").norm_forward(x, n, weight, bias, eps, rms, **tables.rows(x, n))
+        return family("norm").norm_forward(x, n, weight, bias, eps, rms, amax=amax, **tables.rows(x, n))
 
     def norm_backward(grad_out, x, normalized_shape, weight, eps, rms):
         n = _numel(normalized_shape)
@@ -39,6 +40,10 @@ def register(kit: Kit) -> None:
     @kit.kernel("rms_norm", "triton", FIRST)
     def rms_norm(x, normalized_shape, weight, eps):
         return norm_forward(x, normalized_shape, weight, None, eps, True)
+
+    @kit.kernel("rms_norm_amax", "triton", FIRST)
+    def rms_norm_amax(x, normalized_shape, weight, eps):
+        return norm_forward(x, normalized_shape, weight, None, eps, True, amax=True)
 
     @kit.kernel("rms_norm_backward", "triton", FIRST)
     def rms_norm_backward(grad_out, x, normalized_shape, weight, eps):

@@ -1,4 +1,5 @@
-"""Transformer pieces: rotary position embeddings and the SwiGLU gate, forward and backward, where
+"""Transformer pieces: rotary position embeddings and the SwiGLU gate (and swiglu_amax, the gate
+reducing its result's amax), forward and backward, where
 the arrays' layout lets one program walk rows (:mod:`hal_triton.layouts`). Launch configuration:
 the plugin's ``elementwise`` blocks (for rotary, as rows of the embedding's width per block)."""
 
@@ -49,6 +50,10 @@ def register(kit: Kit) -> None:
     @kit.kernel("swiglu", "triton", FIRST, checks=(_swiglu_layout("gate", "up"),))
     def swiglu(gate, up):
         return family("transformer").swiglu(gate, up, **tables.elementwise(gate))
+
+    @kit.kernel("swiglu_amax", "triton", FIRST, checks=(_swiglu_layout("gate", "up"),))
+    def swiglu_amax(gate, up):
+        return family("transformer").swiglu(gate, up, amax=True, **tables.elementwise(gate))
 
     @kit.kernel("swiglu_backward", "triton", FIRST, checks=(_swiglu_layout("grad_out", "gate", "up"),))
     def swiglu_backward(grad_out, gate, up):
