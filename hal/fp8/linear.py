@@ -18,6 +18,11 @@ holds x) and W^T in FP8 besides its weight (a byte a weight element, as Transfor
 weight transpose). The bias gradient is ``grad_out.sum(0)`` in float32. Master weights stay in the
 module's dtype (float32, bfloat16 or float16): only the GEMM operands are FP8.
 
+The input's amax may come with it (``forward(x, x_amax)``): under per-tensor current scaling the
+amax reduced by x's producer as it wrote x (``hal.ops.rms_norm_amax``, ``swiglu_amax``; the patched
+Llama decoder layer of :mod:`hal.nn.patch_hf` passes them), so x's cast reads x once
+(``hal.ops.fp8_quantize_transpose_from_amax``) instead of twice (amax, then codes).
+
 NaN: under delayed scaling a NaN in the input gives NaN in its output row, as ``nn.Linear``; under
 current scaling the NaN makes its group's scale NaN (the amax propagates NaN), which
 ``fp8_scaled_mm`` refuses with an error for host tensors (device scales are not read: NaN output).
@@ -48,17 +53,19 @@ def _dtype_name(dt: torch.dtype, what: str) -> str:
 
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, sx, sw, sg, out_dtype, weight_copy):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, sx, sw, sg, out_dtype, weight_copy, x_amax):  # type: ignore[override]
         # an operand whose transpose the backward reads is quantised with it, in one pass; the
         # backward then reads the saved FP8 transpose instead of the high-precision tensor again.
         # The weight's values come from its half-precision copy where there is one (fewer bytes to
-        # read; the gradient still goes to the weight itself, in its dtype)
+        # read; the gradient still goes to the weight itself, in its dtype). x_amax: x's amax,
+        # reduced by x's producer (None: the input scaler finds what it needs itself)
         w = weight if weight_copy is None else weight_copy
         wants_wt, wants_xt = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        given = () if x_amax is None else (x_amax,)  # (a scaler that does not use an amax is not given one)
         if wants_xt:
-            qx, scale_x, qxt, scale_xt = sx.quantize_with_transpose(x)
+            qx, scale_x, qxt, scale_xt = sx.quantize_with_transpose(x, *given)
         else:
-            (qx, scale_x), qxt, scale_xt = sx.quantize(x), None, None
+            (qx, scale_x), qxt, scale_xt = sx.quantize(x, *given), None, None
         if wants_wt:
             qw, scale_w, qwt, scale_wt = sw.quantize_with_transpose(w)
         else:
@@ -90,7 +97,7 @@ class _Fp8LinearFn(torch.autograd.Function):
             grad_w = fp8_scaled_mm(qgt, qxt, scale_gt, scale_xt, None, sg.format, sx.format, _dtype_name(w_dtype, "the weight"), bs)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g.float().sum(0).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
 def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
@@ -149,7 +156,18 @@ class Linear(nn.Linear):
         new.train(linear.training)
         return new
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def takes_input_amax(self) -> bool:
+        """Whether :meth:`forward` uses an ``x_amax`` it is given (per-tensor current scaling: the
+        input's cast then reads x once, for the codes); else one given is ignored."""
+        return self.input_scaler.uses_amax
+
+    def forward(self, x: torch.Tensor, x_amax: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x_amax``: ``max |float32(x)|`` as a 0-d float32 tensor where x's producer reduced it
+        (``hal.ops.rms_norm_amax`` / ``swiglu_amax``): the input's cast does not reduce it again
+        (:attr:`takes_input_amax`; the same codes and scale as without it). It must be x's amax."""
+        if x_amax is not None and not self.input_scaler.uses_amax:
+            x_amax = None
         if not torch.compiler.is_compiling() and x.device != self._fp8_device:  # moved since construction
             require_fp8("hal.fp8.Linear", x.device, (self.recipe.format, self.recipe.backward_format))
             self._fp8_device = x.device
@@ -159,7 +177,7 @@ class Linear(nn.Linear):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         out = _Fp8LinearFn.apply(x2, self.weight, self.bias, self.input_scaler, self.weight_scaler,
-                                 self.grad_scaler, out_dtype, copy_for(self, out_dt))
+                                 self.grad_scaler, out_dtype, copy_for(self, out_dt), x_amax)
         return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
@@ -217,6 +235,12 @@ def convert(model: nn.Module, recipe: Optional[Recipe] = None,
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, Linear.from_linear(module, recipe))
+    if isinstance(chosen, CurrentScaling) and chosen.granularity == "tensor":
+        # per-tensor current scaling: hal.nn.patch's Llama decoder layers hand their FP8 projections the
+        # amaxes of their inputs, reduced by the norms and the SwiGLU as they write them
+        from hal.nn.patch_hf import pass_amaxes
+
+        pass_amaxes(model)
     return model
 
 

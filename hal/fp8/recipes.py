@@ -6,7 +6,10 @@ state that quantises one tensor role (input, weight, gradient) of one layer. Qua
 
 - :class:`CurrentScaling`: the scale of each group (tensor, row or block) from this call's amax,
   reduced inside ``fp8_quantize`` (``amax / largest finite``). :class:`RowwiseScaling` and
-  :class:`BlockwiseScaling` are current scaling per row and per ``block_size`` square block.
+  :class:`BlockwiseScaling` are current scaling per row and per ``block_size`` square block. Per
+  tensor, the amax may come from the op that produced x (``hal.ops.rms_norm_amax`` /
+  ``swiglu_amax``, reducing it as they write x: :meth:`Scaler.quantize`'s ``amax``), and the cast
+  is ``hal.ops.fp8_quantize_from_amax``: one pass over x instead of two.
 - :class:`DelayedScaling` (Transformer Engine's recipe): one scale per tensor from a history of the
   amaxes of earlier calls, so the cast needs no reduction before it. Each call quantises with the
   scale it holds (``hal.ops.fp8_quantize_amax`` / ``fp8_quantize_transpose_amax``, which reduce the
@@ -31,7 +34,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from hal.ops import fp8_quantize, fp8_quantize_amax, fp8_quantize_transpose, fp8_quantize_transpose_amax
+from hal.ops import (fp8_quantize, fp8_quantize_amax, fp8_quantize_from_amax, fp8_quantize_transpose, fp8_quantize_transpose_amax,
+                     fp8_quantize_transpose_from_amax)
 from hal.ops.fp8 import FORMATS, GRANULARITIES
 
 AMAX_COMPUTE = ("max", "most_recent")
@@ -50,34 +54,55 @@ def _check_format(fmt: str) -> None:
 class Scaler(nn.Module, abc.ABC):
     """Quantises one tensor role of one layer: ``quantize(x) -> (q, scale)`` (uint8 bit patterns
     and float32 dequantising scales, as ``hal.ops.fp8_quantize`` returns them). Abstract: a
-    scaler without both methods fails when it is made, not at its first call."""
+    scaler without both methods fails when it is made, not at its first call.
+
+    ``amax``: ``max |float32(x)|`` where the caller knows it already (a 0-d float32 tensor, reduced by
+    the op that produced x: ``hal.ops.rms_norm_amax``, ``swiglu_amax``). A scaler whose recipe reads
+    that amax (:attr:`uses_amax`: per-tensor current scaling) skips its own pass over x for it;
+    the others ignore it (their scales need other amaxes, or none)."""
+
+    #: whether :meth:`quantize` uses a given ``amax`` (else it is ignored)
+    uses_amax: bool = False
 
     def __init__(self, fmt: str) -> None:
         super().__init__()
         self.format = fmt
 
     @abc.abstractmethod
-    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q, scale)`` of x under this scaler's recipe."""
 
     @abc.abstractmethod
-    def quantize_with_transpose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def quantize_with_transpose(self, x: torch.Tensor,
+                                amax: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``quantize(x)`` and the same quantisation of ``x.mT``, in one pass over x
         (``hal.ops.fp8_quantize_transpose``): ``(q, scale, q_t, scale_t)``."""
 
 
 class CurrentScaler(Scaler):
-    """Current scaling: the op reduces the amax of each group and quantises in one call."""
+    """Current scaling: the op reduces the amax of each group and quantises in one call. Per tensor,
+    an ``amax`` given by the caller (the producer of x reduced it) replaces that reduction:
+    ``hal.ops.fp8_quantize_from_amax`` computes the scale from it by the same formula (``amax /
+    largest finite``, 1 where it is 0) in the cast kernel, so codes and scale are bit for bit those
+    of the reduction's when the amax is x's. Row and block scales need per-group amaxes: a given
+    (per-tensor) amax is ignored there."""
 
     def __init__(self, fmt: str, granularity: str, block_size: int) -> None:
         super().__init__(fmt)
         self.granularity = granularity
         self.block_size = block_size
+        self.uses_amax = granularity == "tensor"
 
-    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if amax is not None and self.uses_amax:
+            return fp8_quantize_from_amax(x, amax, self.format)
         return fp8_quantize(x, self.format, self.granularity, None, self.block_size)
 
-    def quantize_with_transpose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def quantize_with_transpose(self, x: torch.Tensor,
+                                amax: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        if amax is not None and self.uses_amax:  # one scale for both layouts
+            q, scale, q_t = fp8_quantize_transpose_from_amax(x, amax, self.format)
+            return q, scale, q_t, scale
         # the transpose's own current scales: per column of x for rows, the blocks transposed
         return fp8_quantize_transpose(x, self.format, self.granularity, None, self.block_size)
 
@@ -102,7 +127,8 @@ class DelayedScaler(Scaler):
                 self._buffers[name] = buf.float()
         return self
 
-    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        # A given amax is ignored: the cast reduces this call's amax itself, in its own pass.
         # One call casts with the held scale and reduces x's amax in the same pass (0 for an empty x).
         # The scale of this call is the op's returned copy of the buffer, not a clone taken here:
         # under torch.compile a clone of a buffer mutated right after may be read after the
@@ -113,8 +139,9 @@ class DelayedScaler(Scaler):
         self.update(amax)
         return q, scale
 
-    def quantize_with_transpose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        # one scale serves both layouts (per tensor): scale_t is this call's scale
+    def quantize_with_transpose(self, x: torch.Tensor,
+                                amax: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        # one scale serves both layouts (per tensor): scale_t is this call's scale (amax ignored, as in quantize)
         q, scale, q_t, amax = fp8_quantize_transpose_amax(x, self.scale, self.format)
         if scale is self.scale:  # keep this call's value (see quantize)
             scale = scale.clone()
