@@ -76,8 +76,11 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = variance_epsilon
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = torch.promote_types(x.dtype, self.weight.dtype)
-        return hal.ops.rms_norm(x.to(dtype), (x.shape[-1],), self.weight.to(dtype), self.variance_epsilon)
+        weight = self.weight
+        if x.dtype != weight.dtype:  # else no conversion: Tensor.to costs host time even when it returns its tensor
+            dtype = torch.promote_types(x.dtype, weight.dtype)
+            x, weight = x.to(dtype), weight.to(dtype)
+        return hal.ops.rms_norm(x, (x.shape[-1],), weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
