@@ -138,8 +138,12 @@ def fp8(model: nn.Module, rewritten: nn.Module, recipe: Any) -> tuple[nn.Module,
     converted = sum(isinstance(m, hal.fp8.Linear) for m in target.modules())
     if not converted:
         return rewritten, Decision("none", f"fp8={recipe} asked, but the model has no nn.Linear to convert")
+    # decoder layers whose FP8 projections take their inputs' amaxes from the norms and the SwiGLU (hal.nn.patch_hf)
+    passing = sum(bool(getattr(type(m), "_hal_passes_amaxes", False)) for m in target.modules())
+    amaxes = (f"; {passing} decoder layers hand their FP8 projections the amaxes of their inputs, reduced by "
+              "rms_norm_amax and swiglu_amax as they write them (each input's cast reads it once)") if passing else ""
     return target, Decision("fp8", f"{converted} nn.Linear layers {where} run their GEMMs in FP8 with {recipe}, "
-                                   "in the 'hal' variant (hal.fp8.convert)")
+                                   f"in the 'hal' variant (hal.fp8.convert){amaxes}")
 
 
 # --- the optimizer ---------------------------------------------------------------------------------

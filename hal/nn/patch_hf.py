@@ -301,18 +301,25 @@ def _mlp_amax(mlp: nn.Module, x: torch.Tensor, amax: torch.Tensor) -> torch.Tens
     return mlp.down_proj(h, x_amax=h_amax)
 
 
+#: (hal.nn.patch's RMSNorm, its SwiGLUMLP, hal.fp8.Linear), read once by :func:`pass_amaxes` (so a
+#: forward traced by torch.compile reads a plain global, no module lookup)
+_CLASSES: list[type] = []
+
+
+def _classes() -> list[type]:
+    """:data:`_CLASSES`, filled on first use. hal.nn.patch imports this module and ``hal.fp8.convert``
+    calls :func:`pass_amaxes`, so both are loaded when it runs; they are read from ``sys.modules``,
+    not imported: hal.nn.patch imports hal.fp8, which imports this (the core imports one way)."""
+    if not _CLASSES:
+        patch, fp8 = sys.modules["hal.nn.patch"], sys.modules["hal.fp8.linear"]
+        _CLASSES[:] = [patch.RMSNorm, patch.SwiGLUMLP, fp8.Linear]
+    return _CLASSES
+
+
 def _takes_amax(*linears: nn.Module) -> bool:
     """Each is a ``hal.fp8.Linear`` whose input cast uses a given amax (per-tensor current scaling)."""
-    fp8 = sys.modules.get("hal.fp8.linear")
-    return fp8 is not None and all(isinstance(m, fp8.Linear) and m.takes_input_amax and not has_hooks(m) for m in linears)
-
-
-def _patched() -> tuple[type, type]:
-    """hal.nn.patch's RMSNorm and SwiGLUMLP. hal.nn.patch imports this module, so it is loaded
-    whenever this runs; it is read from ``sys.modules``, not imported: ``hal.fp8.convert`` calls
-    :func:`pass_amaxes`, and hal.nn.patch imports hal.fp8 (the core imports one way)."""
-    patch = sys.modules["hal.nn.patch"]
-    return patch.RMSNorm, patch.SwiGLUMLP
+    fp8_linear = (_CLASSES or _classes())[2]
+    return all(isinstance(m, fp8_linear) and m.takes_input_amax and not has_hooks(m) for m in linears)
 
 
 def _amax_plan(layer: nn.Module) -> tuple[bool, bool]:
@@ -320,7 +327,7 @@ def _amax_plan(layer: nn.Module) -> tuple[bool, bool]:
     is hal.nn.patch's RMSNorm, the attention hal's (:class:`_HalAttention`) and the MLP hal.nn.patch's
     SwiGLUMLP, without hooks (their forwards are run here, not called), and the projections take
     amaxes. Read at every forward: the model may change after it was patched."""
-    LlamaRMSNorm, SwiGLUMLP = _patched()
+    LlamaRMSNorm, SwiGLUMLP, _ = _CLASSES or _classes()  # (filled by pass_amaxes, which made the layer's class)
     modules = layer._modules
     norm1, attn, norm2, mlp = (modules.get(n) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"))
     attn_ok = (type(norm1) is LlamaRMSNorm and not has_hooks(norm1) and isinstance(attn, _HalAttention)
@@ -363,6 +370,8 @@ class _AmaxDecoderLayer(nn.Module):
     is changed, to wire its modules as the original does (:func:`_same_wiring`)."""
 
     _hal_kind = "DecoderLayer(fp8 amaxes)"
+    #: read by hal.optimize's explain (hal.fast.plan.fp8), which counts such layers
+    _hal_passes_amaxes = True
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         plan = _amax_plan(self)
@@ -442,7 +451,9 @@ def pass_amaxes(model: nn.Module) -> int:
     with per-tensor current scaling then pass the amaxes. Returns how many layers it changed."""
     from hal.nn.recompute import _Recomputed, _recomputed_class
 
-    LlamaRMSNorm, SwiGLUMLP = _patched()
+    if "hal.fp8.linear" not in sys.modules:  # no FP8 layer can exist: no amax to pass
+        return 0
+    LlamaRMSNorm, SwiGLUMLP, _ = _classes()
     changed = 0
     for m in list(model.modules()):
         if isinstance(m, _AmaxDecoderLayer) or set(m._modules) != {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}:

@@ -99,9 +99,18 @@ def test_optimize_fp8_converts_the_hal_variant_and_says_so() -> None:
     model, step, losses = _run(["hal eager"])
     text = step.explain()
     assert "fp8        fp8: 14 nn.Linear layers inside its repeated blocks" in text, text
+    assert "2 decoder layers hand their FP8 projections the amaxes of their inputs" in text, text
     assert step.report.fp8.choice == "fp8"
-    # the hal variant won (the only candidate): your model now runs its layers in FP8
+    # the hal variant won (the only candidate): your model now runs its layers in FP8, the amaxes of
+    # their inputs from the norms and the SwiGLU (per-tensor current scaling)
     assert _fp8_names(model) == {f"model.layers.{i}.{n}" for i in range(2) for n in _BLOCK_LINEARS}
+    from hal.nn.patch_hf import _AmaxDecoderLayer
+
+    assert all(isinstance(layer, _AmaxDecoderLayer) for layer in model.model.layers)
+    hal.reset_stats()
+    step(input_ids=torch.randint(0, 64, (2, 16)), labels=torch.randint(0, 64, (2, 16)))
+    ran = {op for (op, _, _), c in hal.stats().items() if c["calls"]}
+    assert {"rms_norm_amax", "swiglu_amax", "fp8_quantize_transpose_from_amax"} <= ran, ran
     assert losses[-1] < losses[0] and all(map(torch.isfinite, map(torch.tensor, losses)))
 
 
