@@ -38,4 +38,4 @@ def _notes() -> list[str]:
 plugin.define_backend(priority=50, device_types=("cpu",), devices=devices, array_api="torch", notes=_notes)
 
 # Importing the families registers their kernels on `plugin`.
-from . import attention, conv, elementwise, fp8, gemm, loss, mixed_precision, norm, quant, transformer  # noqa: E402,F401
+from . import attention, conv, elementwise, fp8, gemm, loss, mixed_precision, norm, quant, rotary, transformer  # noqa: E402,F401
