@@ -138,7 +138,7 @@ def fp8(model: nn.Module, rewritten: nn.Module, recipe: Any) -> tuple[nn.Module,
     converted = sum(isinstance(m, hal.fp8.Linear) for m in target.modules())
     if not converted:
         return rewritten, Decision("none", f"fp8={recipe} asked, but the model has no nn.Linear to convert")
-    # decoder layers whose FP8 projections take their inputs' amaxes from the norms and the SwiGLU (hal.nn.patch_hf)
+    # decoder layers whose FP8 projections take their inputs' amaxes from the norms and the SwiGLU (hal.nn.patch_hf_amax)
     passing = sum(bool(getattr(type(m), "_hal_passes_amaxes", False)) for m in target.modules())
     amaxes = (f"; {passing} decoder layers hand their FP8 projections the amaxes of their inputs, reduced by "
               "rms_norm_amax and swiglu_amax as they write them (each input's cast reads it once)") if passing else ""

@@ -238,7 +238,7 @@ def convert(model: nn.Module, recipe: Optional[Recipe] = None,
     if isinstance(chosen, CurrentScaling) and chosen.granularity == "tensor":
         # per-tensor current scaling: hal.nn.patch's Llama decoder layers hand their FP8 projections the
         # amaxes of their inputs, reduced by the norms and the SwiGLU as they write them
-        from hal.nn.patch_hf import pass_amaxes
+        from hal.nn.patch_hf_amax import pass_amaxes
 
         pass_amaxes(model)
     return model

@@ -104,7 +104,7 @@ def test_optimize_fp8_converts_the_hal_variant_and_says_so() -> None:
     # the hal variant won (the only candidate): your model now runs its layers in FP8, the amaxes of
     # their inputs from the norms and the SwiGLU (per-tensor current scaling)
     assert _fp8_names(model) == {f"model.layers.{i}.{n}" for i in range(2) for n in _BLOCK_LINEARS}
-    from hal.nn.patch_hf import _AmaxDecoderLayer
+    from hal.nn.patch_hf_amax import _AmaxDecoderLayer
 
     assert all(isinstance(layer, _AmaxDecoderLayer) for layer in model.model.layers)
     hal.reset_stats()

@@ -20,7 +20,7 @@ from torch import nn
 
 import hal
 import hal.fp8
-from hal.nn import patch_hf
+from hal.nn import patch_hf_amax
 from hal.nn.agreement import has_hooks
 from hal.nn.recompute import policy_of
 
@@ -59,7 +59,7 @@ def _unfused(model: nn.Module) -> nn.Module:
     """A copy of a patched FP8 model whose decoder layers run transformers' forward again."""
     twin = copy.deepcopy(model)
     for layer in twin.model.layers:
-        assert isinstance(layer, patch_hf._AmaxDecoderLayer)
+        assert isinstance(layer, patch_hf_amax._AmaxDecoderLayer)
         layer.__class__ = type(layer).__mro__[2]  # (HalXDecoderLayer, _AmaxDecoderLayer, XDecoderLayer, ...)
     return twin
 
@@ -90,8 +90,8 @@ def test_fp8_layers_pass_the_amaxes_and_train_bit_for_bit_as_without(family: str
     model = _model(family, seed)
     hal.nn.patch(model, fp8=hal.fp8.CurrentScaling())
     for layer in model.model.layers:
-        assert isinstance(layer, patch_hf._AmaxDecoderLayer) and type(layer).__mro__[2].__name__.endswith("DecoderLayer")
-        assert patch_hf._amax_plan(layer) == (True, True)
+        assert isinstance(layer, patch_hf_amax._AmaxDecoderLayer) and type(layer).__mro__[2].__name__.endswith("DecoderLayer")
+        assert patch_hf_amax._amax_plan(layer) == (True, True)
     plain = _unfused(model)
     ids, labels = _batch(seed)
 
@@ -113,14 +113,14 @@ def test_fp8_layers_pass_the_amaxes_and_train_bit_for_bit_as_without(family: str
 def test_without_fp8_or_with_other_recipes_the_layers_keep_transformers_forward(seed: int) -> None:
     model = _model("llama", seed)
     hal.nn.patch(model)
-    assert not any(isinstance(m, patch_hf._AmaxDecoderLayer) for m in model.modules())
+    assert not any(isinstance(m, patch_hf_amax._AmaxDecoderLayer) for m in model.modules())
     hal.reset_stats()
     model(input_ids=_batch(seed)[0])
     assert _calls("rms_norm_amax") == 0 and _calls("swiglu") == 2
     for recipe in (hal.fp8.DelayedScaling(), hal.fp8.RowwiseScaling(), hal.fp8.BlockwiseScaling(block_size=16)):
         model = _model("llama", seed)
         hal.nn.patch(model, fp8=recipe)
-        assert not any(isinstance(m, patch_hf._AmaxDecoderLayer) for m in model.modules()), recipe
+        assert not any(isinstance(m, patch_hf_amax._AmaxDecoderLayer) for m in model.modules()), recipe
         assert not any(m.takes_input_amax for m in model.modules() if isinstance(m, hal.fp8.Linear))
 
 
@@ -136,7 +136,7 @@ def test_a_layer_changed_after_patching_falls_back_where_it_must(seed: int) -> N
     plain.model.layers[0].mlp.register_forward_hook(lambda m, i, o: None)
     layer1.self_attn.k_proj = nn.Linear(64, 32, bias=False)  # kept in higher precision from now on
     plain.model.layers[1].self_attn.k_proj = copy.deepcopy(layer1.self_attn.k_proj)
-    assert patch_hf._amax_plan(layer0) == (True, False) and patch_hf._amax_plan(layer1) == (False, True)
+    assert patch_hf_amax._amax_plan(layer0) == (True, False) and patch_hf_amax._amax_plan(layer1) == (False, True)
     ids, labels = _batch(seed)
     hal.reset_stats()
     fused = _step(model, ids, labels)
@@ -166,7 +166,7 @@ def test_a_layer_whose_forward_wires_otherwise_is_left_alone(seed: int) -> None:
     hal.nn.patch(model, fp8=hal.fp8.CurrentScaling())
     hal.nn.patch(plain, fp8=hal.fp8.CurrentScaling())
     assert all(type(layer) is PostNormLayer for layer in model.model.layers)
-    assert patch_hf._same_wiring(_model("llama", seed).model.layers[0])  # the probe passes Llama's own
+    assert patch_hf_amax._same_wiring(_model("llama", seed).model.layers[0])  # the probe passes Llama's own
     _assert_same(_step(model, *_batch(seed)), _step(plain, *_batch(seed)))
 
 
@@ -180,13 +180,13 @@ def test_recompute_before_or_after_the_conversion_keeps_the_fusion(seed: int) ->
         else:
             hal.nn.patch(model, fp8=hal.fp8.CurrentScaling())
             hal.nn.recompute(model, "selective")
-        assert all(isinstance(layer, patch_hf._AmaxDecoderLayer) for layer in model.model.layers)
+        assert all(isinstance(layer, patch_hf_amax._AmaxDecoderLayer) for layer in model.model.layers)
         assert policy_of(model) == "selective"
         hal.reset_stats()
         fused = _step(model, *_batch(seed))
         assert _calls("rms_norm_amax") >= 4  # recomputed in the backward too
         hal.nn.recompute(model, None)
-        assert all(isinstance(layer, patch_hf._AmaxDecoderLayer) for layer in model.model.layers)
+        assert all(isinstance(layer, patch_hf_amax._AmaxDecoderLayer) for layer in model.model.layers)
         _assert_same(fused, _step(_unfused(model), *_batch(seed)))
 
 
@@ -223,11 +223,11 @@ def test_pass_amaxes_changes_only_what_it_recognises(seed: int, caplog: pytest.L
     model = _model("llama", seed)
     hal.nn.patch(model)
     hal.fp8.convert(model, hal.fp8.CurrentScaling(), within="auto")
-    assert all(isinstance(layer, patch_hf._AmaxDecoderLayer) for layer in model.model.layers)
-    assert patch_hf.pass_amaxes(model) == 0  # already done
+    assert all(isinstance(layer, patch_hf_amax._AmaxDecoderLayer) for layer in model.model.layers)
+    assert patch_hf_amax.pass_amaxes(model) == 0  # already done
     state = {k: v.data_ptr() for k, v in model.state_dict().items()}
     assert not any(has_hooks(m) for m in model.modules())
     unpatched = _model("llama", seed)
     with caplog.at_level(logging.DEBUG, logger="hal.nn.patch"):
-        assert patch_hf.pass_amaxes(unpatched) == 0  # transformers' own modules: nothing to pass amaxes between
+        assert patch_hf_amax.pass_amaxes(unpatched) == 0  # transformers' own modules: nothing to pass amaxes between
     assert {k: v.data_ptr() for k, v in model.state_dict().items()} == state

@@ -224,12 +224,12 @@ def test_patched_llama_trains_bit_for_bit_as_without_the_fusion(fmts: list[str])
     if "e4m3fn" not in fmts:
         pytest.skip("CurrentScaling's default format e4m3fn is not this GPU's")
     import hal.fp8
-    from hal.nn import patch_hf
+    from hal.nn import patch_hf_amax
 
     seed = fresh_seed()
     model = _llama(seed)
     hal.nn.patch(model, fp8=hal.fp8.CurrentScaling())
-    assert all(isinstance(layer, patch_hf._AmaxDecoderLayer) for layer in model.model.layers)
+    assert all(isinstance(layer, patch_hf_amax._AmaxDecoderLayer) for layer in model.model.layers)
     plain = copy.deepcopy(model)
     for layer in plain.model.layers:
         layer.__class__ = type(layer).__mro__[2]
