@@ -2,8 +2,8 @@
 own node: torch's ops, which Inductor compiles with their neighbours, where those measured faster.
 
 - rotary_embedding: eagerly hal's node (its backward op is one rotation, faster than torch's
-  recorded ops there); in graphs torch's ops (an opaque node cost about twice the host time of
-  Inductor's code).
+  recorded ops there; for small arrays the numba pass, ``hal_backend_cpu.rotary``); in graphs torch's
+  ops (an opaque node cost about twice the host time of Inductor's code).
 - linear_cross_entropy: eagerly the blocked kernel (the whole logits only where they are one block
   of it); in graphs the LM head and loss as torch's ops while the logits fit
   ``hal_torch.loss.GRAPH_LOGITS_LIMIT``, beyond it the blocked kernel's opaque node.
@@ -23,7 +23,7 @@ def test_rotary_is_hals_node_eagerly_and_torchs_ops_in_compiled_graphs(rng: np.r
     x = torch.from_numpy(rng.standard_normal((2, 8, 4, 16))).requires_grad_(True)
     cos, sin = (torch.from_numpy(rng.standard_normal((8, 1, 8))) for _ in range(2))
     d = hal.explain("rotary_embedding", x, cos, sin)
-    assert (d.backend, d.kernel, d.autograd_by) == ("cpu", "torch", "hal"), d
+    assert (d.backend, d.kernel, d.autograd_by) == ("cpu", "numba", "hal"), d  # small: the numba pass
     assert d.compiled is not None and d.compiled.traceable, d
     compiled, graphs = compiled_with_graphs(lambda t: hal.ops.rotary_embedding(t, cos, sin))
     g = torch.from_numpy(rng.standard_normal(x.shape))
