@@ -9,7 +9,9 @@ most of a shared machine's drift. Rows:
 
   * kernel route: NumPy arrays (``softmax(x)``: dim -1 canonicalised to 1; and ``dim=1`` given),
     torch CPU tensors in grad mode without grad-requiring inputs, and under no_grad, each against
-    calling the kernel directly (the "within 2 us of the kernel" budget);
+    calling the kernel directly (the "within 2 us of the kernel" budget); and under
+    ``torch.autocast`` (bfloat16): softmax and linear with nothing to cast against the kernel, linear
+    with three float32 arguments to cast against those casts alone;
   * autograd route, forward: softmax, layer_norm and linear + gelu on a tensor requiring grad,
     against torch.softmax / F.layer_norm / F.gelu(F.linear) with autograd (the "torch's own op +
     5 us" budget); linear + gelu is two hal nodes (its training decomposition);
@@ -59,6 +61,15 @@ float32/float64 arrays of up to 256 elements in one numba call (0.79 us at (4, 4
 torch's softmax with ``from_numpy`` and ``Tensor.numpy``; numba's scalar exp loses beyond about 400
 elements), and ``hal.explain`` shows it chosen, its measured time, and why a torch caller's tensor
 keeps torch's kernel. The other rows did not move beyond the noise.
+
+Issue 40, eager host time (2026-12-07, the same 2-core EPYC VM, load 1-1.7 from other sessions;
+this script with ``--repeat 9 --number 5000 --json``, the dispatcher of ``66d0b65`` and of
+``4ee1c97`` alternated process by process, 3 processes each, medians): under ``torch.autocast`` a
+call's key holds the autocast state and its cached plan does the casts (it had checked each named
+argument, cast, and called the entry again with autocast off). Over the kernel: softmax (no CPU rule)
+2.28 -> 1.71 us, linear in bfloat16 (nothing to cast) 4.16 -> 2.87 us; linear with three float32
+arguments over the three casts alone 5.87 -> 3.51 us. Without autocast +0.03 to +0.06 us (the key's
+one more element), within the processes' spread.
 
     python benchmarks/dispatch_overhead.py [--repeat 21] [--number 20000] [--device cuda] [--json]
 
@@ -164,6 +175,18 @@ def main() -> None:
         row("kernel route: torch, softmax(t, 1), grad mode vs the kernel", (hal.ops.softmax, (t, 1)), (identity, (t, 1)))
         with torch.no_grad():
             row("kernel route: torch, softmax(t, 1), no_grad vs the kernel", (hal.ops.softmax, (t, 1)), (identity, (t, 1)))
+        # under torch.autocast (entered once, outside the loops): the autocast state is part of the
+        # call's key, and the cached plan casts what the op's rule names, then runs with autocast off
+        w4, b4 = torch.randn(4, 4, device=dev), torch.randn(4, device=dev)
+        half = torch.bfloat16
+        lin = lambda x, w, b: hal.ops.linear(x, w, b)  # noqa: E731
+        casts = lambda x, w, b: (x.to(half), w.to(half), b.to(half))  # noqa: E731 - what the rule does, without hal
+        with torch.autocast(dev.type, dtype=half):
+            row("kernel route under autocast: softmax(t, 1) vs the kernel", (hal.ops.softmax, (t, 1)), (identity, (t, 1)))
+            row("kernel route under autocast: linear(x, w, b) in bfloat16 (nothing to cast) vs the kernel",
+                (lin, (t.to(half), w4.to(half), b4.to(half))), (identity, (t, 1)))
+            row("kernel route under autocast: linear(x, w, b) in float32 (3 casts) vs the 3 casts",
+                (lin, (t, w4, b4)), (casts, (t, w4, b4)))
 
         tg = torch.randn(4, 4, device=dev, requires_grad=True)
         w, b = torch.randn(4, device=dev, requires_grad=True), torch.randn(4, device=dev, requires_grad=True)
