@@ -58,9 +58,13 @@ def rms_norm_backward_numba(grad_out, x, normalized_shape, weight, eps):
     w, has_w = _weight64(weight, normalized_shape)
     x2 = _rows(x, normalized_shape)
     gx = np.empty_like(x)
-    partial = np.empty((max(1, min(BACKWARD_BLOCKS, x2.shape[0])), x2.shape[1]))
-    _numba.family("norm").rms_backward(_rows(grad_out, normalized_shape), x2, w, has_w, float(eps), _rows(gx, normalized_shape), partial)
-    gw = partial.sum(0).astype(x.dtype if weight is None else weight.dtype).reshape(normalized_shape)
+    nb = _numba.family("norm")
+    # a call its rows run serially for sums its weight gradient in one block: no partials to add up
+    # (numpy's sum over them cost 2.5 us of a 8.7 us call at (32, 64) on the project's VM)
+    blocks = 1 if x2.size <= nb.SERIAL_ELEMENTS else max(1, min(BACKWARD_BLOCKS, x2.shape[0]))
+    partial = np.empty((blocks, x2.shape[1]))
+    nb.rms_backward(_rows(grad_out, normalized_shape), x2, w, has_w, float(eps), _rows(gx, normalized_shape), partial)
+    gw = (partial[0] if blocks == 1 else partial.sum(0)).astype(x.dtype if weight is None else weight.dtype).reshape(normalized_shape)
     return gx, gw
 
 kernel("rms_norm", name="torch", priority=20, dtypes=FLOATS, differentiable=True)(eager.rms_norm)
