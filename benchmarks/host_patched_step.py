@@ -63,6 +63,35 @@ now 0-2.4 us forward and 1-5 us forward + backward (rows above); what is left of
 CPU kernels at these shapes (the rotary kernel's float32 rotation, 11 torch ops, against HF's 6 on
 q and k each; the numba rms_norm pair converting to NumPy; the Python of the patched attention)
 and is not the CUDA path's, whose kernels are Triton's and cuDNN's.
+
+2026-12-07, later (the same VM, load 0.8-2.5 from other sessions; base: ``66d0b65``'s dispatcher, CPU
+backend and hal.nn.patch, against ``21806c5``, beside the other sessions' commits in between;
+alternated process by process). Whole step, this script, 3 runs each: base 1.363x, 1.160x,
+1.176x (per-round medians 1.244, 1.157, 1.192; phase sums 1.152, 1.141, 1.149), after 1.038x,
+1.034x, 0.998x (per-round medians 1.013, 1.046, 1.003; phase sums 1.029, 1.054, 1.033): by phase
+(the last run) torch 9.00 / 11.96 / 2.02 ms, hal 10.24 / 11.67 / 1.78 (forward, backward,
+optimizer). A process-alternating harness (40 rounds of 2 steps, 6 processes each, the 10th
+percentile of rounds) gave 1.14-1.15x -> 1.03-1.04x. What moved:
+
+- the dispatcher (carries to CUDA, where host time is this path): under autocast a call is one key
+  and one lookup (``hal.dispatch.autocast.planner``; it had cast-checked every named argument and
+  called the entry a second time with autocast off): about 0.6-0.9 us a call without casts, 1.5-1.8
+  with bfloat16 SDPA arguments, 2.4-3.6 where arguments are cast (benchmarks/dispatch_overhead.py);
+  hal.nn.patch's RMSNorm makes no ``Tensor.to`` calls that return their tensor (about 1.6 us a call);
+- the CPU kernels (the VM's alone): rotary_embedding and its backward as one numba pass (8.6 against
+  22.1 us at q's (2, 4, 16, 16) bfloat16, bit for bit the torch kernel's results); the numba RMS
+  norm runs small calls serially (its OpenMP barrier had cost up to 250 ms a step when another
+  process held the second core: one of this script's runs at base showed hal at 258 ms a step),
+  reads a float32 weight without a float64 copy and sums the weight gradient of a serial call in
+  one block (backward 8.7 -> 4.4 us); the flash kernel's overlap test is torch's C test first.
+
+What is left is the forward (about 1-1.7 ms a step; the backward and the optimizer are now at or
+below torch's): per hal call about 2.5 us of entry (the key of three or four tensors, the autocast
+state, the lookup), 0.5 of the autocast toggle and about 3 of hal's autograd node (65 node calls a
+forward), and outside this script's files the patched attention's Python (the rotary halves made
+per layer, ``realized`` per layer, two ``Tensor.to`` that return their tensor, the grouped 5-D
+layout's seven view ops a layer, each recorded by autograd): a leaner attention forward,
+monkeypatched in a scratch script, took the step from 1.028x to 1.006x (paired medians, one process).
 """
 
 from __future__ import annotations
