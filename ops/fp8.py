@@ -234,6 +234,15 @@ def _check_fp8_quantize_transpose(x, format, granularity, scale, block_size):
     return {"block_size": bs}
 
 
+def _check_cast_input(op: str, x: Any, format: Any, transpose: bool) -> None:
+    """x and format of a per-tensor cast with a given scale or amax (the ``*_amax`` and
+    ``*_from_amax`` ops): a float array, a known format, and at least 2-D where the transpose is written."""
+    c.float_dtype(op, "x", x)
+    c.choice(op, "format", format, tuple(FORMATS))
+    if transpose:
+        c.min_rank(op, "x", x, 2, "(..., M, K): the transpose swaps the last two dimensions")
+
+
 @declare(dtypes=FLOAT_DTYPES, tolerances=QUANTIZE_TOLERANCE)
 def fp8_quantize_amax(x: Tensor, scale: Tensor, format: str = "e4m3fn") -> tuple[Tensor, Tensor, Tensor]:
     """Quantise x with a given per-tensor scale and reduce its amax in the same pass, returning
@@ -251,8 +260,7 @@ def fp8_quantize_amax(x: Tensor, scale: Tensor, format: str = "e4m3fn") -> tuple
 @fp8_quantize_amax.checker
 def _check_fp8_quantize_amax(x, scale, format):
     op = "fp8_quantize_amax"
-    c.float_dtype(op, "x", x)
-    c.choice(op, "format", format, tuple(FORMATS))
+    _check_cast_input(op, x, format, transpose=False)
     _check_scale_array(op, "scale", scale, ())
 
 
@@ -268,9 +276,7 @@ def fp8_quantize_transpose_amax(x: Tensor, scale: Tensor, format: str = "e4m3fn"
 @fp8_quantize_transpose_amax.checker
 def _check_fp8_quantize_transpose_amax(x, scale, format):
     op = "fp8_quantize_transpose_amax"
-    c.float_dtype(op, "x", x)
-    c.choice(op, "format", format, tuple(FORMATS))
-    c.min_rank(op, "x", x, 2, "(..., M, K): the transpose swaps the last two dimensions")
+    _check_cast_input(op, x, format, transpose=True)
     _check_scale_array(op, "scale", scale, ())
 
 
@@ -296,8 +302,7 @@ def fp8_quantize_from_amax(x: Tensor, amax: Tensor, format: str = "e4m3fn") -> t
 @fp8_quantize_from_amax.checker
 def _check_fp8_quantize_from_amax(x, amax, format):
     op = "fp8_quantize_from_amax"
-    c.float_dtype(op, "x", x)
-    c.choice(op, "format", format, tuple(FORMATS))
+    _check_cast_input(op, x, format, transpose=False)
     _check_amax_array(op, amax)
 
 
@@ -313,9 +318,7 @@ def fp8_quantize_transpose_from_amax(x: Tensor, amax: Tensor, format: str = "e4m
 @fp8_quantize_transpose_from_amax.checker
 def _check_fp8_quantize_transpose_from_amax(x, amax, format):
     op = "fp8_quantize_transpose_from_amax"
-    c.float_dtype(op, "x", x)
-    c.choice(op, "format", format, tuple(FORMATS))
-    c.min_rank(op, "x", x, 2, "(..., M, K): the transpose swaps the last two dimensions")
+    _check_cast_input(op, x, format, transpose=True)
     _check_amax_array(op, amax)
 
 

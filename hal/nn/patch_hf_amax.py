@@ -46,9 +46,10 @@ _CLASSES: list[type] = []
 
 
 def _classes() -> list[type]:
-    """:data:`_CLASSES`, filled on first use. hal.nn.patch imports this module and ``hal.fp8.convert``
-    calls :func:`pass_amaxes`, so both are loaded when it runs; they are read from ``sys.modules``,
-    not imported: hal.nn.patch imports hal.fp8, which imports this (the core imports one way)."""
+    """:data:`_CLASSES`, filled on first use. ``hal.fp8.convert`` imports this module and calls
+    :func:`pass_amaxes`, so hal.fp8.linear and hal.nn.patch are loaded when it runs; they are read
+    from ``sys.modules``, not imported: hal.nn.patch imports hal.fp8, whose convert imports this, and
+    the core imports one way (tests/core/test_wiring.py refuses a cycle, lazy imports included)."""
     if not _CLASSES:
         patch, fp8 = sys.modules["hal.nn.patch"], sys.modules["hal.fp8.linear"]
         _CLASSES[:] = [patch.RMSNorm, patch.SwiGLUMLP, fp8.Linear]
