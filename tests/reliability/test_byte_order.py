@@ -5,7 +5,10 @@ ValueError) and numba none either, so hal converts them to a native copy (numba 
 and say why) and writes an op's in-place results back into the caller's arrays.
 
 The calls are each op's quick conformance cases in float32 (float64 where an op has no float32
-cases), drawn from a fresh seed, on the CPU backends as dispatched."""
+cases), drawn from a fresh seed, on the CPU backends as dispatched. Since the numba kernels decline
+the swapped arrays, the two calls may take different routes (a serial numba reduction against
+torch's blocked one), so results agree within the op's declared tolerance, widened by the call's
+reduction length as conformance widens it, not bit for bit."""
 
 from __future__ import annotations
 
@@ -55,6 +58,16 @@ def _call(op: str, args: dict[str, Any]) -> Any:
     return decl.entry(*positional, **keywords)
 
 
+def _tolerance(op: str, dtype: str, call: Any) -> tuple[float, float]:
+    """(atol, rtol) between two results that are each within the op's declared tolerance of the
+    reference: twice that tolerance, widened by the call's reduction length and scaled by the case's
+    data scale, as conformance widens and scales it."""
+    decl = get_op(op)
+    k = decl.reduction(call.args) if decl.reduction else 1
+    atol, rtol = decl.tolerances[dtype].widened(int(k))
+    return 2 * atol * max(1.0, call.scale), 2 * rtol
+
+
 def _dtype_of_cases(op: str) -> str:
     dtypes = get_op(op).dtypes
     return "float32" if "float32" in dtypes else "float64" if "float64" in dtypes else ""
@@ -75,16 +88,17 @@ def test_byte_swapped_arrays_give_the_native_results(op: str, seed: int) -> None
         how_n, want = outcome(lambda: _call(op, native))
         how_s, got = outcome(lambda: _call(op, swapped))
         label = f"{op}[{spec.name}, {dtype}]"
+        atol, rtol = _tolerance(op, dtype, call)
         assert how_s == how_n, f"{label}: {how_s} ({got}) where native arrays give {how_n} ({want})"
         if how_n != "result":
             continue
         for i, (g, w) in enumerate(zip(_flat(got), _flat(want))):
             if isinstance(w, np.ndarray):
                 assert isinstance(g, np.ndarray) and g.shape == w.shape and g.dtype.newbyteorder("=") == w.dtype, f"{label} out[{i}]"
-                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{label} out[{i}]")
+                np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"{label} out[{i}]")
         for name in get_op(op).mutates:  # in-place results reach the caller's arrays
             for g, w in zip(_flat(swapped[name]), _flat(native[name])):
                 if isinstance(w, np.ndarray):
-                    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{label} @{name}")
+                    np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"{label} @{name}")
     if not swapped_any:
         pytest.skip(f"{op}: its quick cases have no float arrays")
