@@ -94,8 +94,16 @@ def _norm() -> Iterator[Spec]:
         yield _spec("norm", "norm_fwd_tile_kernel", v, x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", amax_ptr="*bf16",
                     **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=not rms, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32,
                     AMAX=False)
-        yield _spec("norm", "norm_bwd_tile_kernel", v, g_ptr="*bf16", x_ptr="*bf16", w_ptr="*bf16", dx_ptr="*bf16",
-                    part_ptr="*fp32", **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, RMS=rms, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32)
+        # the backward's default launch, and the prefetching candidates of the plugins' tables: one row
+        # over 8 warps (NVIDIA, at most 128 registers a thread; AMD launches 4 waves and no such
+        # option), two rows over 16 warps
+        bwd = dict(div16=("N",), g_ptr="*bf16", x_ptr="*bf16", w_ptr="*bf16", dx_ptr="*bf16", part_ptr="*fp32", **_ints("M", "N"), eps="fp32",
+                   eps_lo="fp32", HAS_W=True, RMS=rms, BLOCK_N=4096, COMPUTE=F32)
+        yield _spec("norm", "norm_bwd_tile_kernel", v, options={"num_warps": 8}, BLOCK_M=1, PREFETCH=False, **bwd)
+        yield _spec("norm", "norm_bwd_tile_kernel", f"{v}, prefetch", options={"num_warps": 8, "maxnreg": 128}, BLOCK_M=1,
+                    PREFETCH=True, **bwd)
+        yield _spec("norm", "norm_bwd_tile_kernel", f"{v}, prefetch, 2 rows, 16 warps", options={"num_warps": 16}, BLOCK_M=2,
+                    PREFETCH=True, **bwd)
     # rms_norm_amax: the amax of y (as written) atomically maxed into an int32 word
     yield _spec("norm", "norm_fwd_tile_kernel", "rms, amax", x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", amax_ptr="*i32",
                 **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=False, RMS=True, BLOCK_M=1, BLOCK_N=4096, COMPUTE=F32,
@@ -104,8 +112,10 @@ def _norm() -> Iterator[Spec]:
                 N="i32", eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=True, RMS=False, BLOCK_N=2048, COMPUTE=F32, AMAX=False)
     yield _spec("norm", "norm_fwd_loop_kernel", "fp32 rms, amax", x_ptr="*fp32", w_ptr="*fp32", b_ptr="*fp32", y_ptr="*fp32",
                 amax_ptr="*i32", N="i32", eps="fp32", eps_lo="fp32", HAS_W=True, HAS_B=False, RMS=True, BLOCK_N=2048, COMPUTE=F32, AMAX=True)
-    yield _spec("norm", "norm_bwd_loop_kernel", "fp32", g_ptr="*fp32", x_ptr="*fp32", w_ptr="*fp32", dx_ptr="*fp32",
-                part_ptr="*fp32", **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, RMS=False, BLOCK_N=2048, COMPUTE=F32)
+    for rms in (False, True):  # rms_norm's loop writes no bias partials
+        yield _spec("norm", "norm_bwd_loop_kernel", "fp32 rms" if rms else "fp32", g_ptr="*fp32", x_ptr="*fp32", w_ptr="*fp32",
+                    dx_ptr="*fp32", part_ptr="*fp32", **_ints("M", "N"), eps="fp32", eps_lo="fp32", HAS_W=True, RMS=rms, BLOCK_N=2048,
+                    COMPUTE=F32)
 
 
 def _softmax() -> Iterator[Spec]:

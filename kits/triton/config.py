@@ -81,3 +81,25 @@ class BNConfig:
     finalize_rows: int = 64  # chunks' partial sums those programs add per step
     reduce_block_s: int = 0  # positions per tile of the two reductions (0: block_s)
     reduce_warps: int = 0  # warps of the two reductions (0: num_warps)
+
+
+@dataclasses.dataclass(frozen=True)
+class NormBwdConfig:
+    """Launch configuration of the persistent layer_norm / rms_norm backward (hal_triton.norm):
+    ``programs`` programs, each taking every ``programs``-th block of ``block_m`` rows by
+    ``block_n`` columns (``block_n`` below the row length: the loop kernel, one row a step), over
+    ``num_warps`` warps; ``prefetch``: each program loads its next block before reducing the
+    current one (the tile kernel only); ``options``: vendor launch options as sorted (name, value)
+    pairs (NVIDIA's ``maxnreg``), as :class:`GemmConfig` keeps them."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    programs: int
+    prefetch: bool = False
+    options: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NormBwdConfig":
+        """A configuration from its ``dataclasses.asdict`` form (a JSON cache entry)."""
+        return cls(**{**d, "options": tuple(tuple(o) for o in d.get("options", ()))})

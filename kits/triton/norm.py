@@ -12,8 +12,10 @@ FP8 cast of y under per-tensor current scaling then needs no pass over y to find
 maxes the float32 bits of its largest |y| into one int32 word (:func:`amax_bits`).
 
 The backward recomputes the statistics from x. Programs of the backward are persistent: each takes
-every P-th block of rows and accumulates its partial grad_weight / grad_bias in registers (tile) or
-in its own row of a partial buffer (loop); the host sums the P partial rows.
+every P-th block of rows and accumulates its partial grad_weight / grad_bias (layer_norm only) in
+registers (tile) or in its own row of a partial buffer (loop); the host sums the P partial rows.
+The tile kernel can load a program's next block while it reduces the current one (``PREFETCH``);
+which launch runs is the autotuner's choice among the plugin's candidates (``NormBwdConfig``).
 """
 
 from __future__ import annotations
@@ -122,43 +124,81 @@ def norm_fwd_loop_kernel(
         tl.atomic_max(amax_ptr, tl.max(top, axis=0))
 
 
+@triton.jit
+def _row_block(block, M, N, cols, cmask, BLOCK_M: tl.constexpr):
+    """(offsets, mask) of row block ``block``: rows block * BLOCK_M ... of the (M, N) matrix at the
+    columns ``cols`` (``cmask``: those below N); rows from M on are masked."""
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    return rows.to(tl.int64)[:, None] * N + cols[None, :], (rows < M)[:, None] & cmask[None, :]
+
+
+@triton.jit
+def _load_block(x_ptr, g_ptr, block, M, N, cols, cmask, BLOCK_M: tl.constexpr):
+    """x and grad_out of row block ``block`` in their stored dtype (zero where masked; a block past
+    the last row reads nothing)."""
+    offs, mask = _row_block(block, M, N, cols, cmask, BLOCK_M)
+    return tl.load(x_ptr + offs, mask=mask, other=0.0), tl.load(g_ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _bwd_block(x, g, w, mask, N, eps, RMS: tl.constexpr):
+    """(grad_x, column sums of g * xhat, column sums of g) of one [BLOCK_M, BLOCK_N] block; x, g
+    and the weight row w (ones without a weight, zero past N) in the compute type."""
+    xc, rstd = _stats(x, mask, N, eps, RMS)
+    xhat = xc * rstd[:, None]
+    wg = g * w[None, :]
+    c1 = tl.sum(xhat * wg, axis=1) / N
+    if RMS:
+        dx = (wg - xhat * c1[:, None]) * rstd[:, None]
+    else:
+        c2 = tl.sum(wg, axis=1) / N
+        dx = (wg - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+    return dx, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0)
+
+
 @triton.jit(do_not_specialize=["M"])
 def norm_bwd_tile_kernel(
     g_ptr, x_ptr, w_ptr, dx_ptr, part_ptr, M, N, eps, eps_lo,
     HAS_W: tl.constexpr, RMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    """grad_x of every row block pid, pid + P, ...; partial sums of g * xhat (and of g) over those
-    rows go to part_ptr rows pid (and P + pid)."""
+    """grad_x of every row block pid, pid + P, ...; partial sums of g * xhat over those rows go to
+    part_ptr row pid, for layer_norm those of g to row P + pid (rms_norm has no bias).
+
+    PREFETCH: the next block's x and grad_out are loaded (masked, as stored) before the current
+    block is reduced and carried into the next iteration, so that they are in flight during the
+    reductions and the store. Triton pipelines no loads that do not feed ``tl.dot``: without it a
+    program has no load in flight from the arrival of a block until its reductions and store are
+    done. (In the sm_90 SASS of Triton 3.9 the loop's barriers do not wait on the prefetching
+    loads; the loop's first use of the carried values does.)"""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
+    eps_c = tl.cast(eps, COMPUTE) + tl.cast(eps_lo, COMPUTE)
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(COMPUTE)
     else:
         w = tl.where(cmask, 1.0, 0.0).to(COMPUTE)
     dw = tl.zeros([BLOCK_N], dtype=COMPUTE)
     db = tl.zeros([BLOCK_N], dtype=COMPUTE)
+    if PREFETCH:
+        x_next, g_next = _load_block(x_ptr, g_ptr, pid, M, N, cols, cmask, BLOCK_M)
     for block in range(pid, tl.cdiv(M, BLOCK_M), n_programs):
-        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask = (rows < M)[:, None] & cmask[None, :]
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-        xc, rstd = _stats(x, mask, N, tl.cast(eps, COMPUTE) + tl.cast(eps_lo, COMPUTE), RMS)
-        xhat = xc * rstd[:, None]
-        wg = g * w[None, :]
-        c1 = tl.sum(xhat * wg, axis=1) / N
-        if RMS:
-            dx = (wg - xhat * c1[:, None]) * rstd[:, None]
+        if PREFETCH:
+            x, g = x_next, g_next
+            x_next, g_next = _load_block(x_ptr, g_ptr, block + n_programs, M, N, cols, cmask, BLOCK_M)
         else:
-            c2 = tl.sum(wg, axis=1) / N
-            dx = (wg - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+            x, g = _load_block(x_ptr, g_ptr, block, M, N, cols, cmask, BLOCK_M)
+        offs, mask = _row_block(block, M, N, cols, cmask, BLOCK_M)
+        dx, dw_block, db_block = _bwd_block(x.to(COMPUTE), g.to(COMPUTE), w, mask, N, eps_c, RMS)
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw += tl.sum(g * xhat, axis=0)
-        db += tl.sum(g, axis=0)
+        dw += dw_block
+        if not RMS:
+            db += db_block
     tl.store(part_ptr + pid.to(tl.int64) * N + cols, dw, mask=cmask)
-    tl.store(part_ptr + (n_programs + pid).to(tl.int64) * N + cols, db, mask=cmask)
+    if not RMS:
+        tl.store(part_ptr + (n_programs + pid).to(tl.int64) * N + cols, db, mask=cmask)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -167,7 +207,7 @@ def norm_bwd_loop_kernel(
     HAS_W: tl.constexpr, RMS: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     """As the tile kernel, one long row at a time; partial sums accumulate in part_ptr (zeroed by
-    the host), each program in its own rows."""
+    the host), each program in its own rows (rms_norm: g * xhat only)."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -203,7 +243,8 @@ def norm_bwd_loop_kernel(
                 dx = (wg - xhat * c1 - c2) * rstd
             tl.store(dx_ptr + base + c, dx.to(dx_ptr.dtype.element_ty), mask=m)
             tl.store(dw_row + c, tl.load(dw_row + c, mask=m, other=0.0) + g * xhat, mask=m)
-            tl.store(db_row + c, tl.load(db_row + c, mask=m, other=0.0) + g, mask=m)
+            if not RMS:
+                tl.store(db_row + c, tl.load(db_row + c, mask=m, other=0.0) + g, mask=m)
 
 
 # --- host side ----------------------------------------------------------------------------------
@@ -266,9 +307,17 @@ def norm_backward(
     block_n: int,
     num_warps: int,
     programs: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    prefetch: bool = False,
+    options: tuple[tuple[str, int], ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(grad_x, grad_weight, grad_bias) with grad_weight/grad_bias flat (n,) in x's dtype (the
-    caller reshapes them). ``programs`` persistent programs (the partial rows to sum)."""
+    caller reshapes them); grad_bias None for rms_norm (no bias: its partial sums are neither
+    written nor added). ``programs`` persistent programs (the partial rows to sum); ``prefetch``:
+    the tile kernel loads each program's next row block before reducing the current one;
+    ``options``: vendor launch options (:class:`~hal_triton.config.NormBwdConfig`).
+
+    grad_x and the partial sums are fresh buffers of this call, so that running it again on the
+    same inputs (the autotuner times candidates so) changes nothing the caller holds."""
     x2, g2 = _dense(x), _dense(grad_out)
     m = x2.numel() // n if n else 0
     dx = torch.empty_like(x2)
@@ -276,14 +325,18 @@ def norm_backward(
     acc = torch_compute_dtype(x.dtype)
     tile = block_n >= n
     p = max(1, min(programs, cdiv(m, block_m) if tile else m))
+    sums = 1 if rms else 2  # grad_weight's partial rows, and grad_bias's
 
     def build() -> LaunchPlan:
         flags = dict(HAS_W=weight is not None, RMS=rms, COMPUTE=compute_dtype(x.dtype))
         if tile:
-            return LaunchPlan(norm_bwd_tile_kernel, (p,), (m, n, *split_f64(eps)), num_warps=num_warps, BLOCK_M=block_m, BLOCK_N=block_n, **flags)
-        return LaunchPlan(norm_bwd_loop_kernel, (p,), (m, n, *split_f64(eps)), num_warps=num_warps, BLOCK_N=block_n, **flags)
+            return LaunchPlan(norm_bwd_tile_kernel, (p,), (m, n, *split_f64(eps)), num_warps=num_warps, options=options, BLOCK_M=block_m,
+                              BLOCK_N=block_n, PREFETCH=prefetch, **flags)
+        return LaunchPlan(norm_bwd_loop_kernel, (p,), (m, n, *split_f64(eps)), num_warps=num_warps, options=options, BLOCK_N=block_n,
+                          **flags)
 
-    part = (torch.empty if tile else torch.zeros)((2 * p, n), dtype=acc, device=x.device)  # the loop kernel accumulates
-    _PLANS.get_or_build((1, m, n, x.dtype, weight is None, eps, rms, block_m, block_n, num_warps, p), build)(g2, x2, w, dx, part)
-    sums = part.view(2, p, n).sum(dim=1).to(x.dtype)
-    return dx, sums[0], sums[1]
+    part = (torch.empty if tile else torch.zeros)((sums * p, n), dtype=acc, device=x.device)  # the loop kernel accumulates
+    key = (1, m, n, x.dtype, weight is None, eps, rms, block_m, block_n, num_warps, p, prefetch and tile, options)
+    _PLANS.get_or_build(key, build)(g2, x2, w, dx, part)
+    grads = part.view(sums, p, n).sum(dim=1).to(x.dtype)
+    return dx, grads[0], None if rms else grads[1]
