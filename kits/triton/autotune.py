@@ -34,6 +34,17 @@ C = TypeVar("C")  # a launch configuration (GemmConfig) or any hashable choice
 
 #: problems below this many floating-point (or integer) operations use the default configuration
 MIN_TUNED_FLOPS = 2e9
+#: the operations a GPU's matrix units do in the time its memory moves one byte, about (dense bf16
+#: rate over HBM bandwidth: H100 SXM 989e12 / 3.35e12 = 295, H200 989e12 / 4.8e12 = 206, MI300X
+#: 1307e12 / 5.3e12 = 247): what a byte of a memory-bound kernel weighs against MIN_TUNED_FLOPS
+FLOPS_PER_BYTE = 250.0
+
+
+def streaming_work(nbytes: float) -> float:
+    """The work measure :func:`choose` compares with MIN_TUNED_FLOPS for a memory-bound kernel that
+    moves ``nbytes``: a kernel is tuned from about the same duration on, a few microseconds, whether
+    its time goes to arithmetic or to bytes (2e9 / 250: from 8 MB moved)."""
+    return nbytes * FLOPS_PER_BYTE
 
 
 def cache_dir() -> Path:
@@ -114,8 +125,10 @@ def _time_ms(fn: Callable[[], Any], reps: int = 5) -> float:
 
 def choose(tables: LaunchTables, device: torch.device, key: str, candidates: Sequence[C], run: Callable[[C], Any], flops: float) -> C:
     """The configuration for problem ``key``: cached, else tuned now by calling ``run(candidate)``
-    (which launches the kernel on the real inputs), else the first candidate."""
-    if device.type != "cuda" or flops < MIN_TUNED_FLOPS:
+    (which launches the kernel on the real inputs), else the first candidate (the only one, where
+    there is nothing to choose). ``flops``: the problem's operations (:func:`streaming_work` for a
+    memory-bound kernel)."""
+    if device.type != "cuda" or flops < MIN_TUNED_FLOPS or len(candidates) == 1:
         return candidates[0]
     cache = cache_for(tables, device)
     hit = cache.get(key)

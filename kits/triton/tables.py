@@ -15,11 +15,28 @@ from __future__ import annotations
 
 import abc
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
-from .config import BNConfig, GemmConfig, Plans, next_pow2
+from .config import BNConfig, GemmConfig, NormBwdConfig, Plans, next_pow2
+
+
+def norm_backward_candidates(rows: dict[str, int], n: int, programs: int, units: int, variants: Sequence[tuple[int, int]],
+                             max_warps: int, options: tuple[tuple[str, int], ...] = ()) -> tuple[NormBwdConfig, ...]:
+    """Launches of the norm backward to measure for rows of length ``n``: first exactly the
+    default (the ``rows`` table's blocks, ``programs`` programs, no prefetch), which runs wherever
+    tuning does not; then, where the row fits one block (the tile kernel), a prefetching launch
+    per ``(k, per_unit)`` of ``variants``: k times the rows over k times the warps (the same
+    elements a thread, k rows' loads in flight), ``per_unit`` programs per multiprocessor or compute
+    unit (``units`` of them), with the vendor launch ``options``; those over ``max_warps`` are left
+    out. The loop kernel (longer rows) has the default only."""
+    default = NormBwdConfig(rows["block_m"], rows["block_n"], rows["num_warps"], programs)
+    if rows["block_n"] < n:
+        return (default,)
+    prefetching = (NormBwdConfig(k * default.block_m, default.block_n, k * default.num_warps, per_unit * units, True, options)
+                   for k, per_unit in variants if k * default.num_warps <= max_warps)
+    return tuple(dict.fromkeys((default, *prefetching)))
 
 
 class Interpreter:
@@ -32,11 +49,18 @@ class Interpreter:
     columns = 4
     gemm = GemmConfig(16, 16, 16, 4, 2)
     int8_gemm = GemmConfig(16, 16, 32, 4, 2)
+    #: the norm backward's prefetching candidates, (rows multiple, programs): several blocks a
+    #: program, blocks of 2 and 4 rows, more programs than blocks at the smallest sizes
+    norm_backward_variants = ((1, 3), (2, 2), (1, 5))
 
     @staticmethod
     def rows(n: int) -> dict[str, int]:
         block_n = min(next_pow2(n), 32)
         return {"block_m": 2 if block_n >= n else 1, "block_n": block_n, "num_warps": 4}
+
+    def norm_backward(self, n: int) -> tuple[NormBwdConfig, ...]:
+        """The norm backward's candidates for rows of length n (:func:`norm_backward_candidates`)."""
+        return norm_backward_candidates(self.rows(n), n, self.persistent_programs, 1, self.norm_backward_variants, max_warps=16)
 
 
 INTERPRETER = Interpreter()
@@ -73,6 +97,12 @@ class LaunchTables(abc.ABC):
     @abc.abstractmethod
     def persistent_programs(self, x: torch.Tensor) -> int:
         """Programs of the persistent backward kernels (each keeps partial parameter gradients)."""
+
+    @abc.abstractmethod
+    def norm_backward_candidates(self, x: torch.Tensor, n: int) -> tuple[NormBwdConfig, ...]:
+        """Launches of the layer_norm / rms_norm backward for rows of length n, measured per device
+        and problem by the autotuner: the first exactly ``rows`` and ``persistent_programs`` without
+        prefetch (what runs where tuning does not); see :func:`norm_backward_candidates`."""
 
     @abc.abstractmethod
     def columns(self, x: torch.Tensor) -> int:
@@ -112,7 +142,7 @@ class PerGeometry:
     other attribute (GEMM candidates, the device slug, seed_dir) is the plugin's own.
     """
 
-    _PER_CALL = ("elementwise", "rows", "persistent_programs", "columns", "batch_norm", "multi_tensor")
+    _PER_CALL = ("elementwise", "rows", "persistent_programs", "norm_backward_candidates", "columns", "batch_norm", "multi_tensor")
 
     def __init__(self, tables: LaunchTables) -> None:
         self.tables = tables

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from hal_triton.config import BNConfig, GemmConfig, next_pow2
-from hal_triton.tables import INTERPRETER, LaunchTables, interpreted
+from hal_triton.config import BNConfig, GemmConfig, NormBwdConfig, next_pow2
+from hal_triton.tables import INTERPRETER, LaunchTables, interpreted, norm_backward_candidates
 
 from ._device import slug, sm_count
 
@@ -43,6 +43,17 @@ INT8_CANDIDATES = (
     GemmConfig(256, 128, 128, 8, 3),
     GemmConfig(128, 128, 64, 4, 4),
 )
+#: the norm backward's prefetching candidates (rows multiple, programs per SM) beside the default of
+#: ``rows`` with 4 programs per SM: a program of 8 warps on a 4096-element bf16 row keeps the next
+#: row's x and grad_out (16 KB) in flight while it reduces the current one; 2 to 8 programs per SM
+#: trade waves of programs against partial rows to sum; 2 rows over twice the warps (at most 16)
+#: put 32 KB in flight per program
+NORM_BWD_VARIANTS = ((1, 2), (1, 4), (1, 8), (2, 2))
+#: at most 128 registers a thread for the prefetching launches, so that two programs of 8 warps
+#: share an SM's 64K: ptxas (Triton 3.9, sm_90a) gave layer_norm's prefetching kernel at 4096 bf16
+#: 141 without the cap (one program an SM, as many bytes in flight as without prefetch) and 128 with
+#: it, spilling nothing
+NORM_BWD_OPTIONS = (("maxnreg", 128),)
 #: float64 GEMM tiles multiply with FMAs (no float64 tl.dot in Triton 3.6 for sm_90): small tiles
 FMA_GEMM = GemmConfig(16, 16, 16, 4, 1)
 
@@ -77,6 +88,12 @@ class CudaTables(LaunchTables):
 
     def persistent_programs(self, x: torch.Tensor) -> int:
         return INTERPRETER.persistent_programs if interpreted(x) else 4 * sm_count(x.device)
+
+    def norm_backward_candidates(self, x: torch.Tensor, n: int) -> tuple[NormBwdConfig, ...]:
+        if interpreted(x):
+            return INTERPRETER.norm_backward(n)
+        return norm_backward_candidates(self.rows(x, n), n, self.persistent_programs(x), sm_count(x.device), NORM_BWD_VARIANTS, max_warps=16,
+                                        options=NORM_BWD_OPTIONS)
 
     def columns(self, x: torch.Tensor) -> int:
         return INTERPRETER.columns if interpreted(x) else 128

@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from hal_triton.config import BNConfig, GemmConfig, next_pow2
-from hal_triton.tables import INTERPRETER, LaunchTables, interpreted
+from hal_triton.config import BNConfig, GemmConfig, NormBwdConfig, next_pow2
+from hal_triton.tables import INTERPRETER, LaunchTables, interpreted, norm_backward_candidates
 
 from ._device import ARCHS, ArchFacts, arch, compute_units, slug
 
@@ -65,6 +65,11 @@ INT8_CANDIDATES: dict[str, tuple[GemmConfig, ...]] = {
     "gfx942": (_gemm(128, 128, 128, 4, nonk=16, kpack=2, per_eu=2), _gemm(256, 128, 128, 8, nonk=16, kpack=2, per_eu=2),
                _gemm(128, 256, 128, 8, nonk=16, kpack=2, per_eu=2)),
 }
+#: the norm backward's prefetching candidates (rows multiple, programs per compute unit) beside the
+#: default of ``rows`` with 2 programs per CU: ``rows`` gives a 4096-element row 4 waves (one per
+#: SIMD, 16 elements a lane); 2 to 4 programs per CU put 2 to 4 waves on each SIMD, registers
+#: permitting; 2 rows over 8 waves (at most 16, a 1024-lane workgroup) double the loads in flight
+NORM_BWD_VARIANTS = ((1, 2), (1, 4), (2, 2), (2, 4))
 #: float64 GEMMs multiply with FMAs (the kit has no float64 tl.dot): 4 outputs a lane
 FMA_GEMM = GemmConfig(32, 32, 8, 4, 1)
 
@@ -117,6 +122,12 @@ class RocmTables(LaunchTables):
     def persistent_programs(self, x: torch.Tensor) -> int:
         """Two programs a compute unit (each keeps a partial row of the parameter gradients)."""
         return INTERPRETER.persistent_programs if interpreted(x) else 2 * self.compute_units(x)
+
+    def norm_backward_candidates(self, x: torch.Tensor, n: int) -> tuple[NormBwdConfig, ...]:
+        if interpreted(x):
+            return INTERPRETER.norm_backward(n)
+        return norm_backward_candidates(self.rows(x, n), n, self.persistent_programs(x), self.compute_units(x), NORM_BWD_VARIANTS,
+                                        max_warps=16)
 
     def columns(self, x: torch.Tensor) -> int:
         return INTERPRETER.columns if interpreted(x) else 2 * LANES

@@ -1,12 +1,16 @@
 """layer_norm and rms_norm, forward and backward, and rms_norm_amax (the forward reducing its
-result's amax). Launch configuration: the plugin's ``rows`` blocks
-for rows of the normalised length, and its ``persistent_programs`` for the backward (each program
-keeps partial parameter gradients)."""
+result's amax). Launch configuration: the plugin's ``rows`` blocks for rows of the normalised
+length; for the backward the fastest of the plugin's ``norm_backward_candidates`` measured on this
+device per problem (cached by :mod:`hal_triton.autotune`), the first (``rows`` with
+``persistent_programs`` programs) wherever tuning does not happen."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from .. import autotune
 from .kit import FIRST, Kit, family
 
 
@@ -15,6 +19,17 @@ def _numel(shape: Any) -> int:
     for s in shape:
         n *= int(s)
     return n
+
+
+def _backward_key(x: torch.Tensor, n: int, has_weight: bool, rms: bool) -> str:
+    """The autotune key of a norm backward: rows bucketed, the row length exact."""
+    rows = x.numel() // n if n else 0
+    return f"{'rms' if rms else 'layer'}_norm_backward/{x.dtype}/m{autotune.bucket(rows)}/n{n}/{'w' if has_weight else 'no_w'}"
+
+
+def _backward_bytes(x: torch.Tensor) -> int:
+    """The bytes a norm backward must move: x and grad_out read, grad_x written."""
+    return 3 * x.numel() * x.element_size()
 
 
 def register(kit: Kit) -> None:
@@ -26,7 +41,14 @@ def register(kit: Kit) -> None:
 
     def norm_backward(grad_out, x, normalized_shape, weight, eps, rms):
         n = _numel(normalized_shape)
-        return family("norm").norm_backward(grad_out, x, n, weight, eps, rms, programs=tables.persistent_programs(x), **tables.rows(x, n))
+        norm = family("norm")
+
+        def run(cfg):  # fresh grad_x and partial sums each run: timing candidates on the call's inputs is safe
+            return norm.norm_backward(grad_out, x, n, weight, eps, rms, **vars(cfg))
+
+        cfg = autotune.choose(tables, x.device, _backward_key(x, n, weight is not None, rms), tables.norm_backward_candidates(x, n), run,
+                              autotune.streaming_work(_backward_bytes(x)))
+        return run(cfg)
 
     @kit.kernel("layer_norm", "triton", FIRST)
     def layer_norm(x, normalized_shape, weight, bias, eps):
