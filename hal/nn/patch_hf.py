@@ -13,7 +13,8 @@ and put on hal ops, each only after it was checked to compute what the module co
   and attends with ``hal.ops.scaled_dot_product_attention`` (grouped-query attention by broadcasting
   a key/value head over its group of query heads, no copies). Inside a torch.compile graph it reads
   the rotary angles through :func:`hal.nn.realized.realized`, so that they are computed once, not in
-  every layer's rotary kernel. It does so for the ``"sdpa"`` and
+  every layer's rotary kernel; eagerly it cuts the halves of them that the rotary op takes once per
+  forward (:func:`_rotary_halves`), not in every layer. It does so for the ``"sdpa"`` and
   ``"eager"`` attention implementations, the masks those build (packed sequences' block-diagonal
   mask among them); anything else (flash attention, an attention dropout while training, a paged
   cache, a position bias, attention weights asked for by ``output_attentions``, as a keyword or in
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -58,6 +60,7 @@ from hal.nn.agreement import has_hooks, own_state, probe, random_copy, same
 from hal.nn.modules import _cast, autocast_dtype
 from hal.nn.realized import realized
 from hal.nn.weight_copies import PLAIN_LINEARS, weight_in
+from hal.tracing import is_compiling
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -158,12 +161,48 @@ def _geglu_mlp(m: nn.Module) -> Optional[nn.Module]:
 # --- attention with rotary embeddings -----------------------------------------------------------
 
 
-def _rotary_half(c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """HF's cos or sin (batch, T, D), its halves equal, as rotary_embedding takes it: (batch, 1, T, D/2)
-    in x's dtype (float32 beside a half-precision x stays float32)."""
-    c = c.detach()[..., : c.shape[-1] // 2].unsqueeze(1)
+def _first_half(c: torch.Tensor) -> torch.Tensor:
+    """HF's cos or sin (batch, T, D), its halves equal, as rotary_embedding takes it: the view
+    (batch, 1, T, D/2) of its first half, detached (the angles carry no gradient)."""
+    return c.detach()[..., : c.shape[-1] // 2].unsqueeze(1)
+
+
+#: the first halves of the latest forward's cos and sin (:func:`_rotary_halves`): weak references
+#: to the two, then their halves; None once either was freed
+_last_halves: Optional[tuple[weakref.ref, weakref.ref, torch.Tensor, torch.Tensor]] = None
+
+
+def _forget_halves(freed: weakref.ref) -> None:
+    """Drop the cached halves when the cos or sin they view is freed (at the end of its forward),
+    so that they do not hold its memory after it."""
+    global _last_halves
+    entry = _last_halves
+    if entry is not None and freed in (entry[0], entry[1]):
+        _last_halves = None
+
+
+def _rotary_halves(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first halves of HF's cos and sin (:func:`_first_half`), cut once per forward: every layer
+    of a forward gets the same two tensors, so the views made for the first layer serve the others
+    (found by identity; being views, they always show the tensors' current values). Inside a
+    torch.compile graph they are cut per layer, with no Python state in the trace, from the angles
+    read through :func:`hal.nn.realized.realized` (computed once for every layer, not per element)."""
+    global _last_halves
+    if is_compiling():
+        return _first_half(realized(cos)), _first_half(realized(sin))
+    entry = _last_halves  # one read: another thread may replace it
+    if entry is not None and entry[0]() is cos and entry[1]() is sin:
+        return entry[2], entry[3]
+    halves = _first_half(cos), _first_half(sin)
+    _last_halves = (weakref.ref(cos, _forget_halves), weakref.ref(sin, _forget_halves), *halves)
+    return halves
+
+
+def _in_dtype_of(c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A rotary half in x's dtype as rotary_embedding takes it (float32 beside a half-precision x
+    stays float32)."""
     if c.dtype != x.dtype and not (c.dtype == torch.float32 and x.dtype in _HALF):
-        c = c.to(x.dtype)
+        return c.to(x.dtype)
     return c
 
 
@@ -191,22 +230,27 @@ class _HalAttention(nn.Module):
         else:  # FP8 projections whose input cast takes the amax (_AmaxDecoderLayer checked them)
             q, k, v = (p(hidden_states, x_amax=amax) for p in (self.q_proj, self.k_proj, self.v_proj))
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
-        cos, sin = (realized(c) for c in position_embeddings)  # once for every layer in a compiled graph, not per element
-        cq, sq = _rotary_half(cos, q), _rotary_half(sin, q)
+        cos, sin = _rotary_halves(*position_embeddings)
+        cq, sq = _in_dtype_of(cos, q), _in_dtype_of(sin, q)
         q = hal.ops.rotary_embedding(q, cq, sq, False)
         if k.dtype != q.dtype:  # else q's halves (they depend on the dtype alone)
-            cq, sq = _rotary_half(cos, k), _rotary_half(sin, k)
+            cq, sq = _in_dtype_of(cos, k), _in_dtype_of(sin, k)
         k = hal.ops.rotary_embedding(k, cq, sq, False)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        out = _attend(self, q, k.to(q.dtype), v.to(q.dtype), attention_mask, impl, kwargs.get("is_causal"), bool(kwargs.get(UNPADDED)))
-        return self.o_proj(out.reshape(*input_shape, -1).contiguous()), None
+        if k.dtype != q.dtype:  # tested first: Tensor.to returning its tensor is still a call (about 0.5 us)
+            k = k.to(q.dtype)
+        if v.dtype != q.dtype:
+            v = v.to(q.dtype)
+        out = _attend(self, q, k, v, attention_mask, impl, kwargs.get("is_causal"), bool(kwargs.get(UNPADDED)))
+        return self.o_proj(out.contiguous()), None
 
 
 def _attend(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], impl: str,
             is_causal: Optional[bool], unpadded: bool = False) -> torch.Tensor:
     """HF's sdpa (or eager) attention of q (B, H, T, D) over k, v (B, Hkv, S, D) on hal's op; returns
-    (B, T, H, D). A key/value head broadcasts over its group of query heads (heads h = g * G + i).
+    (B, T, H * D), the heads of a position side by side. A key/value head broadcasts over its group of
+    query heads (heads h = g * G + i).
 
     ``unpadded``: the model was called without an attention mask and without position ids
     (:data:`UNPADDED`; with position ids the mask may keep packed sequences apart). With as many
@@ -231,7 +275,7 @@ def _attend(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.reshape(mask.shape[0], -1, groups, *mask.shape[2:])
     qg = q.reshape(b, h // groups, groups, t, d)
     out = hal.ops.scaled_dot_product_attention(qg, k.unsqueeze(2), v.unsqueeze(2), mask, causal, float(module.scaling))
-    return out.reshape(b, h, t, v.shape[-1]).transpose(1, 2)
+    return out.permute(0, 3, 1, 2, 4).reshape(b, t, -1)  # (B, Hkv, G, T, D) -> (B, T, Hkv * G * D)
 
 
 def _sliding(module: nn.Module) -> bool:

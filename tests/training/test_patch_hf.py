@@ -508,3 +508,33 @@ def test_compiled_attention_reads_the_rotary_angles_computed_once(seed: int) -> 
     assert len(calls) == 2 * _COMMON["num_hidden_layers"]  # cos and sin, in each layer
     x = torch.randn(3, 4)
     assert realized(x) is x
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_eager_rotary_halves_are_cut_once_per_forward_and_not_reused_by_the_next(family: str, seed: int,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eagerly, the patched attention cuts the halves of HF's cos and sin once per forward (every layer
+    gets the same two tensors), not once per layer; the next forward, at other positions, cuts its
+    own: losses and gradients of two training steps at different positions are the unpatched model's.
+    Once a forward's cos and sin are freed, the cut halves are no longer held (no tensor outlives its
+    forward)."""
+    from hal.nn import patch_hf
+
+    model, plain = _pair(family, seed, num_hidden_layers=3)
+    model.train(), plain.train()
+    cut: list[torch.Size] = []  # the shapes of the tensors cut (holding the tensors would keep them alive)
+    first_half = patch_hf._first_half
+    monkeypatch.setattr(patch_hf, "_first_half", lambda c: cut.append(c.shape) or first_half(c))
+    ids, labels = _batch(seed)
+    for start in (0, 7):  # position ids 0..11, then 7..18: other angles in every layer
+        positions = torch.arange(start, start + ids.shape[1]).expand_as(ids)
+        cut.clear()
+        got = model(input_ids=ids, labels=labels, position_ids=positions).loss
+        want = plain(input_ids=ids, labels=labels, position_ids=positions).loss
+        assert len(cut) == 2, "cos and sin, once for the three layers"
+        assert patch_hf._last_halves is None
+        torch.testing.assert_close(got, want, **CLOSE)
+        got.backward()
+        want.backward()
+        _assert_grads(model, plain)
+        model.zero_grad(), plain.zero_grad()
