@@ -269,12 +269,14 @@ def _loss() -> Iterator[Spec]:
     yield _spec("loss", "ce_forward_kernel", "fp32 logits, i64 targets", div16=("C", "stride"), z_ptr="*fp32", t_ptr="*i64",
                 loss_ptr="*fp32", **_ints("N", "C", "stride", "ignore_index"), eps="fp64", BLOCK_C=4096, COMPUTE=F32)
     # cross_entropy_backward writes its own gradient buffer (mode 0); linear_cross_entropy's blocks
-    # write the gradient over their logits (mode 2, IN_PLACE: a barrier between loads and stores)
-    for mode, in_place in ((0, False), (2, True)):
-        yield _spec("loss", "ce_backward_kernel", f"bf16 grads{' over the logits' if in_place else ''}, mode {mode}",
+    # write the gradient over their logits (mode 2, IN_PLACE: a barrier between loads and stores):
+    # the backward's recomputed blocks alone, a training forward's with the rows' losses (WITH_LOSS)
+    for mode, in_place, with_loss in ((0, False, False), (2, True, False), (2, True, True)):
+        yield _spec("loss", "ce_backward_kernel",
+                    f"bf16 grads{' over the logits' if in_place else ''}{' with the losses' if with_loss else ''}, mode {mode}",
                     div16=("C", "z_stride", "g_stride"), z_ptr="*fp32", t_ptr="*i32", go_ptr="*fp32", count_ptr="*fp32", dz_ptr="*bf16",
-                    **_ints("N", "C", "z_stride", "g_stride", "ignore_index"), eps="fp64",
-                    MODE=mode, BLOCK_C=4096, COMPUTE=F32, IN_PLACE=in_place)
+                    loss_ptr="*fp32", **_ints("N", "C", "z_stride", "g_stride", "ignore_index"), eps="fp64",
+                    MODE=mode, BLOCK_C=4096, COMPUTE=F32, IN_PLACE=in_place, WITH_LOSS=with_loss)
 
 
 def specs() -> list[Spec]:

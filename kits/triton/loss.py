@@ -10,9 +10,10 @@ host). The count and the reductions never synchronise with the host.
 linear_cross_entropy runs blocks of rows: the block's logits come from the vendor's GEMM in float32
 (``gemm_f32``), the row kernels above turn them into losses or logit gradients, and the backward
 multiplies those gradients back through the weight (grad_x, and grad_weight accumulated in float32).
-At most ``block_elements`` logits exist at a time. A training forward (a mean or a sum under hal's
-autograd node) computes the gradients from the logits it has at hand and keeps them for the backward,
-which then only scales them by grad_out: the logits' GEMM runs once a step instead of twice.
+At most ``block_elements`` logits exist at a time. A training forward (a mean or a sum under hal's autograd node) computes the gradients from the
+logits it has at hand, with each row's loss from the same log-sum-exp pass (one kernel), and keeps
+them for the backward, which then only scales them by grad_out: the logits' GEMM runs once a step
+instead of twice.
 """
 
 from __future__ import annotations
@@ -62,13 +63,10 @@ def _row_lse(z_ptr, C, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
 
 # C and the row strides stay specialised: 16 dividing them makes every row start 16-byte aligned
 # and the column masks constant over vectors, so rows load in 16-byte accesses
-@triton.jit(do_not_specialize=["N"])
-def ce_forward_kernel(z_ptr, t_ptr, loss_ptr, N, C, stride, ignore_index, eps: tl.float64,
-                      BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
-    row = tl.program_id(0)
-    z_row = z_ptr + row.to(tl.int64) * stride
-    t = tl.load(t_ptr + row).to(tl.int64)
-    lse, total = _row_lse(z_row, C, BLOCK_C, COMPUTE)
+@triton.jit
+def _store_row_loss(loss_ptr, row, z_row, t, lse, total, C, ignore_index, eps: tl.float64, COMPUTE: tl.constexpr):
+    """One row's loss from its log-sum-exp and plain sum: 0 where the target is ignored, NaN for a
+    target outside [0, C). Reads the target's logit: call it before anything overwrites the row."""
     in_range = (t >= 0) & (t < C)
     z_t = tl.load(z_row + tl.where(in_range, t, 0)).to(COMPUTE)
     keep, spread = tl.cast(1.0 - eps, COMPUTE), tl.cast(eps / C, COMPUTE)
@@ -79,12 +77,25 @@ def ce_forward_kernel(z_ptr, t_ptr, loss_ptr, N, C, stride, ignore_index, eps: t
 
 
 @triton.jit(do_not_specialize=["N"])
-def ce_backward_kernel(z_ptr, t_ptr, go_ptr, count_ptr, dz_ptr, N, C, z_stride, g_stride, ignore_index, eps: tl.float64,
-                       MODE: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr, IN_PLACE: tl.constexpr = False):
+def ce_forward_kernel(z_ptr, t_ptr, loss_ptr, N, C, stride, ignore_index, eps: tl.float64,
+                      BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
+    row = tl.program_id(0)
+    z_row = z_ptr + row.to(tl.int64) * stride
+    t = tl.load(t_ptr + row).to(tl.int64)
+    lse, total = _row_lse(z_row, C, BLOCK_C, COMPUTE)
+    _store_row_loss(loss_ptr, row, z_row, t, lse, total, C, ignore_index, eps, COMPUTE)
+
+
+@triton.jit(do_not_specialize=["N"])
+def ce_backward_kernel(z_ptr, t_ptr, go_ptr, count_ptr, dz_ptr, loss_ptr, N, C, z_stride, g_stride, ignore_index, eps: tl.float64,
+                       MODE: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr, IN_PLACE: tl.constexpr = False,
+                       WITH_LOSS: tl.constexpr = False):
     """IN_PLACE: dz_ptr is the row's own storage (dz's elements no wider than z's, the same row
     stride in bytes): the row is read whole for its log-sum-exp before anything is written, and each
     chunk's store lands on bytes of this chunk or earlier ones; a barrier between a chunk's loads and
-    its stores keeps one warp's store from overtaking another warp's load of the same chunk."""
+    its stores keeps one warp's store from overtaking another warp's load of the same chunk.
+    WITH_LOSS: each row's loss too, as ce_forward_kernel writes it, from the same log-sum-exp pass
+    (a training forward's losses and gradients read the logits twice instead of three times)."""
     row = tl.program_id(0)
     z_row = z_ptr + row.to(tl.int64) * z_stride
     dz_row = dz_ptr + row.to(tl.int64) * g_stride
@@ -98,7 +109,9 @@ def ce_backward_kernel(z_ptr, t_ptr, go_ptr, count_ptr, dz_ptr, N, C, z_stride, 
     counted = t != ignore_index
     scale = tl.where(counted, scale, 0.0)
     scale = tl.where(counted & ((t < 0) | (t >= C)), float("nan"), scale)
-    lse, _ = _row_lse(z_row, C, BLOCK_C, COMPUTE)
+    lse, total = _row_lse(z_row, C, BLOCK_C, COMPUTE)
+    if WITH_LOSS:  # before the stores below overwrite the target's logit (IN_PLACE)
+        _store_row_loss(loss_ptr, row, z_row, t, lse, total, C, ignore_index, eps, COMPUTE)
     keep, spread = tl.cast(1.0 - eps, COMPUTE), tl.cast(eps / C, COMPUTE)
     for c0 in range(0, C, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
@@ -144,17 +157,20 @@ def reduce_losses(rows: torch.Tensor, target: torch.Tensor, ignore_index: int, r
 
 
 def logit_grads(z: torch.Tensor, target: torch.Tensor, grad_out: torch.Tensor, count: Optional[torch.Tensor], ignore_index: int, eps: float,
-                reduction: str, out: torch.Tensor, *, block_c: int, num_warps: int) -> torch.Tensor:
+                reduction: str, out: torch.Tensor, losses: Optional[torch.Tensor] = None, *, block_c: int, num_warps: int) -> torch.Tensor:
     """The gradient of the rows' losses with respect to the logits z, written into ``out``
-    (``out`` may be :func:`over_logits` of z: the gradient then replaces the logits in their memory)."""
+    (``out`` may be :func:`over_logits` of z: the gradient then replaces the logits in their memory);
+    given ``losses`` (a contiguous vector of the rows' count), the rows' losses as :func:`row_losses`
+    writes them, from the same pass over the logits."""
     n, c = z.shape
     in_place = out.untyped_storage().data_ptr() == z.untyped_storage().data_ptr()
     if in_place and not (z.is_contiguous() and out.stride() == (z.stride(0) * z.element_size() // out.element_size(), 1)):
         raise ValueError("logit_grads: a gradient written over its logits must be over_logits(z) of contiguous logits")
     if n:
         launch(ce_backward_kernel, (n,), z, target, grad_out.reshape(-1), count if count is not None else grad_out.reshape(-1), out,
-               n, c, z.stride(0), out.stride(0), ignore_index, float(eps),
-               num_warps=num_warps, MODE=MODES[reduction], BLOCK_C=_block_c(c, block_c), COMPUTE=compute_dtype(z.dtype), IN_PLACE=in_place)
+               losses if losses is not None else out, n, c, z.stride(0), out.stride(0), ignore_index, float(eps),
+               num_warps=num_warps, MODE=MODES[reduction], BLOCK_C=_block_c(c, block_c), COMPUTE=compute_dtype(z.dtype), IN_PLACE=in_place,
+               WITH_LOSS=losses is not None)
     return out
 
 
@@ -189,6 +205,9 @@ def _rows_per_block(n: int, v: int, block_elements: int) -> int:
 
 
 def _block_logits(gemm_f32: Gemm, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """A block's logits x @ weight^T (+ bias) in float32 (float64 for float64): the loss is a float32
+    result and keeps float32's accuracy for half-precision inputs, where an eager LM head rounds its
+    logits to bfloat16 before the loss upcasts them."""
     z = gemm_f32(x, weight.t())
     return z.add_(bias) if bias is not None else z
 
@@ -210,12 +229,13 @@ class _Grads:
 
     def add_block(self, i: int, z: torch.Tensor, xb: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                   grad_out: torch.Tensor, count: Optional[torch.Tensor], ignore_index: int, eps: float, reduction: str, gemm_f32: Gemm,
-                  **cfg: int) -> None:
-        """The block of rows from ``i`` (logits ``z``, float32): its logit gradients in x's dtype,
-        written over the logits (:func:`over_logits`), grad_x = dz @ W, grad_W += dz^T x, grad_b += sum(dz)."""
+                  losses: Optional[torch.Tensor] = None, **cfg: int) -> None:
+        """The block of rows from ``i`` (logits ``z``): its logit gradients in x's dtype, written over
+        the logits (:func:`over_logits`), and its rows' losses into ``losses`` where given (the same
+        kernel); then grad_x = dz @ W, grad_W += dz^T x, grad_b += sum(dz)."""
         rows = int(xb.shape[0])
         g = grad_out[i : i + rows] if reduction == "none" else grad_out
-        d = logit_grads(z, target[i : i + rows], g, count, ignore_index, eps, reduction, over_logits(z, xb.dtype), **cfg)
+        d = logit_grads(z, target[i : i + rows], g, count, ignore_index, eps, reduction, over_logits(z, xb.dtype), losses, **cfg)
         torch.mm(d, weight, out=self.x[i : i + rows])
         if self.weight is None:
             self.weight = gemm_f32(d.t(), xb)
@@ -248,9 +268,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     for i in range(0, n, step):
         xb = x[i : i + step]
         z = _block_logits(gemm_f32, xb, weight, bias)
-        rows[i : i + step] = row_losses(z, target[i : i + step], ignore_index, eps, **cfg)
-        if grads is not None:
-            grads.add_block(i, z, xb, weight, target, one, count, ignore_index, eps, reduction, gemm_f32, **cfg)
+        if grads is not None:  # the losses from the gradients' kernel: one pass fewer over the logits
+            grads.add_block(i, z, xb, weight, target, one, count, ignore_index, eps, reduction, gemm_f32, rows[i : i + step], **cfg)
+        else:
+            rows[i : i + step] = row_losses(z, target[i : i + step], ignore_index, eps, **cfg)
         del z  # before the next block's GEMM: one block of logits alive, not two
     if grads is not None:
         _KEPT.keep(x, kept_gradients_state(weight, target, bias, ignore_index, eps, reduction), grads)

@@ -670,6 +670,57 @@ def test_linear_cross_entropy_training_forward_keeps_its_gradients(gen, dtype, r
         torch.testing.assert_close(got_t, want_t, **tol)
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["own-buffer", "over-logits"])
+def test_logit_gradients_kernel_writes_the_losses_too(gen, in_place):
+    """Given a losses buffer, the gradients' kernel writes each row's loss from the same pass over the
+    logits: bit for bit what the loss kernel writes (0 at an ignored row, NaN at a target outside the
+    vocabulary, as torch's cross-entropy gives), and the same gradients as without it, also where
+    the gradients overwrite the logits."""
+    from hal_triton import loss
+
+    z = randn(gen, 11, 40, scale=3.0)
+    t = torch.randint(0, 40, (11,), generator=gen)
+    t[4], t[7] = -100, 45
+    one, cfg = torch.ones(()), {"block_c": 16, "num_warps": 1}
+    want_rows = loss.row_losses(z, t, -100, 0.05, **cfg)
+    want_dz = loss.logit_grads(z, t, one, None, -100, 0.05, "sum", torch.full((11, 40), float("nan"), dtype=torch.bfloat16), **cfg)
+    zz = z.clone()
+    out = loss.over_logits(zz, torch.bfloat16) if in_place else torch.full((11, 40), float("nan"), dtype=torch.bfloat16)
+    rows = torch.full((11,), 123.0)  # poisoned
+    got_dz = loss.logit_grads(zz, t, one, None, -100, 0.05, "sum", out, rows, **cfg)
+    assert torch.isnan(rows[7]) and rows[4] == 0
+    torch.testing.assert_close(rows, want_rows, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got_dz, want_dz, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_cross_entropy_training_forward_makes_its_losses_with_the_gradients(gen, dtype, monkeypatch):
+    """Armed, the forward runs no separate loss kernel (its losses come from the gradients' kernel)
+    and its loss equals the unarmed forward's bit for bit."""
+    from hal.integration import kept
+    from hal_triton import loss
+
+    x, w = randn(gen, 11, 24, dtype=dtype), randn(gen, 40, 24, dtype=dtype, scale=0.2)
+    x.requires_grad_(True)
+    t = torch.randint(0, 40, (11,), generator=gen)
+    t[4] = -100
+    forward = kern("linear_cross_entropy", "cublas_triton")
+    with torch.no_grad():
+        want = forward(x, w, t, None, -100, 0.05, "mean")
+        calls: list = []
+        original = loss.row_losses
+        monkeypatch.setattr(loss, "row_losses", lambda *a, **k: calls.append(1) or original(*a, **k))
+        previous = kept.arm(True)
+        try:
+            got = forward(x, w, t, None, -100, 0.05, "mean")
+        finally:
+            kept.arm(previous)
+        assert x in loss._KEPT
+        loss._KEPT.take(x, loss.kept_gradients_state(w, t, None, -100, 0.05, "mean"))
+    assert calls == []
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("q_shape,k_shape,v_shape", [((2, 3, 5, 8), (1, 3, 7, 8), (2, 1, 7, 6)), ((2, 3, 5, 8), (3, 7, 8), (7, 8))])
 def test_sdpa_math_kernel_broadcasts_batch_dimensions(gen, q_shape, k_shape, v_shape):
     """q, k and v whose batch dimensions broadcast (shared key/value heads): the result has the
@@ -693,16 +744,18 @@ def test_softmax_of_0d_runs_on_the_torch_kernel():
 
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("armed", [False, True], ids=["backward", "training-forward"])
-def test_linear_cross_entropy_holds_one_block_of_logits(gen, armed, monkeypatch):
+def test_linear_cross_entropy_holds_one_block_of_logits(gen, armed, dtype, monkeypatch):
     """At most one block of float32 logits is alive at a time (the kit's docstring promises it; an
-    H100's memory anatomy at 66d0b65 found two, 1 GiB each at Llama-3's vocabulary): every product
-    the GEMM returns is tracked, and as each block of logits is made the blocks alive are counted."""
+    H100's memory anatomy at 66d0b65 found two, 1 GiB each at Llama-3's vocabulary), for bfloat16
+    inputs too: every product the GEMM returns is tracked, and as each block of logits is made the
+    blocks alive are counted."""
     import weakref
 
     from hal_triton import loss
 
-    x, w = randn(gen, 11, 24), randn(gen, 40, 24, scale=0.2)
+    x, w = randn(gen, 11, 24, dtype=dtype), randn(gen, 40, 24, dtype=dtype, scale=0.2)
     x.requires_grad_(True)
     t = torch.randint(0, 40, (11,), generator=gen)
     alive: list = []
