@@ -92,6 +92,22 @@ forward), and outside this script's files the patched attention's Python (the ro
 per layer, ``realized`` per layer, two ``Tensor.to`` that return their tensor, the grouped 5-D
 layout's seven view ops a layer, each recorded by autograd): a leaner attention forward,
 monkeypatched in a scratch script, took the step from 1.028x to 1.006x (paired medians, one process).
+
+2026-12-07, last (the same VM, load 0.1-1.9 from other sessions; base ``df1fdec``, after ``ccf3670``,
+which changes hal/nn/patch_hf.py alone): the patched attention cuts the rotary halves once per forward
+(views of HF's cos and sin, found by their identity, released with them; per layer inside
+torch.compile, as before), makes no ``Tensor.to`` call that returns its tensor, and leaves the grouped
+layout in one permute and reshape. This script with ``--no-per-call``, processes alternated, 3 runs
+each: base 1.027x, 1.046x, 1.111x (per-round medians 1.012, 1.023, 1.025; phase sums 1.035, 1.045,
+1.051), after 1.019x, 0.954x, 0.932x (per-round medians 1.007, 1.038, 0.990; phase sums 0.999, 1.031,
+1.018). The quietest pair: base torch 22.66 ms (21.57-32.76), hal 23.26 (21.37-44.42), forward 8.79 /
+9.88; after torch 24.13 (22.75-38.21), hal 24.60 (22.45-36.39), forward 8.88 / 9.77. In one process
+(the base's patch_hf loaded beside this one, 16 layers, single forwards alternated 200-300 times),
+the forward's paired median moved -441 and -316 us (25th percentiles 10.04 -> 9.57 and 9.91 -> 9.49
+ms), where the base against itself gave -108 us. Still left in the forward: hal's entry and autograd
+node per call (unchanged) and transformers 5.x's config reads (2.7-2.9 us each through its
+``__getattribute__``): the patched attention reads ``_attn_implementation`` and ``output_attentions``
+a layer, HF's attention the first only.
 """
 
 from __future__ import annotations
