@@ -177,7 +177,7 @@ def _forget_halves(freed: weakref.ref) -> None:
     so that they do not hold its memory after it."""
     global _last_halves
     entry = _last_halves
-    if entry is not None and freed in (entry[0], entry[1]):
+    if entry is not None and (freed is entry[0] or freed is entry[1]):  # identity: == of live references compares tensors
         _last_halves = None
 
 
