@@ -175,15 +175,18 @@ def _gemms() -> Iterator[Spec]:
 
 def _optim() -> Iterator[Spec]:
     # bf16 params with masters: bf16 grads, or fp32 ones (bf16 copies of fp32 weights, hal.nn.weight_copies)
-    for step_tensor, grads in ((False, tl.bfloat16), (True, tl.bfloat16), (True, F32)):
-        variant = "bf16 + masters" + (", fp32 grads" if grads is F32 else "") + (", device step" if step_tensor else "")
+    for step_tensor, grads, aligned in ((False, tl.bfloat16, True), (True, tl.bfloat16, True), (True, F32, True), (True, tl.bfloat16, False)):
+        variant = ("bf16 + masters" + (", fp32 grads" if grads is F32 else "") + (", device step" if step_tensor else "")
+                   + ("" if aligned else ", unaligned"))
         yield _spec("optim", "adamw_kernel", variant, table_ptr="*i64",
                     prefix_ptr="*i64", T="i32", found_ptr="*fp32", inv_ptr="*fp32", inv_val="fp32", step_ptr="*fp32", lr="fp32",
                     decay="fp32", step_size="fp32", bc2_sqrt="fp32", beta1="fp32", beta2="fp32", eps="fp32", P_DT=tl.bfloat16,
                     G_DT=grads, S_DT=F32, HAS_MASTER=True, HAS_FOUND=True, INV_TENSOR=True, STEP_TENSOR=step_tensor, BLOCK=2048,
-                    ITERS=8, COMPUTE=F32)
-    yield _spec("optim", "unscale_kernel", "fp16", table_ptr="*i64", prefix_ptr="*i64", T="i32", found_ptr="*fp32", inv_ptr="*fp32",
-                inv_val="fp32", DT=tl.float16, INV_TENSOR=False, BLOCK=2048, ITERS=8, COMPUTE=F32)
+                    ITERS=8, COMPUTE=F32, ALIGNED=aligned)
+    for aligned in (True, False):
+        yield _spec("optim", "unscale_kernel", "fp16" + ("" if aligned else ", unaligned"), table_ptr="*i64", prefix_ptr="*i64", T="i32",
+                    found_ptr="*fp32", inv_ptr="*fp32", inv_val="fp32", DT=tl.float16, INV_TENSOR=False, BLOCK=2048, ITERS=8, COMPUTE=F32,
+                    ALIGNED=aligned)
 
 
 def _quant() -> Iterator[Spec]:

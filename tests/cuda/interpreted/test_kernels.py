@@ -347,10 +347,24 @@ def _adam_state(gen, shapes, pdtype, masters, gdtype=None):
     return params, grads, m, v, w
 
 
+#: tensor shapes of the multi-tensor tests: sizes that are not multiples of 16 (scalar accesses), and
+#: sizes that are (with torch's aligned allocations, the ALIGNED launches' vector accesses)
+ODD_SHAPES, ALIGNED_SHAPES = [(7,), (3, 50), (130,)], [(16,), (4, 48), (160,)]
+
+
+def _launch_aligned(*lists) -> bool:
+    from hal.arrays import address_columns
+    from hal_triton.optim import aligned
+
+    return aligned(address_columns(lists))
+
+
 @pytest.mark.parametrize("pdtype,masters", [(torch.float32, False), (torch.bfloat16, True), (torch.float16, False)])
 @pytest.mark.parametrize("inv_scale", [None, 0.5, "tensor"])
-def test_fused_adamw(gen, pdtype, masters, inv_scale):
-    params, grads, m, v, w = _adam_state(gen, [(7,), (3, 50), (130,)], pdtype, masters)
+@pytest.mark.parametrize("shapes", [ODD_SHAPES, ALIGNED_SHAPES], ids=["odd", "aligned"])
+def test_fused_adamw(gen, pdtype, masters, inv_scale, shapes):
+    params, grads, m, v, w = _adam_state(gen, shapes, pdtype, masters)
+    assert _launch_aligned(params, grads, m, v, w) == (shapes is ALIGNED_SHAPES)
     inv = torch.tensor([0.25]) if inv_scale == "tensor" else inv_scale
     args = (params, grads, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.01, 3.0, w, inv, torch.tensor(0.0))
     inplace = ("params", "exp_avgs", "exp_avg_sqs") + (("master_params",) if masters else ())
@@ -400,8 +414,9 @@ def test_fused_adamw_channels_last(gen, fn, grads_layout):
 
 
 @pytest.mark.parametrize("fn", ["triton", "torch"])
-def test_fused_adamw_skips_on_found_inf(gen, fn):
-    params, grads, m, v, _ = _adam_state(gen, [(40,), (9,)], torch.float32, False)
+@pytest.mark.parametrize("shapes", [[(40,), (9,)], [(48,), (16,)]], ids=["odd", "aligned"])
+def test_fused_adamw_skips_on_found_inf(gen, fn, shapes):
+    params, grads, m, v, _ = _adam_state(gen, shapes, torch.float32, False)
     before = [t.clone() for t in params + m + v]
     kernel = kern("fused_adamw_", "triton") if fn == "triton" else kern("fused_adamw_", "torch")
     kernel(params, grads, m, v, 1e-2, 0.9, 0.999, 1e-8, 0.01, 1.0, None, None, torch.tensor([1.0]))
@@ -414,10 +429,21 @@ def test_fused_adamw_torch_fallback_float64(gen):
     check("fused_adamw_", kern("fused_adamw_", "torch"), args, inplace=("params", "exp_avgs", "exp_avg_sqs"))
 
 
+def test_multi_tensor_launches_are_aligned_only_where_every_tensor_is(gen):
+    """ALIGNED (16-byte vector accesses) only where every address is 16-byte aligned and every size
+    a multiple of 16 elements; one view at an odd offset or one odd size makes the launch scalar."""
+    a, b = torch.empty(64), torch.empty(32, dtype=torch.bfloat16)
+    assert _launch_aligned([a, b], [a.clone(), b.clone()], None)
+    assert not _launch_aligned([a[1:17], b], [a[:16], b])  # 4 bytes past an aligned address
+    assert not _launch_aligned([a[:24], b], [a[:24], b])  # 24 elements
+    assert _launch_aligned([a[16:32], b[8:24]], [a[:16], b[:16]])  # views at 64 and 16 bytes
+
+
 @pytest.mark.parametrize("fn", ["triton", "torch"])
-def test_amp_unscale(gen, fn):
+@pytest.mark.parametrize("sizes", [(40, 5, 11), (48, 16, 32)], ids=["odd", "aligned"])
+def test_amp_unscale(gen, fn, sizes):
     kernel = kern("amp_unscale_", "triton") if fn == "triton" else kern("amp_unscale_", "torch")
-    tensors = [randn(gen, 40), randn(gen, 5, dtype=torch.float16), randn(gen, 3, 11, dtype=torch.bfloat16)]
+    tensors = [randn(gen, sizes[0]), randn(gen, sizes[1], dtype=torch.float16), randn(gen, 3, sizes[2], dtype=torch.bfloat16)]
     check("amp_unscale_", kernel, (tensors, 0.125), inplace=("tensors",))
     tensors[1][2] = float("inf")
     assert float(kernel(tensors, torch.tensor([1.0]))) == 1.0
