@@ -12,6 +12,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh models30 # hal conformance --model all on CUDA, loss curves against conformance/golden/h200
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
+#   HAL_COMMIT=<sha> benchmarks/h200.sh check40 # issue 40: conformance and device tests of the kernels built on the VM, norm backward and AdamW bandwidth, the eager Llama-1B row
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
 #   HAL_COMMIT=<sha> benchmarks/h200.sh tune    # GPU tests, conformance, hal tune (first and second process, seeds), dispatch overhead
 #   HAL_COMMIT=<sha> benchmarks/h200.sh tunemodels  # hal tune's first-step cost and seeds, then eager/hal models with the tuned cache
@@ -154,6 +155,15 @@ case "$mode" in
       env $setting timeout 150 python3 -m hal bench --models "${MODELS:-resnet50_train}" --variants "${VARIANTS:-eager,hal}" --out "$out/models-ab$i" 2>&1 | grep -E "^\| (resnet|llama|moe)" | head -8
     done
     tar czf "$OUT/run.tgz" -C "$out" .
+    ;;
+  check40)  # issue 40's first call after VM-only sessions: conformance of the kernels changed unseen, their device tests,
+    # the norm backward's launch candidates against copy bandwidth, fused AdamW's row, then the eager Llama-1B row
+    OMP_NUM_THREADS=2 step conformance40 "${CONF_LIMIT:-80}" python3 -m hal conformance --backend cuda --jobs 8 --ops "${CONF_OPS:-fp8_quantize_transpose_amax,fp8_quantize_transpose,fused_adamw_,amp_unscale_,linear_cross_entropy,linear_cross_entropy_backward,layer_norm_backward,rms_norm_backward,rms_norm_amax,swiglu_amax,fp8_quantize_from_amax,fp8_quantize_transpose_from_amax}" --report-dir "$out/conformance40"
+    step device40 "${TESTS_LIMIT:-90}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device/test_fp8_small_tiles.py tests/cuda/device/test_fp8_amax_fusion.py tests/cuda/device/test_optim_copies.py
+    step norm-bw "${NORM_LIMIT:-60}" python3 benchmarks/norm_backward_bw.py --out "$out/norm-bw"
+    step adamw "${ADAMW_LIMIT:-50}" python3 -m hal bench --ops fused_adamw_ --out "$out/adamw"
+    step models-1b "${MODEL_LIMIT:-220}" python3 -m hal bench --models hf_llama1b_train --variants "${VARIANTS:-eager,hal,liger}" --no-graphs --out "$out/models-1b"
+    for f in models.json models.md; do [ -f "$out/models-1b/$f" ] && cp "$out/models-1b/$f" "$OUT/hf_llama1b_train-$f"; done
     ;;
   cmd)  # one command after the install: CMD="python3 benchmarks/x.py ..." [CMD_LIMIT=seconds]; $OUT/run.tgz is this
     # script's archive, rewritten after the step: a command keeps its own logs under other names
