@@ -204,6 +204,69 @@ def test_the_slot_runner_leaves_uncommon_arguments_to_the_general_one() -> None:
     assert type(out) is np.ndarray and np.array_equal(out, x * 3)
 
 
+def _numpy_recording_plugin(seen: list, result: Any = None) -> Plugin:
+    """A CPU backend whose NumPy kernel of scale_shift_act records what it receives and returns
+    ``result(x)`` (default ``x * 2``)."""
+    p = Plugin("rec_np", "1.0")
+    p.define_backend(priority=1000, device_types=("cpu",), array_api="numpy")
+
+    @p.kernel("scale_shift_act", name="rec")
+    def rec(x, scale, shift, act):
+        seen.append((x, scale, shift, act))
+        return x * 2 if result is None else result(x)
+
+    return p
+
+
+def test_a_cached_tensor_call_of_a_numpy_kernel_converts_exactly_its_tensor_slots(install_plugins) -> None:
+    seen: list = []
+    install_plugins([_numpy_recording_plugin(seen)])
+    x, shift = torch.randn(3, 4), torch.nn.Parameter(torch.randn(4))
+    with torch.no_grad():
+        for _ in range(2):  # decided, then the cached plan
+            out = hal.ops.scale_shift_act(x, 0.5, shift, "relu")
+            assert type(out) is torch.Tensor and torch.equal(out, x * 2)
+            got = seen.pop()
+            assert [type(v) for v in got] == [np.ndarray, float, np.ndarray, str]
+            assert (_ptr(got[0]), got[1], _ptr(got[2]), got[3]) == (x.data_ptr(), 0.5, shift.data_ptr(), "relu")  # views
+        assert [type(v) for v in (hal.ops.scale_shift_act(x, 1.0, 0.0, "none"), *seen.pop())] == [torch.Tensor, np.ndarray, float, float, str]
+
+
+@pytest.mark.parametrize("case", ["bfloat16", "requires_grad", "tuple", "0-d"])
+def test_the_tensor_slot_runner_gives_what_the_general_runner_gives(case: str) -> None:
+    from hal.dispatch import adapt
+    from hal.registry import get_op
+
+    ssa = get_op("scale_shift_act")
+    kernel = {
+        "bfloat16": lambda x, *_: x * 2,  # a bfloat16 tensor torch cannot view: hal.arrays.to_numpy's view
+        "requires_grad": lambda x, *_: x * 2,  # grad mode on: Tensor.numpy refuses it
+        "tuple": lambda x, *_: (x + 1, None, x.sum()),
+        "0-d": lambda x, *_: x.sum(),
+    }[case]
+    x = torch.randn(3, 4, dtype=torch.bfloat16 if case == "bfloat16" else torch.float32, requires_grad=case == "requires_grad")
+    args = (x, 1.0, 0.0, "none")
+    run = adapt._torch_into_numpy(ssa, kernel, args)
+    assert run is not None
+    got, want = run(*args), adapt._array_api(ssa, kernel, "numpy", "torch")(*args)
+    for g, w in zip(got, want) if case == "tuple" else ((got, want),):
+        assert type(g) is type(w)
+        if w is not None:
+            assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+def test_the_tensor_slot_runner_leaves_uncommon_arguments_to_the_general_one() -> None:
+    from hal.dispatch import adapt
+    from hal.registry import get_op
+
+    ssa, unscale = get_op("scale_shift_act"), get_op("amp_unscale_")
+    kernel = lambda *a: a[0]  # noqa: E731
+    x = torch.randn(2, 3)
+    assert adapt._torch_into_numpy(ssa, kernel, (1.0, 2.0, 0.0, "relu")) is None  # no tensor to convert
+    assert adapt._torch_into_numpy(ssa, kernel, (x.as_subclass(torch.nn.Buffer), 1.0, 0.0, "relu")) is None
+    assert adapt._torch_into_numpy(unscale, kernel, ([x], 0.5)) is None  # a list of tensors, an op writing them
+
+
 def test_uncommon_numpy_arrays_give_what_tensors_give() -> None:
     x = _rand(6, 5)
     for view in (x[::-1], x.astype(BFLOAT16), x.T):
