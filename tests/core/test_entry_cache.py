@@ -178,3 +178,15 @@ def test_a_plan_cached_under_autocast_counts_its_calls(probe: None) -> None:
             hal.ops.linear(x, w, None)
     hal.ops.linear(x, w, None)
     assert hal.stats()[("linear", "entry_cache_probe", "probe")]["calls"] == 4
+
+
+def test_a_static_plain_value_is_keyed_as_argkey_keys_it() -> None:
+    """The entry keys an optional number (rms_norm's eps), None or an int inline: as
+    :func:`hal.dispatch.entry.argkey` does, by type and value, so 1, 1.0 and True are three keys."""
+    from hal.dispatch.entry import argkey
+
+    key_of = hal.ops.rms_norm.__globals__["_key_of"]
+    x = torch.randn(2, 4)
+    for eps in (1e-5, 1e-6, None, 1, True, 2**70):
+        assert key_of(x, (4,), None, eps)[-1] == argkey(eps)
+    assert len({key_of(x, (4,), None, eps) for eps in (1, 1.0, True)}) == 3
