@@ -203,9 +203,10 @@ def _torch_into_numpy(decl: OpDecl, fn: Callable[..., Any], args: Sequence[Any])
     general runner of :func:`_array_api` serves them).
 
     As in :func:`_numpy_into_torch`, the key fixes which array parameters hold a plain tensor or
-    parameter and which hold None or a number, so a call converts exactly those slots, each with
-    ``Tensor.numpy`` (:func:`hal.arrays.to_numpy` where torch refuses that: bfloat16, a tensor
-    requiring grad in grad mode, a conjugate or negative bit), and its results come back by
+    parameter (and its dtype) and which hold None or a number, so a call converts exactly those
+    slots, each with ``Tensor.numpy`` (:func:`hal.arrays.to_numpy` where torch refuses that: at once
+    for bfloat16; after a refused try for a tensor requiring grad in grad mode or one with a
+    conjugate or negative bit, which the key does not name), and its results come back by
     :func:`hal.arrays.from_numpy`, a tuple of arrays without :func:`map_outputs`' recursion. An op
     that writes its arguments, lists of tensors and tensor subclasses take the general runner.
 
@@ -225,16 +226,20 @@ def _torch_into_numpy(decl: OpDecl, fn: Callable[..., Any], args: Sequence[Any])
             return None  # lists of tensors, subclasses: the general runner
     if not at:
         return None
-    slots, to_numpy, ndarray = tuple(at), arrays.to_numpy, np.ndarray
+    viewed = tuple(i for i in at if args[i].dtype != torch.bfloat16)
+    bfloat16 = tuple(i for i in at if i not in viewed)  # Tensor.numpy refuses them: to_numpy's view at once
+    to_numpy, ndarray = arrays.to_numpy, np.ndarray
 
     def run(*args: Any) -> Any:
         a = list(args)
-        for i in slots:
+        for i in viewed:
             x = a[i]
             try:  # the common case in one call, as to_numpy's first try (without its frame)
                 a[i] = x.numpy()
-            except (RuntimeError, TypeError):
-                a[i] = to_numpy(x)
+            except (RuntimeError, TypeError):  # grad mode on for a tensor requiring grad; a conjugate or negative bit
+                a[i] = to_numpy(x.detach())
+        for i in bfloat16:
+            a[i] = to_numpy(a[i])
         out = fn(*a)
         if type(out) is ndarray:
             return arrays.from_numpy(out)
