@@ -108,6 +108,39 @@ ms), where the base against itself gave -108 us. Still left in the forward: hal'
 node per call (unchanged) and transformers 5.x's config reads (2.7-2.9 us each through its
 ``__getattribute__``): the patched attention reads ``_attn_implementation`` and ``output_attentions``
 a layer, HF's attention the first only.
+
+2026-12-07, per call (issue 40's per-call part; the same VM, load 0.6-1.0 from other sessions; base
+``4b5f27a``, after ``307e756``, which change hal/dispatch alone). Where a forward hal call's host time
+went, by ``perf_counter_ns`` loops in one process at the model's shapes: the entry with its cached plan
+replaced by one doing nothing 1.8-3.1 us for rms_norm, 2.2-3.8 for rms_norm_backward (runs differed
+that much): a tensor's part of the key 0.5 (dtype, device, shape, ``stride()``, requires_grad, about
+0.1 each), the autocast state 0.5-0.7, ``is_compiling``, autocast's C flag and grad mode about 0.1
+each, the rest the tuple, its hash and the lookup; the autocast toggle around the plan 0.35; hal's node
+0.7 over the plainest Function running the same function (torch's saving 0.26 of it, the kept-state
+arming and ``ctx.hal`` the rest; setting ``ctx.to_save`` directly was no cheaper), ``Function.apply``
+itself about 3.0. Not counted before: the array conversion around the CPU backend's numba RMS norm,
+whose general runner's Python cost 1.3 us of a forward and 2.3 us of a backward beside the conversions
+themselves. What moved: a torch caller's plan for a NumPy kernel converts exactly the slots its key
+names (``hal.dispatch.adapt._torch_into_numpy``; in one process 5.2 -> 4.5 us forward, 9.0 -> 8.0 us
+backward, the kernels on NumPy arrays 2.3 and 4.2), and a static ``Optional[float]`` (eps, SDPA's
+scale), None or int is keyed inline (it had taken ``argkey``'s two frames). Per call, us, under bf16
+autocast with inputs requiring grad (a scratch script, 6 processes per tree alternated, medians over
+processes and their ranges): rms_norm forward 14.40 (13.98-14.63) -> 13.38 (13.13-14.69), forward +
+backward 46.33 (44.45-47.93) -> 43.77 (42.32-49.27), rms_norm_backward alone (no grad, no autocast)
+13.29 (12.92-13.43) -> 12.39 (12.01-13.20); rotary_embedding, whose path did not change, 16.77 -> 16.62
+forward and 43.45 -> 42.92 forward + backward. The whole step (this script with ``--no-per-call``,
+processes alternated) did not move beyond the noise, as the savings per call predict (about 0.07 ms of
+a 23 ms step): 4 runs each, base 0.998x, 0.980x, 1.004x, 0.997x (hal's forward over torch's 1.107,
+1.093, 1.091, 1.119), after (``4194c82``, the same for float32 tensors) 0.995x, 0.993x, 0.978x (forward
+1.089, 1.094, 1.103; a fourth ran while adapt.py was being edited and is left out); again at
+``307e756`` while the VM slowed (torch's own step 24.9 -> 42.4 ms over the series): base 1.028x,
+1.027x, 1.092x, 0.990x (forward 1.086, 1.061, 1.150, 1.163), after 0.985x, 0.990x, 0.972x, 1.012x
+(forward 1.091, 1.070, 1.103, 1.075). Not done: caching the backward op's decision in the node. A key
+exactly the dispatcher's needs the saved tensors' dtype, device, shape, strides and requires_grad as
+they are at backward time, which torch does not guarantee are the forward's (``requires_grad_`` on a
+leaf and ``.data`` assignment leave the version counter alone), and computing them is most of what the
+backward op's entry costs; what a node could skip beyond that (``is_compiling``, type tests) is about
+0.3 us a call.
 """
 
 from __future__ import annotations
