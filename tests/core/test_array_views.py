@@ -118,11 +118,11 @@ def test_numpy_in_place_op_writes_the_callers_arrays() -> None:
 # --- the runner a cached plan uses for NumPy arrays into a torch kernel (hal.dispatch.adapt) -----------
 
 
-def _recording_plugin(seen: list, result: Any = None) -> Plugin:
-    """A CPU backend whose torch kernel of scale_shift_act records what it receives and returns
-    ``result(x)`` (default ``x * 2``)."""
-    p = Plugin("rec", "1.0")
-    p.define_backend(priority=1000, device_types=("cpu",), array_api="torch")
+def _recording_plugin(seen: list, result: Any = None, array_api: str = "torch") -> Plugin:
+    """A CPU backend whose kernel of scale_shift_act (taking ``array_api``'s arrays) records what it
+    receives and returns ``result(x)`` (default ``x * 2``)."""
+    p = Plugin("rec" if array_api == "torch" else f"rec_{array_api}", "1.0")
+    p.define_backend(priority=1000, device_types=("cpu",), array_api=array_api)
 
     @p.kernel("scale_shift_act", name="rec")
     def rec(x, scale, shift, act):
@@ -204,23 +204,9 @@ def test_the_slot_runner_leaves_uncommon_arguments_to_the_general_one() -> None:
     assert type(out) is np.ndarray and np.array_equal(out, x * 3)
 
 
-def _numpy_recording_plugin(seen: list, result: Any = None) -> Plugin:
-    """A CPU backend whose NumPy kernel of scale_shift_act records what it receives and returns
-    ``result(x)`` (default ``x * 2``)."""
-    p = Plugin("rec_np", "1.0")
-    p.define_backend(priority=1000, device_types=("cpu",), array_api="numpy")
-
-    @p.kernel("scale_shift_act", name="rec")
-    def rec(x, scale, shift, act):
-        seen.append((x, scale, shift, act))
-        return x * 2 if result is None else result(x)
-
-    return p
-
-
 def test_a_cached_tensor_call_of_a_numpy_kernel_converts_exactly_its_tensor_slots(install_plugins) -> None:
     seen: list = []
-    install_plugins([_numpy_recording_plugin(seen)])
+    install_plugins([_recording_plugin(seen, array_api="numpy")])
     x, shift = torch.randn(3, 4), torch.nn.Parameter(torch.randn(4))
     with torch.no_grad():
         for _ in range(2):  # decided, then the cached plan
