@@ -225,10 +225,13 @@ def short_repr(v: Any) -> str:
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor (no copy; bfloat16 becomes ml_dtypes.bfloat16)."""
-    try:  # the common case in one call: torch refuses each case handled below (grad, bfloat16, lazy views)
-        return t.numpy()
-    except (RuntimeError, TypeError):
-        pass
+    if not (t.requires_grad or t.dtype == torch.bfloat16):
+        try:  # the common case in one call: torch refuses the lazy views (conjugate, negative) handled below
+            return t.numpy()
+        except (RuntimeError, TypeError):
+            pass
+    # a tensor requiring grad or of bfloat16, which torch refuses only after building its error
+    # message (10-16 us a call on the CI CPU, against about 1 us for the detach and view here)
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(BFLOAT16)
