@@ -15,6 +15,25 @@ from numba import njit
 
 
 @njit(cache=True)
+def _rotate_row(xr, o, c, s, cd, sd, half, negate, interleaved):
+    """One row's pairs of ``xr`` turned into ``o`` by the angles of the rows ``c`` and ``s`` (``cd``,
+    ``sd``: whether each has a value per pair, else one broadcast)."""
+    for i in range(half):
+        cv = c[i if cd else 0]
+        sv = s[i if sd else 0]
+        if negate:
+            sv = -sv
+        if interleaved:
+            j, k = 2 * i, 2 * i + 1
+        else:
+            j, k = i, i + half
+        x1 = xr[j]
+        x2 = xr[k]
+        o[j] = x1 * cv - x2 * sv
+        o[k] = x2 * cv + x1 * sv
+
+
+@njit(cache=True)
 def rotate(x, cos, sin, negate, interleaved, out):
     b_n, h_n, t_n, d = x.shape
     half = d // 2
@@ -25,21 +44,7 @@ def rotate(x, cos, sin, negate, interleaved, out):
             for t in range(t_n):
                 c = cos[b if cb else 0, h if ch else 0, t if ct else 0]
                 s = sin[b if sb else 0, h if sh else 0, t if st else 0]
-                xr = x[b, h, t]
-                o = out[b, h, t]
-                for i in range(half):
-                    cv = c[i if cd else 0]
-                    sv = s[i if sd else 0]
-                    if negate:
-                        sv = -sv
-                    if interleaved:
-                        j, k = 2 * i, 2 * i + 1
-                    else:
-                        j, k = i, i + half
-                    x1 = xr[j]
-                    x2 = xr[k]
-                    o[j] = x1 * cv - x2 * sv
-                    o[k] = x2 * cv + x1 * sv
+                _rotate_row(x[b, h, t], out[b, h, t], c, s, cd, sd, half, negate, interleaved)
 
 
 @njit(cache=True)
@@ -66,19 +71,7 @@ def rotate_bf16(x, cos, sin, negate, interleaved, out):
                 o = out[b, h, t]
                 for j in range(d):
                     bits_in[j] = (np.uint32(np.int32(xr[j])) & low16) << shift
-                for i in range(half):
-                    cv = c[i if cd else 0]
-                    sv = s[i if sd else 0]
-                    if negate:
-                        sv = -sv
-                    if interleaved:
-                        j, k = 2 * i, 2 * i + 1
-                    else:
-                        j, k = i, i + half
-                    x1 = row[j]
-                    x2 = row[k]
-                    res[j] = x1 * cv - x2 * sv
-                    res[k] = x2 * cv + x1 * sv
+                _rotate_row(row, res, c, s, cd, sd, half, negate, interleaved)
                 for j in range(d):
                     v = bits_out[j]
                     if (v & abs_mask) > inf_bits:
