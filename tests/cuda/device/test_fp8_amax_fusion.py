@@ -25,44 +25,14 @@ import pytest
 import torch
 
 from tests.cuda._support import fresh_seed
+from tests.cuda.device._fp8 import DEV, kern, poison
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 if torch.cuda.is_available():
-    from hal.plugin_sdk.fp8_hardware import fp8_device
     from hal_backend_cpu_ref import fp8 as ref
 
-    if getattr(torch.version, "hip", None):
-        from hal_backend_rocm import plugin
-    else:
-        from hal_backend_cuda import plugin
-
 import hal  # noqa: E402
-from hal.ops.fp8 import FORMATS  # noqa: E402
-
-DEV = torch.device("cuda")
-
-
-@pytest.fixture(scope="module")
-def fmts() -> list[str]:
-    have = [f for f in FORMATS if not fp8_device(DEV, [f])]
-    if not have:
-        pytest.skip("; ".join(fp8_device(DEV, list(FORMATS))))
-    return have
-
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    return torch.Generator().manual_seed(fresh_seed())
-
-
-def kern(op: str):
-    return next(k.fn for k in plugin.kernels if k.op == op and k.name == "triton")
-
-
-def poison() -> None:
-    junk = torch.full((64 << 20,), 0x7E, dtype=torch.uint8, device=DEV)
-    del junk
 
 
 def randn(gen: torch.Generator, *shape: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:

@@ -18,52 +18,16 @@ import numpy as np
 import pytest
 import torch
 
-from tests.cuda._support import assert_bits, assert_close, finite_codes, fresh_seed, rms
+from tests.cuda._support import assert_bits, assert_close, finite_codes, rms
+from tests.cuda.device._fp8 import DEV, kern, poison
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 if torch.cuda.is_available():
     from hal_backend_cpu_ref import fp8 as ref
     from hal_triton import fp8 as f8
-    from hal.plugin_sdk.fp8_hardware import fp8_device
 
-    if getattr(torch.version, "hip", None):
-        from hal_backend_rocm import plugin
-    else:
-        from hal_backend_cuda import plugin
-
-from hal.ops.fp8 import FORMATS, scale_shape  # noqa: E402
-
-DEV = torch.device("cuda")
-
-
-def formats() -> list[str]:
-    """The formats this GPU has (none: every test is skipped with the reason)."""
-    return [f for f in FORMATS if not fp8_device(DEV, [f])]
-
-
-@pytest.fixture(scope="module")
-def fmts() -> list[str]:
-    have = formats()
-    if not have:
-        pytest.skip("; ".join(fp8_device(DEV, list(FORMATS))))
-    return have
-
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    return torch.Generator().manual_seed(fresh_seed())
-
-
-def kern(op: str):
-    return next(k.fn for k in plugin.kernels if k.op == op and k.name == "triton")
-
-
-def poison() -> None:
-    """Fill memory the caching allocator is about to hand out with a byte pattern (0x7E: a large
-    finite code, NaN-free floats), so outputs a kernel fails to write show up as wrong values."""
-    junk = torch.full((64 << 20,), 0x7E, dtype=torch.uint8, device=DEV)
-    del junk
+from hal.ops.fp8 import scale_shape  # noqa: E402
 
 
 def wide(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, specials: bool = True) -> torch.Tensor:

@@ -24,20 +24,13 @@ import pytest
 import torch
 
 from tests.cuda._support import assert_bits, fresh_seed
+from tests.cuda.device._fp8 import DEV, formats, kern
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 if torch.cuda.is_available():
     from hal_backend_cpu_ref import fp8 as ref
     from hal_triton import fp8 as f8
-    from hal.plugin_sdk.fp8_hardware import fp8_device
-
-    if getattr(torch.version, "hip", None):
-        from hal_backend_rocm import plugin
-    else:
-        from hal_backend_cuda import plugin
-
-DEV = torch.device("cuda")
 
 #: (shape, dtype): rows shorter than a tile's 16 columns, batched and not, and wider controls
 SHAPES = [((3, 20, 9), torch.float32), ((6, 9, 12), torch.bfloat16), ((60, 9), torch.float16), ((20, 9), torch.float32),
@@ -50,14 +43,10 @@ CASTS = [("given", "fp8_quantize", lambda s, f: (f, "tensor", s, 128)),
 
 
 def _fmt() -> str:
-    have = [f for f in ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz") if not fp8_device(DEV, [f])]
+    have = formats()
     if not have:
         pytest.skip("this GPU has no FP8 format")
     return have[0]
-
-
-def _kern(op: str):
-    return next(k.fn for k in plugin.kernels if k.op == op and k.name == "triton")
 
 
 def _want(kind: str, x: torch.Tensor, scale: torch.Tensor, fmt: str, transpose: bool):
@@ -92,7 +81,7 @@ def test_dispatched_casts_bit_for_bit_on_short_rows(kind: str, transpose: bool) 
         x = (torch.randn(shape, generator=gen) * 5.0).to(dtype).to(DEV)
         scale = (torch.rand((), generator=gen) * 0.05 + 1e-3).to(DEV)
         torch.full((1 << 20,), 0x7E, dtype=torch.uint8, device=DEV)  # poison what the allocator hands out next
-        got = _kern(op)(x, *args(scale, fmt))
+        got = kern(op)(x, *args(scale, fmt))
         torch.cuda.synchronize()
         want = _want(kind, x, scale, fmt, transpose)
         for g, w in zip(got, want):
