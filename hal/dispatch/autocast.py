@@ -156,26 +156,22 @@ def planner(decl: OpDecl, key_of: Callable[..., Any]) -> Callable[[tuple, Any, t
 def _autocast_off(run: Callable[..., Any], kind: str, casts: tuple[int, ...], dtype: Optional[torch.dtype]) -> Callable[..., Any]:
     """``run`` after the casts (argument positions, to ``dtype``), with autocast off for ``kind`` (on
     again afterwards, also when ``run`` raises)."""
+
+    def run_off(*args: Any) -> Any:
+        set_enabled(kind, False)
+        try:
+            return run(*args)
+        finally:
+            set_enabled(kind, True)
+
     if not casts:
-
-        def run_off(*args: Any) -> Any:
-            set_enabled(kind, False)
-            try:
-                return run(*args)
-            finally:
-                set_enabled(kind, True)
-
         return run_off
 
     def run_cast(*args: Any) -> Any:
         a = list(args)
         for i in casts:
             a[i] = a[i].to(dtype)
-        set_enabled(kind, False)
-        try:
-            return run(*a)
-        finally:
-            set_enabled(kind, True)
+        return run_off(*a)
 
     return run_cast
 

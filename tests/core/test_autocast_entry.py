@@ -13,9 +13,7 @@ import pytest
 import torch
 
 import hal
-from hal import dispatch
 from hal.plugin import Plugin
-from hal.runtime import Runtime
 
 SEEN: list[Any] = []
 
@@ -40,13 +38,9 @@ def _plugin() -> Plugin:
 
 
 @pytest.fixture
-def probe():
-    previous = dispatch.install(Runtime.from_plugins([_plugin()]))
+def probe(install_plugins):
+    install_plugins([_plugin()])
     SEEN.clear()
-    try:
-        yield
-    finally:
-        dispatch.install(previous)
 
 
 def test_the_rule_casts_its_arguments_and_the_kernel_runs_with_autocast_off(probe: None) -> None:

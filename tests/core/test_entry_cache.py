@@ -15,10 +15,8 @@ import pytest
 import torch
 
 import hal
-from hal import dispatch
 from hal.plugin import Plugin
 from hal.plugin_sdk.kept import armed
-from hal.runtime import Runtime
 
 #: (kernel, dtype of x, device type of x, x contiguous, autocast on for the CPU inside the kernel,
 #: run by hal's autograd node)
@@ -67,13 +65,9 @@ def _plugin() -> Plugin:
 
 
 @pytest.fixture
-def probe():
-    previous = dispatch.install(Runtime.from_plugins([_plugin()]))
+def probe(install_plugins):
+    install_plugins([_plugin()])
     SEEN.clear()
-    try:
-        yield
-    finally:
-        dispatch.install(previous)
 
 
 def _softmax(x: torch.Tensor) -> tuple[tuple, bool]:
