@@ -158,10 +158,10 @@ case "$mode" in
     ;;
   check40)  # issue 40's first call after VM-only sessions: conformance of the kernels changed unseen, their device tests,
     # the norm backward's launch candidates against copy bandwidth, fused AdamW's row, then the eager Llama-1B row
-    OMP_NUM_THREADS=2 step conformance40 "${CONF_LIMIT:-80}" python3 -m hal conformance --backend cuda --jobs 8 --ops "${CONF_OPS:-fp8_quantize_transpose_amax,fp8_quantize_transpose,fused_adamw_,amp_unscale_,linear_cross_entropy,linear_cross_entropy_backward,layer_norm_backward,rms_norm_backward,rms_norm_amax,swiglu_amax,fp8_quantize_from_amax,fp8_quantize_transpose_from_amax}" --report-dir "$out/conformance40"
+    OMP_NUM_THREADS=2 step conformance40 "${CONF_LIMIT:-80}" python3 -m hal conformance --backend cuda --jobs 8 --ops "${CONF_OPS:-fp8_quantize_transpose_amax,fp8_quantize_transpose,fused_adamw_,amp_unscale_,linear_cross_entropy,linear_cross_entropy_backward,layer_norm_backward,rms_norm_backward,rms_norm_amax,swiglu_amax,fp8_quantize_from_amax,fp8_quantize_transpose_from_amax,batch_norm,batch_norm_backward}" --report-dir "$out/conformance40"
     step device40 "${TESTS_LIMIT:-90}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device/test_fp8_small_tiles.py tests/cuda/device/test_fp8_amax_fusion.py tests/cuda/device/test_optim_copies.py
     step norm-bw "${NORM_LIMIT:-60}" python3 benchmarks/norm_backward_bw.py --out "$out/norm-bw"
-    step adamw "${ADAMW_LIMIT:-50}" python3 -m hal bench --ops fused_adamw_ --out "$out/adamw"
+    step adamw "${ADAMW_LIMIT:-70}" python3 -m hal bench --ops "${BENCH_OPS:-fused_adamw_,batch_norm,batch_norm_backward}" --out "$out/adamw"
     step models-1b "${MODEL_LIMIT:-220}" python3 -m hal bench --models hf_llama1b_train --variants "${VARIANTS:-eager,hal,liger}" --no-graphs --out "$out/models-1b"
     for f in models.json models.md; do [ -f "$out/models-1b/$f" ] && cp "$out/models-1b/$f" "$OUT/hf_llama1b_train-$f"; done
     ;;

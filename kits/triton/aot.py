@@ -149,6 +149,19 @@ def _batchnorm() -> Iterator[Spec]:
                 gb_ptr="*fp32", **_ints("n_chunks", "C"), count="fp32", TRAINING=True, HAS_W=True, BLOCK_C=128, BLOCK_R=32, COMPUTE=F32)
     yield _spec("batchnorm", "bn_bwd_apply_kernel", "fp16 relu", g_ptr="*fp16", x_ptr="*fp16", dx_ptr="*fp16", vec_ptr="*fp32", **tile,
                 RELU=True, BLOCK_C=4, BLOCK_S=512, COMPUTE=F32)
+    # channels_last as ResNet's layers call them (C a multiple of 16, unit channel stride; CUDA's
+    # tiles of hal_backend_cuda.launch): the accesses along the channels move 16 bytes each
+    last = dict(sC=1, div16=("C", "S", "sN", "sS"))
+    cl_grid = {**grid, **last}
+    cl_tile = {**tile, **last}
+    yield _spec("batchnorm", "bn_stats_kernel", "bf16 channels-last", x_ptr="*bf16", part_ptr="*fp32", **cl_grid,
+                BLOCK_C=64, BLOCK_S=128, COMPUTE=F32, options={"num_warps": 8})
+    yield _spec("batchnorm", "bn_apply_kernel", "bf16 relu channels-last", x_ptr="*bf16", y_ptr="*bf16", vec_ptr="*fp32", **cl_tile,
+                RELU=True, BLOCK_C=64, BLOCK_S=32, COMPUTE=F32)
+    yield _spec("batchnorm", "bn_bwd_reduce_kernel", "bf16 relu channels-last", g_ptr="*bf16", x_ptr="*bf16", part_ptr="*fp32",
+                vec_ptr="*fp32", **cl_grid, RELU=True, BLOCK_C=64, BLOCK_S=128, COMPUTE=F32, options={"num_warps": 8})
+    yield _spec("batchnorm", "bn_bwd_apply_kernel", "bf16 relu channels-last", g_ptr="*bf16", x_ptr="*bf16", dx_ptr="*bf16",
+                vec_ptr="*fp32", **cl_tile, RELU=True, BLOCK_C=64, BLOCK_S=32, COMPUTE=F32)
 
 
 def _gemms() -> Iterator[Spec]:

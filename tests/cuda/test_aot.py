@@ -48,6 +48,11 @@ VECTORISED = ("swiglu_kernel", "swiglu_bwd_kernel", "ce_forward_kernel", "ce_bac
 
 
 def _vectorisable(spec: aot.Spec) -> bool:
+    if spec.family == "batchnorm":
+        # along the channels of channels_last (ResNet's layout) once C and every stride are
+        # specialised (scalar in all before 2026-12-08); NCHW tiles stay scalar where a chunk's
+        # first position is not provably aligned
+        return "channels-last" in spec.variant
     return spec.kernel in VECTORISED and dict(spec.params).get("ALIGNED", True)
 
 
