@@ -13,7 +13,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh bench   # the whole hal bench table with its peers, into $OUT (BENCH_OPS=a,b to pick)
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check40 # issue 40: conformance and device tests of the kernels built on the VM, norm backward and AdamW bandwidth, the eager Llama-1B row
-#   HAL_COMMIT=<sha> benchmarks/h200.sh check40b # issue 40's second call: the whole CUDA conformance, the FP8 device tests, the eager step's memory anatomy
+#   HAL_COMMIT=<sha> benchmarks/h200.sh check40b # issue 40's second call: the whole CUDA conformance, the FP8 device tests, HF capture per family, the eager step's memory anatomy
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
 #   HAL_COMMIT=<sha> benchmarks/h200.sh tune    # GPU tests, conformance, hal tune (first and second process, seeds), dispatch overhead
 #   HAL_COMMIT=<sha> benchmarks/h200.sh tunemodels  # hal tune's first-step cost and seeds, then eager/hal models with the tuned cache
@@ -166,11 +166,13 @@ case "$mode" in
     step models-1b "${MODEL_LIMIT:-220}" python3 -m hal bench --models hf_llama1b_train --variants "${VARIANTS:-eager,hal,liger}" --no-graphs --out "$out/models-1b"
     for f in models.json models.md; do [ -f "$out/models-1b/$f" ] && cp "$out/models-1b/$f" "$OUT/hf_llama1b_train-$f"; done
     ;;
-  check40b)  # issue 40's second call: the whole CUDA conformance suite, the FP8 kernels' device tests, the memory
-    # anatomy of the eager Llama-1B step (torch, hal.nn.patch, Liger-Kernel; one process each)
-    OMP_NUM_THREADS=2 step conformance "${CONF_LIMIT:-180}" python3 -m hal conformance --backend cuda --jobs 12 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
-    step fp8-tests "${TESTS_LIMIT:-110}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device/test_fp8_kernels.py
-    step anatomy "${ANATOMY_LIMIT:-220}" python3 benchmarks/memory_anatomy.py --model hf_llama1b_train --impls "${IMPLS:-torch,hal,liger}" --timeout 70 --json "$out/anatomy-1b.json"
+  check40b)  # issue 40's second call: the whole CUDA conformance suite, the FP8 kernels' device tests, hal.optimize's
+    # compile+graph capture on each Hugging Face decoder family, the memory anatomy of the eager Llama-1B step (hal.nn.patch
+    # against Liger-Kernel; one process each)
+    OMP_NUM_THREADS=2 step conformance "${CONF_LIMIT:-170}" python3 -m hal conformance --backend cuda --jobs 12 ${CONF_OPS:+--ops "$CONF_OPS"} --report-dir "$out/conformance"
+    step fp8-tests "${TESTS_LIMIT:-90}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device/test_fp8_kernels.py
+    step capture-hf "${CAPTURE_LIMIT:-110}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device/test_graphs.py -k hugging_face
+    step anatomy "${ANATOMY_LIMIT:-150}" python3 benchmarks/memory_anatomy.py --model hf_llama1b_train --impls "${IMPLS:-hal,liger}" --timeout 70 --json "$out/anatomy-1b.json"
     [ -f "$out/anatomy-1b.json" ] && cp "$out/anatomy-1b.json" "$OUT/"
     ;;
   cmd)  # one command after the install: CMD="python3 benchmarks/x.py ..." [CMD_LIMIT=seconds]; $OUT/run.tgz is this

@@ -7,6 +7,8 @@ Skipped without a CUDA device (CI); run on the device machine (benchmarks/h200.s
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -216,22 +218,43 @@ def test_a_tensor_passed_twice_stays_one_tensor_in_the_capture() -> None:
     assert len(graphed._entries) == 2, graphed.explain()
 
 
-def test_optimize_captures_a_compiled_hugging_face_llama_step() -> None:
-    """hal.optimize's compile+graph candidate captures a Hugging Face Llama step (GQA, tied
-    embeddings, the tokens as labels), where it failed with "operation failed due to a previous
-    error during capture"."""
+def _hf_family(family: str):
+    """A tiny model of a Hugging Face decoder family as ``transformers`` 5.x writes it (GQA, tied
+    embeddings; Mistral's sliding window shorter than the sequence, Gemma's head_dim, Mixtral's
+    top-2 of 4 experts), with the sdpa attention a user gets by default."""
     transformers = pytest.importorskip("transformers")
+    config_cls, model_cls, extra = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+        "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 64}),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+        "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 32}),
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    }[family]
+    cfg = getattr(transformers, config_cls)(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                            num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True, use_cache=False, **extra)
+    return getattr(transformers, model_cls)._from_config(cfg, attn_implementation="sdpa").to(DEV).train()
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "gemma", "mixtral"])
+def test_optimize_captures_a_compiled_hugging_face_step(family: str) -> None:
+    """hal.optimize's compile+graph candidate of the rewritten model captures a Hugging Face step of
+    each decoder family hal.nn.patch knows (on Llama it failed with "operation failed due to a
+    previous error during capture"), and trains. The untouched model's candidate either captures
+    too or says why it could not (Mixtral's own experts pick their tokens with data-dependent
+    shapes, which no graph holds), and the choice falls on a candidate that ran."""
     torch.manual_seed(fresh_seed())
-    cfg = transformers.LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
-                                   num_key_value_heads=2, tie_word_embeddings=True, use_cache=False)
-    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").to(DEV).train()
+    model = _hf_family(family)
     tokens = torch.randint(0, 4096, (2, 128), device=DEV)
     # your torch.optim.AdamW as you made it (not capturable): the torch candidate sets it capturable
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     step = hal.optimize(model, opt, amp=torch.bfloat16, candidates=["torch compile+graph", "hal compile+graph"])
     losses = [float(step(input_ids=tokens, labels=tokens)) for _ in range(3)]
     report = step.explain()
-    assert "capture failed" not in report and "failed" not in report, report
-    assert all(t.median_ms is not None for t in step.report.trials), report
-    assert step.report.chosen in ("torch compile+graph", "hal compile+graph"), report
-    assert losses[-1] < losses[0], losses
+    trials = {t.name: t for t in step.report.trials}
+    assert trials["hal compile+graph"].median_ms is not None, report
+    if family != "mixtral":
+        assert trials["torch compile+graph"].median_ms is not None, report
+    else:
+        assert trials["torch compile+graph"].median_ms is not None or trials["torch compile+graph"].error, report
+    assert step.report.chosen in {n for n, t in trials.items() if t.median_ms is not None}, report
+    assert all(map(math.isfinite, losses)) and losses[-1] < losses[0], losses
