@@ -30,8 +30,11 @@ def test_example_trains_briefly(extra: list[str], capsys: pytest.CaptureFixture[
     assert "block1.conv2_fused (FusedConvBNAddReLU2d)" in out and "block2.conv2_fused (FusedConvBNAddReLU2d)" in out
     assert "eval accuracy" in out
     # the training decomposition's conv2d and batch_norm are torch's kernels on the CPU backend, so
-    # torch's autograd records them: their backward runs as torch's, not as hal backward ops
+    # torch's autograd records them: their backward runs as torch's, not as hal backward ops; except
+    # float16 convolutions, which compute in float32 (torch's float16 CPU convolution rounds its
+    # partial sums): hal's node keeps the float16 inputs and its conv2d_backward computes in float32
     for op in ("conv2d", "batch_norm", "fused_adamw_", "amp_unscale_", "linear", "fused_conv_bn_relu", "fused_conv_bn_add_relu"):
         assert op in out, f"{op} missing from the printed kernel table:\n{out}"
-    assert "conv2d_backward" not in out and "batch_norm_backward" not in out
+    assert ("conv2d_backward" in out) == ("float16" in extra), out
+    assert "batch_norm_backward" not in out
     assert "loss scaler: 3 steps" in out
