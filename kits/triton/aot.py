@@ -220,6 +220,39 @@ def _quant() -> Iterator[Spec]:
                 XS_MODE=1, WS_MODE=2, HAS_BIAS=True, BLOCK_R=8, BLOCK_C=128)
 
 
+#: the transposed FP8 casts' launch candidates (block_r, block_c, num_warps) of the plugins' tables
+#: (hal_backend_cuda.launch and hal_backend_rocm.launch: today's 64 x 64 elementwise tile first, then
+#: their FP8_TRANSPOSE_TILES), by the hardware formats of each vendor's FP8 targets;
+#: tests/cuda/test_fp8_transpose_tuning.py checks that every one the tables offer is here
+FP8_TRANSPOSE_TILES = {"ocp": ((64, 64, 8), (64, 64, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 64, 8), (128, 128, 8)),
+                       "fnuz": ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8))}
+
+
+def _fp8_transpose_candidates(encode: dict[str, Any], nofma: dict[str, Any]) -> Iterator[Spec]:
+    """The transposed casts' launch candidates: each tile of each vendor in the per-tensor current
+    cast (the hardware cast of its formats), the largest in every other transposed mode, and every
+    tile in the amax pass of row-wise scaling (which takes the candidate's tile too)."""
+    tiles = dict(encode, AMAX=False)
+    for kind, fmt, fid in (("ocp", "e4m3fn", 0), ("fnuz", "e4m3fnuz", 2)):
+        for r, c, w in FP8_TRANSPOSE_TILES[kind]:
+            yield _spec("fp8", "fp8_encode_kernel", f"{fmt} bf16, tensor amax, transposed, launch candidate {r}x{c} {w} warps",
+                        fp8=kind, x_ptr="*bf16", FMT=fid, SCALE=1, TRANSPOSE=True, HW=True,
+                        **{**tiles, "options": {**nofma, "num_warps": w}, "BLOCK_R": r, "BLOCK_C": c})
+    big = {**encode, "options": {**nofma, "num_warps": 8}, "BLOCK_R": 128, "BLOCK_C": 128}
+    yield _spec("fp8", "fp8_encode_kernel", "e5m2 fp16, given tensor scale, transposed, launch candidate 128x128 8 warps", fp8="ocp",
+                x_ptr="*fp16", FMT=1, SCALE=0, TRANSPOSE=True, HW=True, **{**big, "AMAX": False})
+    yield _spec("fp8", "fp8_encode_kernel", "e4m3fn bf16, given tensor scale, amax, transposed, launch candidate 128x128 8 warps",
+                fp8="ocp", x_ptr="*bf16", FMT=0, SCALE=0, TRANSPOSE=True, HW=True, **{**big, "AMAX": True})
+    yield _spec("fp8", "fp8_encode_kernel", "emulated e4m3fn fp32, rows and columns, transposed, launch candidate 128x128 8 warps",
+                x_ptr="*fp32", FMT=0, SCALE=3, TRANSPOSE=True, HW=False, **{**big, "AMAX": False})
+    yield _spec("fp8", "fp8_encode_kernel", "emulated e5m2 bf16, given blocks, transposed, launch candidate 128x128 8 warps",
+                x_ptr="*bf16", FMT=1, SCALE=4, TRANSPOSE=True, HW=False, **{**big, "AMAX": False})
+    for r, c, w in dict.fromkeys(FP8_TRANSPOSE_TILES["ocp"] + FP8_TRANSPOSE_TILES["fnuz"]):
+        yield _spec("fp8", "fp8_amax_kernel", f"rows and columns, launch candidate {r}x{c} {w} warps", options={"num_warps": w},
+                    div16=("M", "K"), x_ptr="*bf16", amax_ptr="*i32", amaxt_ptr="*i32", **_ints("M", "K", "n_tm", "n_tk"), MODE=1,
+                    BLOCK_R=r, BLOCK_C=c)
+
+
 def _fp8() -> Iterator[Spec]:
     """The FP8 kernels: the hardware casts and FP8 tensor-core GEMMs of each vendor's formats (OCP
     e4m3fn / e5m2 for sm_90, fnuz for gfx942), and the emulated cast every target compiles."""
@@ -243,6 +276,7 @@ def _fp8() -> Iterator[Spec]:
                 HW=False, **no_amax)
     yield _spec("fp8", "fp8_encode_kernel", "emulated e4m3fnuz fp16, rows and columns", x_ptr="*fp16", FMT=2, SCALE=3, TRANSPOSE=True,
                 HW=False, **no_amax)
+    yield from _fp8_transpose_candidates(encode, nofma)
     yield _spec("fp8", "fp8_rows_kernel", "e4m3fn bf16, loop", options=nofma, fp8="ocp", div16=("K",), x_ptr="*bf16", q_ptr="*u8",
                 s_ptr="*fp32", **_ints("R", "K"), FMT=0, HW=True, ONE_TILE=False, BLOCK_R=1, BLOCK_C=4096)
     yield _spec("fp8", "fp8_rows_kernel", "e4m3fn bf16, one tile of 8192, 16 warps", options={**nofma, "num_warps": 16}, fp8="ocp",

@@ -103,3 +103,24 @@ class NormBwdConfig:
     def from_dict(cls, d: dict) -> "NormBwdConfig":
         """A configuration from its ``dataclasses.asdict`` form (a JSON cache entry)."""
         return cls(**{**d, "options": tuple(tuple(o) for o in d.get("options", ()))})
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8TransposeConfig:
+    """Launch configuration of the FP8 casts that also write the transpose (hal_triton.fp8's
+    ``fp8_encode_kernel`` with TRANSPOSE, and the row-wise cast's amax pass before it): one
+    ``block_r`` x ``block_c`` tile of x a program (powers of two, at least 16: masks cover ragged
+    edges), whose ``block_c`` columns become rows of q_t ``block_r`` codes long, over ``num_warps``
+    warps (wavefronts on AMD)."""
+
+    block_r: int
+    block_c: int
+    num_warps: int
+
+
+def fp8_transpose_tile(k: int, block_elems: int) -> tuple[int, int]:
+    """(block_r, block_c) of the transposed FP8 casts before they had candidates, for rows of length
+    ``k`` and tiles of about ``block_elems`` elements: square-ish, at most 64 columns (whose codes
+    become rows of q_t), at least 16 rows and columns."""
+    block_c = max(16, min(next_pow2(max(k, 1)), 64))
+    return max(16, block_elems // block_c), block_c

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .config import BNConfig, GemmConfig, NormBwdConfig, Plans, next_pow2
+from .config import BNConfig, Fp8TransposeConfig, GemmConfig, NormBwdConfig, Plans, fp8_transpose_tile, next_pow2
 
 
 def norm_backward_candidates(rows: dict[str, int], n: int, programs: int, units: int, variants: Sequence[tuple[int, int]],
@@ -37,6 +37,23 @@ def norm_backward_candidates(rows: dict[str, int], n: int, programs: int, units:
     prefetching = (NormBwdConfig(k * default.block_m, default.block_n, k * default.num_warps, per_unit * units, True, options)
                    for k, per_unit in variants if k * default.num_warps <= max_warps)
     return tuple(dict.fromkeys((default, *prefetching)))
+
+
+def fp8_transpose_default(elementwise: dict[str, int], k: int) -> Fp8TransposeConfig:
+    """The transposed FP8 casts' launch before they had candidates, for rows of length ``k``: the
+    ``elementwise`` table's tile (:func:`~hal_triton.config.fp8_transpose_tile`) and warps."""
+    return Fp8TransposeConfig(*fp8_transpose_tile(k, elementwise["block_elems"]), elementwise["num_warps"])
+
+
+def fp8_transpose_candidates(default: Fp8TransposeConfig, m: int, k: int,
+                             tiles: Sequence[tuple[int, int, int]]) -> tuple[Fp8TransposeConfig, ...]:
+    """Launches of the transposed FP8 casts to measure for (..., m, k) arrays: first exactly
+    ``default`` (what runs wherever tuning does not), then each ``(block_r, block_c, num_warps)`` of
+    ``tiles`` that the array fills (no side past the next power of two of m or k: such a tile would
+    be mostly masked off), duplicates dropped. Tiles are kept as they are, never cut to the array,
+    so that every launch that can run is one compiled ahead of time (hal_triton.aot)."""
+    fits = (Fp8TransposeConfig(r, c, w) for r, c, w in tiles if r <= next_pow2(m) and c <= next_pow2(k))
+    return tuple(dict.fromkeys((default, *fits)))
 
 
 class Interpreter:
@@ -104,6 +121,14 @@ class LaunchTables(abc.ABC):
         and problem by the autotuner: the first exactly ``rows`` and ``persistent_programs`` without
         prefetch (what runs where tuning does not); see :func:`norm_backward_candidates`."""
 
+    def fp8_transpose_candidates(self, x: torch.Tensor, m: int, k: int) -> tuple[Fp8TransposeConfig, ...]:
+        """Launches of the FP8 casts that also write the transpose of x, (..., m, k) (hal_triton.fp8),
+        measured per device and problem by the autotuner: the first exactly the ``elementwise``
+        table's tile and warps (:func:`fp8_transpose_default`, what runs where tuning does not).
+        This default offers that one only; a plugin adds larger tiles
+        (:func:`fp8_transpose_candidates`)."""
+        return (fp8_transpose_default(self.elementwise(x), k),)
+
     @abc.abstractmethod
     def columns(self, x: torch.Tensor) -> int:
         """Neighbouring columns per program of the softmax kernels that reduce a non-last dim."""
@@ -142,7 +167,8 @@ class PerGeometry:
     other attribute (GEMM candidates, the device slug, seed_dir) is the plugin's own.
     """
 
-    _PER_CALL = ("elementwise", "rows", "persistent_programs", "norm_backward_candidates", "columns", "batch_norm", "multi_tensor")
+    _PER_CALL = ("elementwise", "rows", "persistent_programs", "norm_backward_candidates", "fp8_transpose_candidates", "columns",
+                 "batch_norm", "multi_tensor")
 
     def __init__(self, tables: LaunchTables) -> None:
         self.tables = tables

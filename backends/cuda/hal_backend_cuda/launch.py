@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from hal_triton.config import BNConfig, GemmConfig, NormBwdConfig, next_pow2
-from hal_triton.tables import INTERPRETER, LaunchTables, interpreted, norm_backward_candidates
+from hal_triton.config import BNConfig, Fp8TransposeConfig, GemmConfig, NormBwdConfig, next_pow2
+from hal_triton.tables import (INTERPRETER, LaunchTables, fp8_transpose_candidates, fp8_transpose_default, interpreted,
+                               norm_backward_candidates)
 
 from ._device import slug, sm_count
 
@@ -54,6 +55,14 @@ NORM_BWD_VARIANTS = ((1, 2), (1, 4), (1, 8), (2, 2))
 #: 141 without the cap (one program an SM, as many bytes in flight as without prefetch) and 128 with
 #: it, spilling nothing
 NORM_BWD_OPTIONS = (("maxnreg", 128),)
+#: the transposed FP8 casts' larger tiles (block_r, block_c, num_warps) beside the default of
+#: ``elementwise`` (64 x 64 over 8 warps from a million elements: 8 KB of bf16 read a program, q_t
+#: written in rows of 64 bytes): 128 columns make q_t's rows and q's 128-byte lines, 128 rows 256
+#: bytes of each bf16 row of x; 4 warps keep the loads of more elements a thread in flight.
+#: Registers (ptxas through Triton 3.9, sm_90a, bf16 per-tensor cast): 64x64 over 4 warps 58,
+#: 32x128/4 62, 64x128/4 121, 64x128/8 59, 128x64/8 61, 128x128/8 117 (two 8-warp programs an
+#: SM); 128x128 over 4 warps took 190 and is left out
+FP8_TRANSPOSE_TILES = ((64, 64, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 64, 8), (128, 128, 8))
 #: float64 GEMM tiles multiply with FMAs (no float64 tl.dot in Triton 3.6 for sm_90): small tiles
 FMA_GEMM = GemmConfig(16, 16, 16, 4, 1)
 
@@ -94,6 +103,11 @@ class CudaTables(LaunchTables):
             return INTERPRETER.norm_backward(n)
         return norm_backward_candidates(self.rows(x, n), n, self.persistent_programs(x), sm_count(x.device), NORM_BWD_VARIANTS, max_warps=16,
                                         options=NORM_BWD_OPTIONS)
+
+    def fp8_transpose_candidates(self, x: torch.Tensor, m: int, k: int) -> tuple[Fp8TransposeConfig, ...]:
+        """Today's elementwise tile, then FP8_TRANSPOSE_TILES that the array fills (CPU tensors: today's alone)."""
+        default = fp8_transpose_default(self.elementwise(x), k)
+        return (default,) if interpreted(x) else fp8_transpose_candidates(default, m, k, FP8_TRANSPOSE_TILES)
 
     def columns(self, x: torch.Tensor) -> int:
         return INTERPRETER.columns if interpreted(x) else 128

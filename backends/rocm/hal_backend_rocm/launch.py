@@ -21,8 +21,9 @@ from typing import Optional
 
 import torch
 
-from hal_triton.config import BNConfig, GemmConfig, NormBwdConfig, next_pow2
-from hal_triton.tables import INTERPRETER, LaunchTables, interpreted, norm_backward_candidates
+from hal_triton.config import BNConfig, Fp8TransposeConfig, GemmConfig, NormBwdConfig, next_pow2
+from hal_triton.tables import (INTERPRETER, LaunchTables, fp8_transpose_candidates, fp8_transpose_default, interpreted,
+                               norm_backward_candidates)
 
 from ._device import ARCHS, ArchFacts, arch, compute_units, slug
 
@@ -70,6 +71,11 @@ INT8_CANDIDATES: dict[str, tuple[GemmConfig, ...]] = {
 #: SIMD, 16 elements a lane); 2 to 4 programs per CU put 2 to 4 waves on each SIMD, registers
 #: permitting; 2 rows over 8 waves (at most 16, a 1024-lane workgroup) double the loads in flight
 NORM_BWD_VARIANTS = ((1, 2), (1, 4), (2, 2), (2, 4))
+#: the transposed FP8 casts' larger tiles (block_r, block_c, waves) beside the default of
+#: ``elementwise`` (64 x 64 over 4 waves from a million elements, 16 elements a lane): 128 columns
+#: (q_t written in rows of 128 bytes), 128 rows, and 128 x 128 over 8 waves (32 a lane); not
+#: measured on an AMD GPU (none reachable), so few
+FP8_TRANSPOSE_TILES = ((64, 128, 4), (128, 64, 4), (128, 128, 8))
 #: float64 GEMMs multiply with FMAs (the kit has no float64 tl.dot): 4 outputs a lane
 FMA_GEMM = GemmConfig(32, 32, 8, 4, 1)
 
@@ -128,6 +134,11 @@ class RocmTables(LaunchTables):
             return INTERPRETER.norm_backward(n)
         return norm_backward_candidates(self.rows(x, n), n, self.persistent_programs(x), self.compute_units(x), NORM_BWD_VARIANTS,
                                         max_warps=16)
+
+    def fp8_transpose_candidates(self, x: torch.Tensor, m: int, k: int) -> tuple[Fp8TransposeConfig, ...]:
+        """Today's elementwise tile, then FP8_TRANSPOSE_TILES that the array fills (CPU tensors: today's alone)."""
+        default = fp8_transpose_default(self.elementwise(x), k)
+        return (default,) if interpreted(x) else fp8_transpose_candidates(default, m, k, FP8_TRANSPOSE_TILES)
 
     def columns(self, x: torch.Tensor) -> int:
         return INTERPRETER.columns if interpreted(x) else 2 * LANES
