@@ -31,6 +31,12 @@ the cut-off bit alone and drops the carry out of the mantissa, so 126.74 becomes
 integer arithmetic. GPU tests run both. Decoding is always done
 with integer arithmetic (exact, and a streaming kernel has the instructions to spare).
 
+**Transposed launches.** The casts that also write q_t (per tensor, given or current scales, the
+fused amax; row-wise current scaling with its amax pass; given block scales) take their tile from
+``pick``, the kit's autotuned choice among the vendor plugin's :class:`Fp8TransposeConfig`
+candidates (the first is the ``block_elems`` tile these casts always used, which runs wherever
+nothing is tuned). The block-wise current cast (``fp8_blocks_kernel``) keeps its one launch.
+
 **The GEMM** multiplies FP8 tiles with the tensor cores (``tl.dot`` of FP8 operands, float32
 accumulation); block scales are applied per K step (``BLOCK_K`` divides the block size, so a step
 lies in one scale block), tensor and row scales and the bias in the epilogue, then one rounding.
@@ -39,13 +45,14 @@ In the interpreter the tiles are decoded to float32 first (exact: every FP8 valu
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from ._launch import cdiv, launch, next_pow2
+from .config import Fp8TransposeConfig, fp8_transpose_tile
 from .gemm import tile_rows_cols
 
 #: the formats in ``FMT`` order
@@ -56,6 +63,13 @@ S_TENSOR, S_TENSOR_AMAX, S_ROW, S_ROW_AMAX, S_BLOCK = 0, 1, 2, 3, 4
 A_TENSOR, A_ROWS_COLS = 0, 1
 #: granularity codes of the GEMM's scales
 G_TENSOR, G_ROW, G_BLOCK = 0, 1, 2
+#: the transposed casts' modes as their autotune keys name them
+_MODE_NAMES = {S_TENSOR: "tensor", S_TENSOR_AMAX: "tensor_amax", S_ROW_AMAX: "rows_cols", S_BLOCK: "blocks"}
+
+#: how a transposed cast chooses its launch: ``pick(key, run, nbytes)`` returns one of the vendor
+#: plugin's candidates for problem ``key`` (the kit: :func:`hal_triton.autotune.choose`, which may
+#: first time ``run(candidate)``, the whole cast on the call's own inputs, moving ``nbytes``)
+Pick = Callable[[str, Callable[[Fp8TransposeConfig], Any], int], Fp8TransposeConfig]
 
 
 # --- encode / decode ----------------------------------------------------------------------------
@@ -432,8 +446,7 @@ def _tile_shape(k: int, block_elems: int, transpose: bool = False) -> tuple[int,
     whole lines, or for a transposed store square-ish tiles (at most 64 columns, at least 16 rows),
     whose columns become rows of q_t."""
     if transpose:
-        block_c = max(16, min(next_pow2(max(k, 1)), 64))
-        return max(16, block_elems // block_c), block_c
+        return fp8_transpose_tile(k, block_elems)
     block_c = max(16, min(next_pow2(max(k, 1)), block_elems))
     return max(1, block_elems // block_c), block_c
 
@@ -466,34 +479,92 @@ def _row_tile(k: int, block_elems: int, num_warps: int) -> tuple[int, int, int]:
     return 1, block_c, max(num_warps, min(16, block_c // 512))
 
 
+def _launch_tile(k: int, block_elems: int, num_warps: int, transpose: bool,
+                 tile: Optional[Fp8TransposeConfig]) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_C, num_warps) of a tiled cast: ``tile``'s where one was chosen, else the
+    ``block_elems`` tile (:func:`_tile_shape`) over ``num_warps``."""
+    if tile is not None:
+        return tile.block_r, tile.block_c, tile.num_warps
+    return (*_tile_shape(k, block_elems, transpose), num_warps)
+
+
+def _hw_cast(hw: bool, mode: int, transpose: bool, nb: int) -> bool:
+    """Whether a launch of fp8_encode_kernel encodes with the hardware cast: asked for, and not one
+    of the launches kept on the emulated cast (``_EMULATED_MODES``, ``_EMULATE_BATCHED_TRANSPOSE``)."""
+    return hw and mode not in _EMULATED_MODES and not (_EMULATE_BATCHED_TRANSPOSE and transpose and nb > 1)
+
+
+def _transpose_key(x3: torch.Tensor, nb: int, m: int, k: int, fmt: str, mode: int, hw: bool, reduce_amax: bool = False) -> str:
+    """The autotune key of a transposed cast: what changes its best tile (the kernel's mode, the
+    format and which cast encodes, the input dtype, K exact, M and the batch bucketed)."""
+    what = _MODE_NAMES[mode] + ("+amax" if reduce_amax else "")
+    return f"fp8_quantize_transpose/{what}/{fmt}/{'hw' if hw else 'sw'}/{x3.dtype}/b{next_pow2(nb)}/m{next_pow2(m)}/k{k}"
+
+
+def _cast_bytes(x3: torch.Tensor, reads: int = 1) -> int:
+    """The bytes a transposed cast moves: x read ``reads`` times, q and q_t written (scales ignored)."""
+    return (reads * x3.element_size() + 2) * x3.numel()
+
+
+def _picked(pick: Optional[Pick], key: str, nbytes: int, run: Callable[[Optional[Fp8TransposeConfig]], None]) -> None:
+    """``run(tile)`` with the tile ``pick`` chooses for problem ``key`` (None, the ``block_elems``
+    launch, where nothing picks). The chooser may call ``run`` once per candidate first, so every
+    ``run`` repeats the whole cast: it rewrites q, q_t and the scales, and each amax word it maxes
+    into either starts from a zeroed word allocated inside ``run`` or takes the atomic max of the
+    same |x| bits again (idempotent)."""
+    run(pick(key, run, nbytes) if pick is not None else None)
+
+
 def _encode_launch(x3, q, qt, s, st, amax, amaxt, m, k, nb, mode, fmt, transpose, hw, block_elems, num_warps, kb=1, bs=1,
-                   reduce_amax=False):
-    hw = hw and mode not in _EMULATED_MODES and not (_EMULATE_BATCHED_TRANSPOSE and transpose and nb > 1)
-    block_r, block_c = _tile_shape(k, block_elems, transpose)
-    n_tm, n_tk = cdiv(m, block_r), cdiv(k, block_c)
-    launch(fp8_encode_kernel, (nb * n_tm * n_tk,), x3, q, qt, s, st, amax, amaxt, m, k, n_tm, n_tk, kb, bs,
-           FMT=FORMAT_IDS[fmt], SCALE=mode, TRANSPOSE=transpose, HW=hw, BLOCK_R=block_r, BLOCK_C=block_c, AMAX=reduce_amax,
-           num_warps=num_warps, fp_fusion=False)
+                   reduce_amax=False, pick: Optional[Pick] = None, tile: Optional[Fp8TransposeConfig] = None) -> None:
+    """fp8_encode_kernel over x3 (B = nb matrices of m x k): with ``tile``, or for a transposed
+    launch the tile ``pick`` chooses, else the ``block_elems`` tile over ``num_warps``."""
+    hw = _hw_cast(hw, mode, transpose, nb)
+
+    def run(t: Optional[Fp8TransposeConfig]) -> None:
+        block_r, block_c, warps = _launch_tile(k, block_elems, num_warps, transpose, t)
+        n_tm, n_tk = cdiv(m, block_r), cdiv(k, block_c)
+        launch(fp8_encode_kernel, (nb * n_tm * n_tk,), x3, q, qt, s, st, amax, amaxt, m, k, n_tm, n_tk, kb, bs,
+               FMT=FORMAT_IDS[fmt], SCALE=mode, TRANSPOSE=transpose, HW=hw, BLOCK_R=block_r, BLOCK_C=block_c, AMAX=reduce_amax,
+               num_warps=warps, fp_fusion=False)
+
+    if transpose and tile is None:
+        _picked(pick, _transpose_key(x3, nb, m, k, fmt, mode, hw, reduce_amax), _cast_bytes(x3), run)
+    else:
+        run(tile)
 
 
-def _amax(x3, m, k, nb, mode, block_elems, num_warps):
-    """amax words (int32 bits of float32, 0 to start): one, or per row and per column."""
+def _amax(x3, m, k, nb, mode, block_elems, num_warps, tile: Optional[Fp8TransposeConfig] = None):
+    """amax words (int32 bits of float32, 0 to start): one, or per row and per column (on square
+    tiles, ``tile`` where the transposed cast after it chose one: few atomics per element)."""
     dev = x3.device
     if mode == A_TENSOR:
         amax, amaxt = torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(1, dtype=torch.int32, device=dev)
     else:
         amax, amaxt = torch.zeros(nb * m, dtype=torch.int32, device=dev), torch.zeros(nb * k, dtype=torch.int32, device=dev)
-    block_r, block_c = _tile_shape(k, block_elems, transpose=mode == A_ROWS_COLS)  # square tiles: few atomics per element
+    block_r, block_c, warps = _launch_tile(k, block_elems, num_warps, mode == A_ROWS_COLS, tile)
     n_tm, n_tk = cdiv(m, block_r), cdiv(k, block_c)
     launch(fp8_amax_kernel, (nb * n_tm * n_tk,), x3, amax, amaxt, m, k, n_tm, n_tk, MODE=mode, BLOCK_R=block_r, BLOCK_C=block_c,
-           num_warps=num_warps)
+           num_warps=warps)
     return amax, amaxt
 
 
+def _rows_cols_transposed(x3, q, qt, s, st, m, k, nb, fmt, hw, block_elems, num_warps, pick: Optional[Pick]) -> None:
+    """Row-wise current scaling of x and x.mT: the amax pass (a word per row and per column) and the
+    encode, both on the tile ``pick`` chooses for the two together (x read twice)."""
+    def run(tile: Optional[Fp8TransposeConfig]) -> None:
+        amax, amaxt = _amax(x3, m, k, nb, A_ROWS_COLS, block_elems, num_warps, tile)  # fresh zeroed words each run
+        _encode_launch(x3, q, qt, s, st, amax, amaxt, m, k, nb, S_ROW_AMAX, fmt, True, hw, block_elems, num_warps, tile=tile)
+
+    key = _transpose_key(x3, nb, m, k, fmt, S_ROW_AMAX, _hw_cast(hw, S_ROW_AMAX, True, nb))
+    _picked(pick, key, _cast_bytes(x3, reads=2), run)
+
+
 def quantize(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.Tensor], block_size: int, transpose: bool,
-             hw: bool, block_elems: int, num_warps: int) -> tuple:
+             hw: bool, block_elems: int, num_warps: int, pick: Optional[Pick] = None) -> tuple:
     """fp8_quantize (``transpose=False``: (q, scale)) or fp8_quantize_transpose ((q, scale, q_t,
-    scale_t)). ``hw`` picks the hardware cast (GPUs) or the emulated one (the interpreter)."""
+    scale_t)). ``hw`` picks the hardware cast (GPUs) or the emulated one (the interpreter);
+    ``pick`` the transposed launch (:data:`Pick`; without it the ``block_elems`` tile)."""
     x3, nb, m, k = _batched(x)
     dev = x.device
     q = torch.empty(x3.shape, dtype=torch.uint8, device=dev)
@@ -503,7 +574,8 @@ def quantize(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.
         mb, kb = cdiv(m, block_size), cdiv(k, block_size)
         if scale is not None:
             s = scale.float().contiguous().clone()
-            _encode_launch(x3, q, qt, s, s, s, s, m, k, nb, S_BLOCK, fmt, transpose, hw, block_elems, num_warps, kb=kb, bs=block_size)
+            _encode_launch(x3, q, qt, s, s, s, s, m, k, nb, S_BLOCK, fmt, transpose, hw, block_elems, num_warps, kb=kb, bs=block_size,
+                           pick=pick)
         else:
             s = torch.empty(x3.shape[:-2] + (mb, kb), dtype=torch.float32, device=dev)
             block_s = next_pow2(block_size)
@@ -527,42 +599,43 @@ def quantize(x: torch.Tensor, fmt: str, granularity: str, scale: Optional[torch.
                    BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps, fp_fusion=False)
             return q, s
         st = torch.empty(x3.shape[:-2] + (k, 1), dtype=torch.float32, device=dev)
-        amax, amaxt = _amax(x3, m, k, nb, A_ROWS_COLS, block_elems, num_warps)
-        _encode_launch(x3, q, qt, s, st, amax, amaxt, m, k, nb, S_ROW_AMAX, fmt, True, hw, block_elems, num_warps)
+        _rows_cols_transposed(x3, q, qt, s, st, m, k, nb, fmt, hw, block_elems, num_warps, pick)
         return q, s, qt, st
     # tensor
     if scale is not None:
         s = scale.float().reshape(()).clone()
         st = s.clone() if transpose else s
-        _encode_launch(x3, q, qt, s, st, s, s, m, k, nb, S_TENSOR, fmt, transpose, hw, block_elems, num_warps)
+        _encode_launch(x3, q, qt, s, st, s, s, m, k, nb, S_TENSOR, fmt, transpose, hw, block_elems, num_warps, pick=pick)
     else:
         s = torch.empty((), dtype=torch.float32, device=dev)
         st = torch.empty((), dtype=torch.float32, device=dev) if transpose else s
         amax, _ = _amax(x3, m, k, nb, A_TENSOR, block_elems, num_warps)
-        _encode_launch(x3, q, qt, s, st, amax, amax, m, k, nb, S_TENSOR_AMAX, fmt, transpose, hw, block_elems, num_warps)
+        _encode_launch(x3, q, qt, s, st, amax, amax, m, k, nb, S_TENSOR_AMAX, fmt, transpose, hw, block_elems, num_warps, pick=pick)
     q = q.view(x.shape)
     return (q, s, qt, st) if transpose else (q, s)
 
 
 def quantize_amax(x: torch.Tensor, fmt: str, scale: torch.Tensor, transpose: bool, hw: bool, block_elems: int,
-                  num_warps: int) -> tuple:
+                  num_warps: int, pick: Optional[Pick] = None) -> tuple:
     """fp8_quantize_amax ((q, scale, amax)) or fp8_quantize_transpose_amax ((q, scale, q_t, amax)):
     the given-scale per-tensor cast, each program also reducing its tile's |x| into one int32 word
-    (the float32 bits of the amax: zeroed here, read back as float32 by a view), so x is read once."""
+    (the float32 bits of the amax: zeroed here, read back as float32 by a view), so x is read once.
+    Timing transposed launches on these inputs (``pick``) maxes the same bits into the word again."""
     x3, nb, m, k = _batched(x)
     dev = x.device
     q = torch.empty(x3.shape, dtype=torch.uint8, device=dev)
     qt = torch.empty(x3.shape[:-2] + (k, m), dtype=torch.uint8, device=dev) if transpose else q
     s = scale.float().reshape(()).clone()
     word = torch.zeros(1, dtype=torch.int32, device=dev)
-    _encode_launch(x3, q, qt, s, s, word, word, m, k, nb, S_TENSOR, fmt, transpose, hw, block_elems, num_warps, reduce_amax=True)
+    _encode_launch(x3, q, qt, s, s, word, word, m, k, nb, S_TENSOR, fmt, transpose, hw, block_elems, num_warps, reduce_amax=True,
+                   pick=pick)
     amax = word.view(torch.float32).reshape(())
     q = q.view(x.shape)
     return (q, s, qt, amax) if transpose else (q, s, amax)
 
 
 def quantize_from_amax(x: torch.Tensor, fmt: str, amax: torch.Tensor, transpose: bool, hw: bool, block_elems: int,
-                       num_warps: int) -> tuple:
+                       num_warps: int, pick: Optional[Pick] = None) -> tuple:
     """fp8_quantize_from_amax ((q, scale)) or fp8_quantize_transpose_from_amax ((q, scale, q_t)):
     current scaling's cast (``S_TENSOR_AMAX``) with the amax word given instead of reduced here: the
     encode kernel computes the scale from its float32 bits as after :func:`_amax` (the same
@@ -574,7 +647,7 @@ def quantize_from_amax(x: torch.Tensor, fmt: str, amax: torch.Tensor, transpose:
     s = torch.empty((), dtype=torch.float32, device=dev)
     word = amax.float().reshape(1).contiguous().view(torch.int32)
     if x3.numel():
-        _encode_launch(x3, q, qt, s, s, word, word, m, k, nb, S_TENSOR_AMAX, fmt, transpose, hw, block_elems, num_warps)
+        _encode_launch(x3, q, qt, s, s, word, word, m, k, nb, S_TENSOR_AMAX, fmt, transpose, hw, block_elems, num_warps, pick=pick)
     else:  # no program to write the scale
         s.copy_(_scale_word(word, fmt))
     q = q.view(x.shape)

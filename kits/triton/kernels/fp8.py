@@ -1,12 +1,15 @@
 """FP8: quantisation (amax fused, optionally transposed; given scales with the amax reduced by the
 cast for delayed scaling), dequantisation and the scaled GEMM, where
 the device has hardware FP8 in the formats asked for (:mod:`hal.plugin_sdk.fp8_hardware`). Launch
-configuration: the plugin's ``elementwise`` blocks for the casts; its int8 GEMM tile candidates,
-the fastest measured per device and problem, for the GEMM."""
+configuration: the plugin's ``elementwise`` blocks for the casts; for the casts that also write the
+transpose, the fastest of its ``fp8_transpose_candidates`` measured on this device per problem
+(cached by :mod:`hal_triton.autotune`), the first (the ``elementwise`` tile) wherever tuning does
+not happen; its int8 GEMM tile candidates, the fastest measured per device and problem, for the
+GEMM."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -14,7 +17,7 @@ from hal.plugin_sdk.fp8_hardware import fp8_device
 
 from .. import autotune
 from ..checks import Check, fp8_block_reason, fp8_gemm_block_reason
-from ..config import GemmConfig
+from ..config import Fp8TransposeConfig, GemmConfig
 from ..tables import interpreted
 from .kit import FIRST, Kit, OUT_DTYPES, family
 
@@ -56,13 +59,24 @@ def _gemm_blocks(inputs: Any) -> list[str]:
 def register(kit: Kit) -> None:
     tables = kit.tables
 
+    def pick(x: torch.Tensor) -> Callable[[str, Callable[[Fp8TransposeConfig], Any], int], Fp8TransposeConfig]:
+        """The transposed casts' launch for x (at least 2-D): the autotuner's choice among the
+        plugin's candidates for its (..., M, K) matrices (hal_triton.fp8.Pick)."""
+        m, k = int(x.shape[-2]), int(x.shape[-1])
+
+        def choose(key: str, run: Callable[[Fp8TransposeConfig], Any], nbytes: int) -> Fp8TransposeConfig:
+            return autotune.choose(tables, x.device, key, tables.fp8_transpose_candidates(x, m, k), run, autotune.streaming_work(nbytes))
+
+        return choose
+
     @kit.kernel("fp8_quantize", "triton", FIRST, checks=(_formats("format"), _blocks))
     def fp8_quantize(x, format, granularity, scale, block_size):
         return family("fp8").quantize(x, format, granularity, scale, block_size, False, not interpreted(x), **tables.elementwise(x))
 
     @kit.kernel("fp8_quantize_transpose", "triton", FIRST, checks=(_formats("format"), _blocks))
     def fp8_quantize_transpose(x, format, granularity, scale, block_size):
-        return family("fp8").quantize(x, format, granularity, scale, block_size, True, not interpreted(x), **tables.elementwise(x))
+        return family("fp8").quantize(x, format, granularity, scale, block_size, True, not interpreted(x), **tables.elementwise(x),
+                                      pick=pick(x))
 
     @kit.kernel("fp8_quantize_amax", "triton", FIRST, checks=(_formats("format"),))
     def fp8_quantize_amax(x, scale, format):
@@ -70,7 +84,7 @@ def register(kit: Kit) -> None:
 
     @kit.kernel("fp8_quantize_transpose_amax", "triton", FIRST, checks=(_formats("format"),))
     def fp8_quantize_transpose_amax(x, scale, format):
-        return family("fp8").quantize_amax(x, format, scale, True, not interpreted(x), **tables.elementwise(x))
+        return family("fp8").quantize_amax(x, format, scale, True, not interpreted(x), **tables.elementwise(x), pick=pick(x))
 
     @kit.kernel("fp8_quantize_from_amax", "triton", FIRST, checks=(_formats("format"),))
     def fp8_quantize_from_amax(x, amax, format):
@@ -78,7 +92,7 @@ def register(kit: Kit) -> None:
 
     @kit.kernel("fp8_quantize_transpose_from_amax", "triton", FIRST, checks=(_formats("format"),))
     def fp8_quantize_transpose_from_amax(x, amax, format):
-        return family("fp8").quantize_from_amax(x, format, amax, True, not interpreted(x), **tables.elementwise(x))
+        return family("fp8").quantize_from_amax(x, format, amax, True, not interpreted(x), **tables.elementwise(x), pick=pick(x))
 
     @kit.kernel("fp8_dequantize", "triton", FIRST, dtypes=("uint8",), checks=(_formats("format"),))
     def fp8_dequantize(q, scale, format, block_size, out_dtype):
