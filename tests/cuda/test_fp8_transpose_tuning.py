@@ -110,11 +110,11 @@ def test_no_tuning_where_there_is_one_candidate_or_a_small_cast() -> None:
         raise AssertionError("nothing to time")
 
     only = Fp8TransposeConfig(64, 64, 8)
-    assert autotune.choose(CUDA_TABLES, torch.device("cuda"), "k", (only,), never, 1e15) is only
+    assert autotune.choose(CUDA_TABLES, torch.device("cuda", 0), "k", (only,), never, 1e15) is only
     two = (only, Fp8TransposeConfig(128, 128, 8))
     small = torch.empty(1024, 1024, dtype=torch.bfloat16, device="meta")  # 4 MB moved: about a microsecond
     assert autotune.streaming_work(_cast_bytes(small)) < autotune.MIN_TUNED_FLOPS
-    assert autotune.choose(CUDA_TABLES, torch.device("cuda"), "k", two, never, autotune.streaming_work(_cast_bytes(small))) is only
+    assert autotune.choose(CUDA_TABLES, torch.device("cuda", 0), "k", two, never, autotune.streaming_work(_cast_bytes(small))) is only
     assert autotune.choose(CUDA_TABLES, torch.device("cpu"), "k", two, never, 1e15) is only
     for shape, dtype in BIG:
         assert autotune.streaming_work(_cast_bytes(torch.empty(shape, dtype=dtype, device="meta"))) > autotune.MIN_TUNED_FLOPS

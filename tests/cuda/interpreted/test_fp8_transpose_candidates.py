@@ -210,7 +210,8 @@ def test_the_transposed_casts_ask_the_autotuner(gen: torch.Generator, monkeypatc
         return launch(kernel, grid, *args, **kw)
 
     def choose(tables, device, key, candidates, run, flops):
-        calls.append(dict(device=device, key=key, candidates=tuple(candidates), flops=flops))
+        listed = candidates() if callable(candidates) else candidates  # the sequence, or a function making it
+        calls.append(dict(device=device, key=key, candidates=tuple(listed), flops=flops))
         for cand in gpu:  # as timing does: each candidate, more than once, on the call's own inputs
             run(cand)
             run(cand)
