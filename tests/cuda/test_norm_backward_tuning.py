@@ -74,3 +74,33 @@ def test_no_tuning_where_there_is_one_candidate_or_a_small_problem() -> None:
     assert autotune.choose(CUDA_TABLES, torch.device("cuda"), "k", two, never, autotune.streaming_work(_backward_bytes(small))) is only
     big = torch.empty(32768, 4096, dtype=torch.bfloat16, device="meta")
     assert autotune.streaming_work(_backward_bytes(big)) > autotune.MIN_TUNED_FLOPS
+
+
+def test_a_choice_is_remembered_per_device_and_key(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The cached choice of a problem is decoded once per process and device: later calls neither
+    build the candidates nor read the cache again (the per-call cost of a tuned kernel)."""
+    monkeypatch.setenv("HAL_TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(CUDA_TABLES, "slug", lambda device: f"memo-test-{tmp_path.name}")
+    monkeypatch.setattr(autotune, "_chosen", {})
+    x = torch.empty(32768, 4096, dtype=torch.bfloat16, device="meta")
+    candidates = CUDA_TABLES.norm_backward_candidates(x, 4096)
+    best = candidates[-1]
+    (tmp_path / f"autotune-memo-test-{tmp_path.name}.json").write_text(json.dumps({"choices": {"k": {"config": dataclasses.asdict(best), "ms": 1.0}}}))
+    flops = autotune.streaming_work(_backward_bytes(x))
+    made = []
+
+    def listed():
+        made.append(1)
+        return candidates
+
+    def never(_):
+        raise AssertionError("a cached problem is not timed")
+
+    dev0, dev1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert autotune.choose(CUDA_TABLES, dev0, "k", listed, never, flops) == best
+    assert len(made) == 1
+    first = autotune.choose(CUDA_TABLES, dev0, "k", listed, never, flops)
+    assert first == best and len(made) == 1, "the second call of the problem builds no candidates"
+    assert autotune.choose(CUDA_TABLES, dev1, "k", listed, never, flops) == best and len(made) == 2, "another device looks again"
+    small = autotune.streaming_work(_backward_bytes(torch.empty(64, 4096, dtype=torch.bfloat16, device="meta")))
+    assert autotune.choose(CUDA_TABLES, dev0, "k", listed, never, small) == candidates[0], "a small problem keeps the first"

@@ -65,7 +65,7 @@ def register(kit: Kit) -> None:
         m, k = int(x.shape[-2]), int(x.shape[-1])
 
         def choose(key: str, run: Callable[[Fp8TransposeConfig], Any], nbytes: int) -> Fp8TransposeConfig:
-            return autotune.choose(tables, x.device, key, tables.fp8_transpose_candidates(x, m, k), run, autotune.streaming_work(nbytes))
+            return autotune.choose(tables, x.device, key, lambda: tables.fp8_transpose_candidates(x, m, k), run, autotune.streaming_work(nbytes))
 
         return choose
 

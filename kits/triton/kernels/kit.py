@@ -104,4 +104,4 @@ class Kit:
         plugin's int8 candidates measured on this device for this problem (cached)."""
         if interpreted(x):
             return INTERPRETER.int8_gemm
-        return autotune.choose(self.tables, x.device, key, self.tables.int8_candidates(x), run, flops)
+        return autotune.choose(self.tables, x.device, key, lambda: self.tables.int8_candidates(x), run, flops)

@@ -46,7 +46,7 @@ def register(kit: Kit) -> None:
         def run(cfg):  # fresh grad_x and partial sums each run: timing candidates on the call's inputs is safe
             return norm.norm_backward(grad_out, x, n, weight, eps, rms, **vars(cfg))
 
-        cfg = autotune.choose(tables, x.device, _backward_key(x, n, weight is not None, rms), tables.norm_backward_candidates(x, n), run,
+        cfg = autotune.choose(tables, x.device, _backward_key(x, n, weight is not None, rms), lambda: tables.norm_backward_candidates(x, n), run,
                               autotune.streaming_work(_backward_bytes(x)))
         return run(cfg)
 
