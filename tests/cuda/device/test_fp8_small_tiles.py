@@ -11,7 +11,7 @@ Two tests:
 * a probe over the same grid with each cast forced, the hardware one also where ``hal_triton.fp8``
   keeps launches off it (``-s`` prints how many codes each cast gets wrong per configuration): the
   emulated cast must get none; the counts of the hardware cast are the evidence for which launches
-  ``hal_triton.fp8`` keeps off it (``_EMULATE_BATCHED_TRANSPOSE``).
+  ``hal_triton.fp8`` keeps off it (``_EMULATE_BATCHED_TRANSPOSE``, ``_EMULATE_TRANSPOSE_BELOW_K``).
 
 Skipped without a CUDA device (CI); run on the device machine:
 ``pytest -q -s tests/cuda/device/test_fp8_small_tiles.py``.
@@ -90,6 +90,7 @@ def test_dispatched_casts_bit_for_bit_on_short_rows(kind: str, transpose: bool) 
 
 def test_probe_each_cast_on_short_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(f8, "_EMULATE_BATCHED_TRANSPOSE", False)  # the hardware cast where hw=True, everywhere
+    monkeypatch.setattr(f8, "_EMULATE_TRANSPOSE_BELOW_K", 0)
     fmt = _fmt()
     gen = torch.Generator().manual_seed(0)
     emulated_wrong = []
