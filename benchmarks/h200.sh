@@ -14,6 +14,7 @@
 #   HAL_COMMIT=<sha> benchmarks/h200.sh host    # [GPU_TESTS=paths] [CONF_OPS=a,b] host time per layer on the training path, [PROFILE_MODELS=a,b] step profiles, [HOST_EXTRAS=1] optimizer and dispatch rows, then models A/B: MODELS, VARIANTS, AB_ENVS="A=1;B=2"
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check40 # issue 40: conformance and device tests of the kernels built on the VM, norm backward and AdamW bandwidth, the eager Llama-1B row
 #   HAL_COMMIT=<sha> benchmarks/h200.sh check40b # issue 40's second call: the whole CUDA conformance, the FP8 device tests, HF capture per family, the eager step's memory anatomy
+#   HAL_COMMIT=<sha> benchmarks/h200.sh check40c # issue 40: FP8 casts on short rows, transposed-cast candidates and bandwidth, producers' amaxes, the 8B FP8 step
 #   HAL_COMMIT=<sha> CMD="..." benchmarks/h200.sh cmd  # one command after the install
 #   HAL_COMMIT=<sha> benchmarks/h200.sh tune    # GPU tests, conformance, hal tune (first and second process, seeds), dispatch overhead
 #   HAL_COMMIT=<sha> benchmarks/h200.sh tunemodels  # hal tune's first-step cost and seeds, then eager/hal models with the tuned cache
@@ -174,6 +175,16 @@ case "$mode" in
     step capture-hf "${CAPTURE_LIMIT:-110}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device/test_graphs.py -k hugging_face
     step anatomy "${ANATOMY_LIMIT:-150}" python3 benchmarks/memory_anatomy.py --model hf_llama1b_train --impls "${IMPLS:-hal,liger}" --timeout 70 --json "$out/anatomy-1b.json"
     [ -f "$out/anatomy-1b.json" ] && cp "$out/anatomy-1b.json" "$OUT/"
+    ;;
+  check40c)  # issue 40's next call after the twenty-ninth session: the FP8 casts on short rows (-x -s: the failing shape
+    # printed), every transposed-cast candidate against the emulated cast, their bandwidth and the autotuner's pick, the
+    # producers' amaxes (device test and benchmark), then the 8B-layer FP8 step through hal.optimize
+    step fp8-small "${SMALL_LIMIT:-60}" python3 -m pytest -x -s -q -p no:cacheprovider -rfEs tests/cuda/device/test_fp8_small_tiles.py tests/cuda/device/test_fp8_transpose_candidates.py
+    step fp8-transpose-bw "${TBW_LIMIT:-150}" python3 benchmarks/fp8_transpose_bw.py --out "$out/fp8-transpose-bw"
+    step amax-fusion "${AMAX_LIMIT:-90}" bash -c "python3 -m pytest -q -p no:cacheprovider -rfEs tests/cuda/device/test_fp8_amax_fusion.py tests/cuda/device/test_optim_copies.py; python3 benchmarks/fp8_amax_fusion.py"
+    step optimize-8b-fp8 "${OPT_LIMIT:-240}" python3 benchmarks/levers40.py --parts optimize --shape 8b --layers 6 --seq 4096 --batch 1 --fp8 tensor \
+      --optimize-candidates "torch compile+graph,hal compile+graph" --json "$out/optimize-8b-fp8.json"
+    [ -f "$out/optimize-8b-fp8.json" ] && cp "$out/optimize-8b-fp8.json" "$OUT/"
     ;;
   cmd)  # one command after the install: CMD="python3 benchmarks/x.py ..." [CMD_LIMIT=seconds]; $OUT/run.tgz is this
     # script's archive, rewritten after the step: a command keeps its own logs under other names
