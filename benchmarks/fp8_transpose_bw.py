@@ -37,7 +37,6 @@ an H100 (about 30 Triton compilations, 13 cases of ~10 timings of 0.1 s).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -45,7 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -243,24 +242,15 @@ def picked_config(x: torch.Tensor, fmt: str, cast: Cast, cands: tuple) -> Any:
 # --- checks -------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def poisoned(fmt: str) -> Iterator[None]:
-    """torch.empty fills what it returns while inside: uint8 with the format's NaN code, floats with
-    NaN (x holds neither: an element a launch leaves unwritten shows as a wrong one)."""
+def poisoned(fmt: str):
+    """torch.empty / torch.empty_like fill what they return while inside: uint8 with the format's
+    NaN code, floats with NaN (x holds neither: an element a launch leaves unwritten shows as a
+    wrong one)."""
+    from hal.conformance.poison import filled_empties
     from hal.ops.fp8 import FORMATS
 
-    empty, code = torch.empty, FORMATS[fmt].nan_bits
-
-    def junk(t: torch.Tensor) -> torch.Tensor:
-        if t.dtype == torch.uint8:
-            return t.fill_(code)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = lambda *a, **k: junk(empty(*a, **k))
-    try:
-        yield
-    finally:
-        torch.empty = empty
+    code = FORMATS[fmt].nan_bits
+    return filled_empties(lambda t: t.fill_(code) if t.dtype == torch.uint8 else t.fill_(float("nan")) if t.is_floating_point() else t)
 
 
 def wrong(got: tuple, want: tuple) -> int:

@@ -31,7 +31,6 @@ compilations of the candidates, two Inductor compilations, 8 cases of ~10 timing
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import json
@@ -40,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -233,21 +232,12 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((g - w).norm() / w.norm().clamp_min(1e-300))
 
 
-@contextlib.contextmanager
-def nan_allocations() -> Iterator[None]:
+def nan_allocations():
     """torch.empty / torch.empty_like fill what they return with NaN while inside, so that an
     element a kernel leaves unwritten fails the check."""
-    empty, empty_like = torch.empty, torch.empty_like
+    from hal.conformance.poison import filled_empties
 
-    def nan(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = lambda *a, **k: nan(empty(*a, **k))
-    torch.empty_like = lambda *a, **k: nan(empty_like(*a, **k))
-    try:
-        yield
-    finally:
-        torch.empty, torch.empty_like = empty, empty_like
+    return filled_empties(lambda t: t.fill_(float("nan")) if t.is_floating_point() else t)
 
 
 # --- report -------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -136,3 +136,19 @@ class Poisoner:
         if failures:
             return False, f"{self.method}; self-test failed: " + "; ".join(failures)
         return True, self.method
+
+
+@contextlib.contextmanager
+def filled_empties(fill: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """While inside, ``torch.empty`` and ``torch.empty_like`` return what ``fill`` makes of their
+    tensors, so an element a kernel leaves unwritten shows the fill: for harnesses that call a kit's
+    host functions directly (interpreted kernel tests, device benchmarks), which allocate their
+    outputs with torch.empty where the suite's :class:`Poisoner` does not reach. ``fill`` gets every
+    tensor, of any dtype, and returns it (filled or not). Not thread-safe: it swaps torch's functions."""
+    empty, empty_like = torch.empty, torch.empty_like
+    torch.empty = lambda *a, **k: fill(empty(*a, **k))
+    torch.empty_like = lambda *a, **k: fill(empty_like(*a, **k))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like

@@ -14,14 +14,14 @@ with junk first. Run by tests/cuda/test_interpreter.py with TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Iterator, Optional
+from typing import Optional
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from hal.conformance.poison import filled_empties
 from tests.cuda._support import assert_close, fresh_seed
 
 pytestmark = [
@@ -71,21 +71,10 @@ def randn(gen: torch.Generator, *shape: int, dtype: torch.dtype, shift: float = 
     return (torch.randn(shape, generator=gen, dtype=torch.float64) + shift).to(dtype)
 
 
-@contextlib.contextmanager
-def poisoned_allocations() -> Iterator[None]:
+def poisoned_allocations():
     """torch.empty / torch.empty_like fill what they return with junk while inside: an element a
     kernel leaves unwritten (grad_x, a partial row) shows."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def junk(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(JUNK) if t.is_floating_point() else t
-
-    torch.empty = lambda *a, **k: junk(empty(*a, **k))
-    torch.empty_like = lambda *a, **k: junk(empty_like(*a, **k))
-    try:
-        yield
-    finally:
-        torch.empty, torch.empty_like = empty, empty_like
+    return filled_empties(lambda t: t.fill_(JUNK) if t.is_floating_point() else t)
 
 
 def reference(g: torch.Tensor, x: torch.Tensor, n: int, weight: Optional[torch.Tensor], eps: float, rms: bool) -> tuple:
