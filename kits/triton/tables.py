@@ -121,13 +121,18 @@ class LaunchTables(abc.ABC):
         and problem by the autotuner: the first exactly ``rows`` and ``persistent_programs`` without
         prefetch (what runs where tuning does not); see :func:`norm_backward_candidates`."""
 
+    #: the transposed FP8 casts' tiles ``(block_r, block_c, num_warps)`` a plugin offers the
+    #: autotuner beside the ``elementwise`` tile (none: that launch alone)
+    fp8_transpose_tiles: tuple[tuple[int, int, int], ...] = ()
+
     def fp8_transpose_candidates(self, x: torch.Tensor, m: int, k: int) -> tuple[Fp8TransposeConfig, ...]:
         """Launches of the FP8 casts that also write the transpose of x, (..., m, k) (hal_triton.fp8),
         measured per device and problem by the autotuner: the first exactly the ``elementwise``
-        table's tile and warps (:func:`fp8_transpose_default`, what runs where tuning does not).
-        This default offers that one only; a plugin adds larger tiles
-        (:func:`fp8_transpose_candidates`)."""
-        return (fp8_transpose_default(self.elementwise(x), k),)
+        table's tile and warps (:func:`fp8_transpose_default`, what runs where tuning does not),
+        then the plugin's :attr:`fp8_transpose_tiles` that the array fills
+        (:func:`fp8_transpose_candidates`); CPU tensors get the first alone."""
+        default = fp8_transpose_default(self.elementwise(x), k)
+        return (default,) if interpreted(x) else fp8_transpose_candidates(default, m, k, self.fp8_transpose_tiles)
 
     @abc.abstractmethod
     def columns(self, x: torch.Tensor) -> int:

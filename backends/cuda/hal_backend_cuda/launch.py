@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-from hal_triton.config import BNConfig, Fp8TransposeConfig, GemmConfig, NormBwdConfig, next_pow2
-from hal_triton.tables import (INTERPRETER, LaunchTables, fp8_transpose_candidates, fp8_transpose_default, interpreted,
-                               norm_backward_candidates)
+from hal_triton.config import BNConfig, GemmConfig, NormBwdConfig, next_pow2
+from hal_triton.tables import INTERPRETER, LaunchTables, interpreted, norm_backward_candidates
 
 from ._device import slug, sm_count
 
@@ -71,6 +70,7 @@ class CudaTables(LaunchTables):
     """Launch configurations for NVIDIA GPUs (32-thread warps)."""
 
     seed_dir = Path(__file__).parent / "tuned"
+    fp8_transpose_tiles = FP8_TRANSPOSE_TILES
 
     def slug(self, device: torch.device) -> str:
         return slug(device)
@@ -103,11 +103,6 @@ class CudaTables(LaunchTables):
             return INTERPRETER.norm_backward(n)
         return norm_backward_candidates(self.rows(x, n), n, self.persistent_programs(x), sm_count(x.device), NORM_BWD_VARIANTS, max_warps=16,
                                         options=NORM_BWD_OPTIONS)
-
-    def fp8_transpose_candidates(self, x: torch.Tensor, m: int, k: int) -> tuple[Fp8TransposeConfig, ...]:
-        """Today's elementwise tile, then FP8_TRANSPOSE_TILES that the array fills (CPU tensors: today's alone)."""
-        default = fp8_transpose_default(self.elementwise(x), k)
-        return (default,) if interpreted(x) else fp8_transpose_candidates(default, m, k, FP8_TRANSPOSE_TILES)
 
     def columns(self, x: torch.Tensor) -> int:
         return INTERPRETER.columns if interpreted(x) else 128

@@ -21,9 +21,8 @@ from typing import Optional
 
 import torch
 
-from hal_triton.config import BNConfig, Fp8TransposeConfig, GemmConfig, NormBwdConfig, next_pow2
-from hal_triton.tables import (INTERPRETER, LaunchTables, fp8_transpose_candidates, fp8_transpose_default, interpreted,
-                               norm_backward_candidates)
+from hal_triton.config import BNConfig, GemmConfig, NormBwdConfig, next_pow2
+from hal_triton.tables import INTERPRETER, LaunchTables, interpreted, norm_backward_candidates
 
 from ._device import ARCHS, ArchFacts, arch, compute_units, slug
 
@@ -88,6 +87,8 @@ class RocmTables(LaunchTables):
     ahead of time without a device.
     """
 
+    fp8_transpose_tiles = FP8_TRANSPOSE_TILES
+
     def __init__(self, arch: Optional[str] = None) -> None:
         if arch is not None and arch not in ARCHS:
             raise ValueError(f"no ROCm launch tables for {arch}; tables exist for {', '.join(ARCHS)}")
@@ -134,11 +135,6 @@ class RocmTables(LaunchTables):
             return INTERPRETER.norm_backward(n)
         return norm_backward_candidates(self.rows(x, n), n, self.persistent_programs(x), self.compute_units(x), NORM_BWD_VARIANTS,
                                         max_warps=16)
-
-    def fp8_transpose_candidates(self, x: torch.Tensor, m: int, k: int) -> tuple[Fp8TransposeConfig, ...]:
-        """Today's elementwise tile, then FP8_TRANSPOSE_TILES that the array fills (CPU tensors: today's alone)."""
-        default = fp8_transpose_default(self.elementwise(x), k)
-        return (default,) if interpreted(x) else fp8_transpose_candidates(default, m, k, FP8_TRANSPOSE_TILES)
 
     def columns(self, x: torch.Tensor) -> int:
         return INTERPRETER.columns if interpreted(x) else 2 * LANES
