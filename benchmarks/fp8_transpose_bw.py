@@ -233,7 +233,7 @@ def picked_config(x: torch.Tensor, fmt: str, cast: Cast, cands: tuple) -> Any:
     from hal_triton.config import Fp8TransposeConfig
 
     m, k = int(x.shape[-2]), int(x.shape[-1])
-    hw = f8._hw_cast(x.device.type == "cuda", cast.scale_mode, True, 1)
+    hw = f8._hw_cast(x.device.type == "cuda", cast.scale_mode, True, 1, k)
     key = f8._transpose_key(x, 1, m, k, fmt, cast.scale_mode, hw, cast.reduce_amax)
     hit = autotune.cache_for(TABLES, x.device).get(key) if x.device.type == "cuda" else None
     return Fp8TransposeConfig(**hit["config"]) if hit else cands[0]
