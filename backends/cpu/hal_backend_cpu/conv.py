@@ -82,16 +82,12 @@ def _padded(x: torch.Tensor, padding: Pads) -> tuple[torch.Tensor, list[int]]:
 F16_IN_FLOAT32 = torch.float16
 
 
-def _f32_of_f16(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return t.float() if t is not None and t.dtype == F16_IN_FLOAT32 else t
-
-
 def convolve(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: Pair, padding: Pads, dilation: Pair,
              groups: int) -> torch.Tensor:
     """torch's convolution; float16 in float32, rounded once (see :data:`F16_IN_FLOAT32`)."""
     if x.dtype != F16_IN_FLOAT32:
         return eager.conv2d(x, weight, bias, stride, padding, dilation, groups)
-    return eager.conv2d(x.float(), weight.float(), _f32_of_f16(bias), stride, padding, dilation, groups).to(x.dtype)
+    return eager.conv2d(x.float(), weight.float(), None if bias is None else bias.float(), stride, padding, dilation, groups).to(x.dtype)
 
 
 def _recorded_unless_float16(inputs: Inputs) -> list[str]:
@@ -124,9 +120,7 @@ def conv_grads(
     return gx, gw, gb
 
 
-@kernel("conv2d", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_proportion], differentiable=_recorded_unless_float16)
-def conv2d(x, weight, bias, stride, padding, dilation, groups):
-    return convolve(x, weight, bias, stride, padding, dilation, groups)
+kernel("conv2d", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_proportion], differentiable=_recorded_unless_float16)(convolve)
 
 
 @kernel("conv2d_backward", name="onednn", priority=20, dtypes=FLOATS, checks=[padding_in_proportion])
