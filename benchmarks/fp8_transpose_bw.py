@@ -38,15 +38,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import functools
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+
+import bandwidth_run  # this script's folder is on sys.path when it runs
+from bandwidth_run import dtype_name, plugin_kernel
 
 #: (M, K) of every case by default: a Llama-3-8B layer's bf16 activations and weights
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
@@ -56,18 +57,10 @@ DEVICE = torch.device("cuda")
 
 
 @dataclasses.dataclass
-class Row:
-    """One timed launch of one case."""
+class Row(bandwidth_run.Row):
+    """One timed launch of one case, with how many elements differed from the emulated cast."""
 
-    case: str
-    launch: str
-    us: float = float("nan")
-    gbps: float = float("nan")
-    copy_fraction: float = float("nan")
-    spread: float = float("nan")
     wrong: int = 0
-    ok: bool = True
-    note: str = ""
 
 
 def parse(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -88,24 +81,8 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse(argv)
-    if not torch.cuda.is_available():
-        print("fp8_transpose_bw: needs a CUDA GPU (torch.cuda.is_available() is False); nothing measured", file=sys.stderr)
-        return 2
-    cache = Path(os.environ.setdefault("HAL_TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="hal-fp8-transpose-")))
-    from hal_bench.timing import Timer
-
-    start = time.perf_counter()
-    timer = Timer(DEVICE, budget_s=0.1)
-    rows: list[Row] = []
-    for shape in args.shape_list:
-        for mode in args.modes:
-            rows += run_case(mode, shape, args.format, timer)
-            print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
-    print(table(rows, torch.cuda.get_device_name()))
-    print(f"total {time.perf_counter() - start:.0f} s; autotune cache in {cache}")
-    if args.out is not None:
-        write(args.out, rows, cache)
-    return 0 if all(r.ok for r in rows) else 1
+    cases = [functools.partial(run_case, mode, shape, args.format) for shape in args.shape_list for mode in args.modes]
+    return bandwidth_run.run("fp8_transpose_bw", DEVICE, cases, table, args.out)
 
 
 # --- the casts --------------------------------------------------------------------------------------
@@ -201,28 +178,18 @@ def run_case(mode: str, shape: tuple[int, int], fmt: str, timer: Any) -> list[Ro
         except Exception as exc:  # a launch that fails is reported, the others still run
             row.ok, row.note = False, f"{type(exc).__name__}: {exc}"[:160]
             return row
-        row.us, row.spread = t["median_us"], t["spread"]
-        row.gbps = nbytes / (row.us * 1e-6) / 1e9
-        row.copy_fraction = nbytes / (row.us * 1e-6) / copy
-        return row
+        return row.timed(t, nbytes, copy)
 
     if cast.scale_mode is None:  # fp8_blocks_kernel: its one launch, the reference row
         return [measure("its one launch (fp8_blocks_kernel)", lambda: cast.host(x, fmt, extra, hw, None))]
     out = []
     for i, cfg in enumerate(cands):
         out.append(measure(("today " if i == 0 else "") + describe(cfg), lambda cfg=cfg: cast.host(x, fmt, extra, hw, fixed(cfg))))
-    picked = measure("autotuned", lambda: hal_kernel(cast.op)(*cast.op_args(x, fmt, extra)))  # its first call tunes
+    picked = measure("autotuned", lambda: plugin_kernel(cast.op)(*cast.op_args(x, fmt, extra)))  # its first call tunes
     picked.launch = f"autotuned: {describe(picked_config(x, fmt, cast, cands))}"
     out.append(picked)
     out.append(measure(f"today again {describe(cands[0])}", lambda: cast.host(x, fmt, extra, hw, fixed(cands[0]))))
     return out
-
-
-def hal_kernel(op: str) -> Callable[..., Any]:
-    """The CUDA plugin's Triton kernel of ``op``, as the dispatcher calls it."""
-    from hal_backend_cuda import plugin
-
-    return next(k.fn for k in plugin.kernels if k.op == op and k.name == "triton")
 
 
 def picked_config(x: torch.Tensor, fmt: str, cast: Cast, cands: tuple) -> Any:
@@ -268,10 +235,6 @@ def wrong(got: tuple, want: tuple) -> int:
 # --- report -------------------------------------------------------------------------------------------
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def describe(cfg: Any) -> str:
     """A launch in a few characters: rows x columns of a tile, warps."""
     return f"{cfg.block_r}x{cfg.block_c} w{cfg.num_warps}"
@@ -286,15 +249,6 @@ def table(rows: list[Row], device: str) -> str:
         lines.append(f"{r.case:<36} {r.launch:<36} {r.us:>8.1f} {r.gbps:>7.0f} {100 * r.copy_fraction:>6.1f}% {100 * r.spread:>6.1f}%  "
                      f"{check}{note}")
     return "\n".join(lines)
-
-
-def write(out: Path, rows: list[Row], cache: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else str(DEVICE)
-    (out / "fp8_transpose_bw.json").write_text(json.dumps({"device": name, "torch": torch.__version__,
-                                                           "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
-    for f in cache.glob("autotune-*.json"):
-        (out / f.name).write_text(f.read_text())
 
 
 if __name__ == "__main__":

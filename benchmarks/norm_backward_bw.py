@@ -33,16 +33,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
+
+import bandwidth_run  # this script's folder is on sys.path when it runs
+from bandwidth_run import dtype_name, plugin_kernel
 
 #: ((rows, row length), dtype) of every case
 SHAPES = (((32768, 4096), torch.bfloat16), ((16384, 8192), torch.bfloat16), ((8192, 2048), torch.bfloat16),
@@ -53,18 +53,10 @@ DEVICE = torch.device("cuda")
 
 
 @dataclasses.dataclass
-class Row:
-    """One timed launch of one case."""
+class Row(bandwidth_run.Row):
+    """One timed launch of one case, with the relative error of each gradient."""
 
-    case: str
-    launch: str
-    us: float = float("nan")
-    gbps: float = float("nan")
-    copy_fraction: float = float("nan")
-    spread: float = float("nan")
     rel_err: dict[str, float] = dataclasses.field(default_factory=dict)
-    ok: bool = True
-    note: str = ""
 
 
 def parse(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -80,33 +72,18 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse(argv)
-    if not torch.cuda.is_available():
-        print("norm_backward_bw: needs a CUDA GPU (torch.cuda.is_available() is False); nothing measured", file=sys.stderr)
-        return 2
-    cache = Path(os.environ.setdefault("HAL_TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="hal-norm-bwd-")))
-    from hal_bench.timing import Timer
+    def compile_too(shape: tuple[int, int], dtype: torch.dtype) -> bool:
+        return args.compile == "all" or (args.compile == "headline" and (shape, dtype) == SHAPES[0])
 
-    start = time.perf_counter()
-    timer = Timer(DEVICE, budget_s=0.1)
-    rows: list[Row] = []
-    for rms in (False, True):
-        if args.only not in (None, "rms" if rms else "layer"):
-            continue
-        for shape, dtype in SHAPES:
-            compile_too = args.compile == "all" or (args.compile == "headline" and (shape, dtype) == SHAPES[0])
-            rows += run_case(rms, shape, dtype, timer, compile_too)
-            print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
-    print(table(rows, torch.cuda.get_device_name()))
-    print(f"total {time.perf_counter() - start:.0f} s; autotune cache in {cache}")
-    if args.out is not None:
-        write(args.out, rows, cache)
-    return 0 if all(r.ok for r in rows) else 1
+    cases = [functools.partial(run_case, rms, shape, dtype, compile_too(shape, dtype))
+             for rms in (False, True) if args.only in (None, "rms" if rms else "layer") for shape, dtype in SHAPES]
+    return bandwidth_run.run("norm_backward_bw", DEVICE, cases, table, args.out)
 
 
 # --- one case ---------------------------------------------------------------------------------------
 
 
-def run_case(rms: bool, shape: tuple[int, int], dtype: torch.dtype, timer: Any, compile_too: bool) -> list[Row]:
+def run_case(rms: bool, shape: tuple[int, int], dtype: torch.dtype, compile_too: bool, timer: Any) -> list[Row]:
     """Every launch of one case, checked and timed."""
     from hal_backend_cuda._device import sm_count
     from hal_backend_cuda.launch import TABLES
@@ -138,17 +115,15 @@ def run_case(rms: bool, shape: tuple[int, int], dtype: torch.dtype, timer: Any, 
         except Exception as exc:  # a launch that fails is reported, the others still run
             row.ok, row.note = False, f"{type(exc).__name__}: {exc}"[:160]
             return row
-        row.us, row.spread = t["median_us"], t["spread"]
-        row.gbps = nbytes / (row.us * 1e-6) / 1e9
-        row.copy_fraction = nbytes / (row.us * 1e-6) / copy
-        return row
+        return row.timed(t, nbytes, copy)
 
     out = []
     candidates = TABLES.norm_backward_candidates(x, n)
     launches = [functools.partial(norm.norm_backward, g, x, n, w, eps, rms, **vars(c)) for c in candidates]
     for i, (cand, launch) in enumerate(zip(candidates, launches)):
         out.append(measure(("default " if i == 0 else "") + describe(cand, units), launch))
-    picked = measure("autotuned", functools.partial(hal_kernel(rms), g, x, (n,), w, eps))  # its first call tunes
+    op = "rms_norm_backward" if rms else "layer_norm_backward"
+    picked = measure("autotuned", functools.partial(plugin_kernel(op), g, x, (n,), w, eps))  # its first call tunes
     picked.launch = f"autotuned: {describe(picked_config(x, n, rms, candidates), units)}"
     out.append(picked)
     eager, compiled = autograd_columns(g, x, w, eps, rms, compile_too)
@@ -161,15 +136,6 @@ def run_case(rms: bool, shape: tuple[int, int], dtype: torch.dtype, timer: Any, 
     return out
 
 
-def hal_kernel(rms: bool) -> Callable[..., Any]:
-    """The CUDA plugin's Triton kernel of the backward op, as the dispatcher calls it (the autotuner
-    picks its launch on the first call of a problem)."""
-    from hal_backend_cuda import plugin
-
-    op = "rms_norm_backward" if rms else "layer_norm_backward"
-    return next(k.fn for k in plugin.kernels if k.op == op and k.name == "triton")
-
-
 def picked_config(x: torch.Tensor, n: int, rms: bool, candidates: tuple) -> Any:
     """The launch the autotuner cached for this problem (the default where it did not tune)."""
     from hal_backend_cuda.launch import TABLES
@@ -177,7 +143,7 @@ def picked_config(x: torch.Tensor, n: int, rms: bool, candidates: tuple) -> Any:
     from hal_triton.config import NormBwdConfig
     from hal_triton.kernels.norm import _backward_key
 
-    hit = autotune.cache_for(TABLES, x.device).get(_backward_key(x, n, True, rms))
+    hit = autotune.cache_for(TABLES, x.device).get(_backward_key(x, n, True, rms)) if x.device.type == "cuda" else None
     return NormBwdConfig.from_dict(hit["config"]) if hit else candidates[0]
 
 
@@ -243,10 +209,6 @@ def nan_allocations():
 # --- report -------------------------------------------------------------------------------------------
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def describe(cfg: Any, units: int) -> str:
     """A launch in a few characters: rows a block, warps, programs per SM, prefetch, options."""
     per_sm = cfg.programs / units
@@ -262,14 +224,6 @@ def table(rows: list[Row], device: str) -> str:
         flag = ("" if r.ok else "  FAIL") + (f"  ({r.note})" if r.note else "")
         lines.append(f"{r.case:<42} {r.launch:<44} {r.us:>8.1f} {r.gbps:>7.0f} {100 * r.copy_fraction:>6.1f}% {100 * r.spread:>6.1f}%  {errs}{flag}")
     return "\n".join(lines)
-
-
-def write(out: Path, rows: list[Row], cache: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "norm_backward_bw.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                                           "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
-    for f in cache.glob("autotune-*.json"):
-        (out / f.name).write_text(f.read_text())
 
 
 if __name__ == "__main__":
