@@ -10,10 +10,10 @@ host). The count and the reductions never synchronise with the host.
 linear_cross_entropy runs blocks of rows: the block's logits come from the vendor's GEMM in float32
 (``gemm_f32``), the row kernels above turn them into losses or logit gradients, and the backward
 multiplies those gradients back through the weight (grad_x, and grad_weight accumulated in float32).
-At most ``block_elements`` logits exist at a time. A training forward (a mean or a sum under hal's autograd node) computes the gradients from the
-logits it has at hand, with each row's loss from the same log-sum-exp pass (one kernel), and keeps
-them for the backward, which then only scales them by grad_out: the logits' GEMM runs once a step
-instead of twice.
+At most ``block_elements`` logits exist at a time. A training forward (a mean or a sum under hal's
+autograd node) computes the gradients from the logits it has at hand, with each row's loss from the
+same log-sum-exp pass (one kernel), and keeps them for the backward, which then only scales them by
+grad_out: the logits' GEMM runs once a step instead of twice.
 """
 
 from __future__ import annotations
